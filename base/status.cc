@@ -1,0 +1,37 @@
+#include "base/status.h"
+
+namespace mhckpt {
+
+const char* StatusCodeName(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk: return "OK";
+    case StatusCode::kInvalidArgument: return "INVALID_ARGUMENT";
+    case StatusCode::kNotFound: return "NOT_FOUND";
+    case StatusCode::kAlreadyExists: return "ALREADY_EXISTS";
+    case StatusCode::kFailedPrecondition: return "FAILED_PRECONDITION";
+    case StatusCode::kDataLoss: return "DATA_LOSS";
+    case StatusCode::kIoError: return "IO_ERROR";
+    case StatusCode::kInternal: return "INTERNAL";
+  }
+  return "UNKNOWN";
+}
+
+std::string Status::ToString() const {
+  if (ok()) return "OK";
+  return std::string(StatusCodeName(code_)) + ": " + message_;
+}
+
+std::string Status::Serialize() const {
+  std::string out(1, static_cast<char>(code_));
+  out += message_;
+  return out;
+}
+
+Status Status::Deserialize(const std::string& bytes) {
+  if (bytes.empty()) return Internal("empty serialized status");
+  auto code = static_cast<StatusCode>(static_cast<uint8_t>(bytes[0]));
+  if (code > StatusCode::kInternal) return Internal("unknown status code in serialized status");
+  return {code, bytes.substr(1)};
+}
+
+}  // namespace mhckpt

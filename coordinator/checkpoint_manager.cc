@@ -1,0 +1,145 @@
+#include "coordinator/checkpoint_manager.h"
+
+#include <algorithm>
+#include <chrono>
+#include <future>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "coordinator/agree.h"
+#include "coordinator/manager_impl.h"
+#include "io/layout.h"
+#include "io/marker.h"
+#include "io/posix_file.h"
+
+namespace mhckpt {
+namespace {
+
+// Rank 0's part of Open: create the root, remove steps without a marker.
+Status PrepareRoot(const std::string& root, bool remove_uncommitted) {
+  MHCKPT_RETURN_IF_ERROR(io::MakeDirs(root));
+  if (!remove_uncommitted) return OkStatus();
+  MHCKPT_ASSIGN_OR_RETURN(std::vector<std::string> names, io::ListDir(root));
+  bool removed = false;
+  for (const std::string& name : names) {
+    auto step = io::ParseStepDirName(name);
+    if (!step || io::PathExists(io::MarkerPath(root, *step))) continue;
+    spdlog::info("mhckpt: removing uncommitted step {} in {}", *step, root);
+    MHCKPT_RETURN_IF_ERROR(io::RemoveAll(io::StepDir(root, *step)));
+    removed = true;
+  }
+  return removed ? io::FsyncDir(root) : OkStatus();
+}
+
+}  // namespace
+
+CheckpointManager::Impl::Impl(Comm comm, std::string root, Options options, bool async)
+    : comm_(std::move(comm)), root_(std::move(root)), options_(options), async_(async) {
+  if (async_) thread_ = std::make_unique<IoThread>();
+}
+
+Status CheckpointManager::Impl::RunOnIoThread(const std::function<Status()>& fn) {
+  if (!async_) return fn();
+  std::promise<Status> done;
+  thread_->Submit([&] { done.set_value(fn()); });
+  return done.get_future().get();
+}
+
+void CheckpointManager::Impl::RecordSave(const Status& s, const SaveTimings& t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (first_error_.ok()) first_error_ = s;
+  last_timings_ = t;
+}
+
+CheckpointManager::CheckpointManager(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+CheckpointManager::~CheckpointManager() {
+  if (impl_->async_) impl_->thread_->Drain();
+}
+
+Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(MPI_Comm comm, std::string root,
+                                                                   Options options) {
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&provided);
+  bool async = options.async && provided == MPI_THREAD_MULTIPLE;
+  Comm dup = Comm::Duplicate(comm);
+  Status s;
+  if (dup.rank() == 0) {
+    s = PrepareRoot(root, options.remove_uncommitted_on_open);
+    if (options.async && !async) {
+      spdlog::warn("mhckpt: MPI was not initialised with MPI_THREAD_MULTIPLE; saves commit "
+                   "synchronously inside Save");
+    }
+  }
+  // Why: only rank 0 touched the directory; every rank must see its outcome.
+  MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, dup));
+  return std::unique_ptr<CheckpointManager>(new CheckpointManager(
+      std::make_unique<Impl>(std::move(dup), std::move(root), options, async)));
+}
+
+Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays,
+                               const UserMetadata& metadata) {
+  auto job = std::make_shared<SaveJob>();
+  auto t0 = std::chrono::steady_clock::now();
+  job->step = step;
+  job->metadata = metadata;
+  job->local = TakeSnapshot(arrays, impl_->comm_.rank(), &job->snapshot);
+  if (job->local.ok() && step < 0) {
+    job->local = InvalidArgument(fmt::format("rank {}: step {} is negative", impl_->comm_.rank(), step));
+  }
+  job->timings.snapshot = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  job->timings.local_bytes = job->snapshot.total_bytes;
+  Status local = job->local;
+  // From here on no caller buffer is read again. The job always runs, even
+  // with a local error: the other ranks are waiting for this rank's plan.
+  auto run = [impl = impl_.get(), job] {
+    Status s = impl->CommitSave(*job);
+    job->snapshot = Snapshot();  // release staging memory before reporting
+    impl->RecordSave(s, job->timings);
+  };
+  if (impl_->async_) impl_->thread_->Submit(std::move(run));
+  else run();
+  return local;
+}
+
+Status CheckpointManager::WaitUntilFinished() {
+  if (impl_->async_) impl_->thread_->Drain();
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  Status s = impl_->first_error_;
+  impl_->first_error_ = OkStatus();
+  return s;
+}
+
+Result<std::vector<int64_t>> CheckpointManager::CommittedSteps() const {
+  MHCKPT_ASSIGN_OR_RETURN(std::vector<std::string> names, io::ListDir(impl_->root_));
+  std::vector<int64_t> steps;
+  for (const std::string& name : names) {
+    auto step = io::ParseStepDirName(name);
+    if (step && io::ReadMarker(io::MarkerPath(impl_->root_, *step)).ok()) steps.push_back(*step);
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+Result<std::optional<int64_t>> CheckpointManager::LatestStep() const {
+  MHCKPT_ASSIGN_OR_RETURN(std::vector<int64_t> steps, CommittedSteps());
+  if (steps.empty()) return std::optional<int64_t>();
+  return std::optional<int64_t>(steps.back());
+}
+
+Status CheckpointManager::Restore(int64_t step, std::span<const ArrayToRestore> arrays,
+                                  const RestoreOptions& options) {
+  // FIFO on the I/O thread: pending saves finish first.
+  return impl_->RunOnIoThread([&] { return impl_->RunRestore(step, arrays, options); });
+}
+
+SaveTimings CheckpointManager::LastSaveTimings() const {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  return impl_->last_timings_;
+}
+
+bool CheckpointManager::async() const { return impl_->async_; }
+const std::string& CheckpointManager::root() const { return impl_->root_; }
+
+}  // namespace mhckpt

@@ -1,0 +1,116 @@
+// mhckpt: asynchronous, multi-host checkpoints of sharded and replicated
+// arrays, written with parallel HDF5 and committed atomically.
+//
+//   auto mgr = mhckpt::CheckpointManager::Open(MPI_COMM_WORLD, "/ckpt").value();
+//   mgr->Save(step, arrays);            // returns once every box is copied
+//   ... keep training, overwrite or free the buffers ...
+//   mgr->WaitUntilFinished();           // the same Status on every rank
+//   mgr->Restore(*mgr->LatestStep().value(), requests);
+//
+// Every method is called by every rank of the communicator, in the same order,
+// unless it says "local". Errors are returned, never thrown; a collective
+// method returns the same Status on every rank.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "base/types.h"
+#include "io/h5_file.h"
+#include "worker/array.h"
+
+namespace mhckpt {
+
+using Transfer = io::Transfer;
+/// Free-form key/value pairs stored in the commit marker (docs/FORMAT.md).
+using UserMetadata = std::map<std::string, std::string>;
+
+struct Options {
+  /// How array bytes move to and from the file (independent was faster here).
+  Transfer transfer = Transfer::kIndependent;
+  /// Commit on a background I/O thread. Needs MPI_THREAD_MULTIPLE; without it,
+  /// or when false, Save commits before returning.
+  bool async = true;
+  /// Open removes step directories that have no commit marker (crashed saves).
+  bool remove_uncommitted_on_open = true;
+};
+
+struct RestoreOptions {
+  /// Fail unless the request names exactly the arrays of the checkpoint.
+  bool strict = false;
+};
+
+/// Phases of the last finished save, in seconds (rank-local clocks).
+struct SaveTimings {
+  double snapshot = 0;  ///< copying into host staging memory (caller thread)
+  double plan = 0;      ///< gather, validate, pick writers, create the step directory
+  double write = 0;     ///< create datasets and write boxes
+  double flush = 0;     ///< H5Fflush (durable) and close
+  double commit = 0;    ///< agree, write the marker, agree
+  uint64_t local_bytes = 0;  ///< bytes this rank staged
+  uint64_t written_bytes = 0;  ///< bytes this rank wrote
+};
+
+class CheckpointManager {
+ public:
+  /// Collective. Opens (creating it if needed) the checkpoint directory `root`
+  /// on a shared file system. Removes uncommitted steps (see Options).
+  static Result<std::unique_ptr<CheckpointManager>> Open(MPI_Comm comm, std::string root,
+                                                         Options options = {});
+
+  /// Collective; waits for pending saves.
+  ~CheckpointManager();
+  CheckpointManager(const CheckpointManager&) = delete;
+  CheckpointManager& operator=(const CheckpointManager&) = delete;
+
+  /// Collective. Starts saving `arrays` as step `step`. Returns once every box
+  /// this rank holds is copied into memory mhckpt owns: the caller may then
+  /// overwrite or free every buffer. Every rank lists every array (same name,
+  /// dtype, shape), with the boxes it holds. Returns this rank's input error,
+  /// if any; the save then fails on every rank, through WaitUntilFinished.
+  /// `metadata` is taken from rank 0.
+  Status Save(int64_t step, std::span<const ArrayToSave> arrays, const UserMetadata& metadata = {});
+
+  /// Collective. Waits for every save started so far to commit or fail, and
+  /// returns the first failure since the last call, the same on every rank:
+  /// InvalidArgument (inconsistent input, naming array, rank and box),
+  /// AlreadyExists (step committed before), IoError (naming the rank).
+  Status WaitUntilFinished();
+
+  /// Local. The committed steps in `root`, ascending. A step is committed if
+  /// and only if its commit marker exists and is valid.
+  [[nodiscard]] Result<std::vector<int64_t>> CommittedSteps() const;
+  /// Local. The newest committed step, or nullopt if none.
+  [[nodiscard]] Result<std::optional<int64_t>> LatestStep() const;
+
+  /// Collective. Waits for pending saves, then fills every destination of
+  /// `arrays` from committed step `step`. Ranks may ask for different arrays
+  /// and boxes (any sharding), on any world size. Errors: NotFound (step not
+  /// committed, unknown array), InvalidArgument (box outside the array, dtype
+  /// other than the stored one, strict mode mismatch), DataLoss (damaged
+  /// file), each on every rank.
+  Status Restore(int64_t step, std::span<const ArrayToRestore> arrays,
+                 const RestoreOptions& options = {});
+
+  /// Local. Timings of the last save that finished on this rank.
+  [[nodiscard]] SaveTimings LastSaveTimings() const;
+  /// Local. True if saves run on the background I/O thread.
+  [[nodiscard]] bool async() const;
+  [[nodiscard]] const std::string& root() const;
+
+  class Impl;
+
+ private:
+  explicit CheckpointManager(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mhckpt

@@ -1,0 +1,53 @@
+// Internal: the state behind CheckpointManager, shared by the save protocol
+// (commit.cc), restore (restore.cc) and the façade (checkpoint_manager.cc).
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "coordinator/checkpoint_manager.h"
+#include "coordinator/comm.h"
+#include "coordinator/io_thread.h"
+#include "worker/snapshot.h"
+
+namespace mhckpt {
+
+/// One save, as handed from the caller thread to the I/O thread.
+struct SaveJob {
+  int64_t step = 0;
+  Status local;  ///< this rank's input error, carried into the plan round
+  Snapshot snapshot;
+  UserMetadata metadata;
+  SaveTimings timings;
+};
+
+class CheckpointManager::Impl {
+ public:
+  Impl(Comm comm, std::string root, Options options, bool async);
+
+  /// Collective, on the I/O thread: plan, write, make durable, commit.
+  Status CommitSave(SaveJob& job);
+  /// Collective, on the I/O thread.
+  Status RunRestore(int64_t step, std::span<const ArrayToRestore> arrays,
+                    const RestoreOptions& options);
+
+  /// Runs `fn` where HDF5 may be touched (the I/O thread, or inline when
+  /// synchronous) and returns its status.
+  Status RunOnIoThread(const std::function<Status()>& fn);
+
+  void RecordSave(const Status& s, const SaveTimings& t);
+
+  Comm comm_;
+  const std::string root_;
+  const Options options_;
+  const bool async_;
+
+  mutable std::mutex mu_;
+  Status first_error_;  // since the last WaitUntilFinished
+  SaveTimings last_timings_;
+
+  std::unique_ptr<IoThread> thread_;  // last: joined before the rest is destroyed
+};
+
+}  // namespace mhckpt

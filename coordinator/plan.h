@@ -1,0 +1,47 @@
+// The plan round of a save: what every rank holds, checked against what every
+// other rank holds, and exactly one writer for each distinct box.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "base/types.h"
+#include "io/marker.h"
+#include "worker/snapshot.h"
+
+namespace mhckpt {
+
+struct ArrayDescription {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  std::vector<Box> boxes;
+};
+
+/// What one rank tells rank 0 in the plan round.
+struct RankDescription {
+  int64_t step = 0;
+  Status status;  ///< the rank's local error (from its snapshot), carried along
+  std::vector<ArrayDescription> arrays;
+};
+
+RankDescription Describe(int64_t step, const Status& local, const Snapshot& snapshot);
+std::string EncodeDescription(const RankDescription& d);
+Result<RankDescription> DecodeDescription(const std::string& bytes);
+
+/// Validates the descriptions of all ranks (index = rank) and returns the
+/// plan as the marker-to-be: arrays sorted by name, each distinct non-empty box
+/// once, with its writer. Deterministic. Errors, in this order: a rank's own
+/// error (the lowest rank's); ranks disagreeing on the step; an array missing
+/// on some rank; dtype or shape disagreeing; a name that is also a group
+/// ("a" and "a/b"); boxes overlapping partially; holes in the coverage.
+///
+/// Writers: a box covering the whole array (a fully replicated array) is
+/// written by rank 0 if it holds it; any other box held by several ranks goes
+/// to the holder with the fewest bytes assigned so far (lowest rank on ties),
+/// after every single-holder box is counted.
+Result<io::Marker> BuildPlan(const std::vector<RankDescription>& ranks);
+
+}  // namespace mhckpt

@@ -1,0 +1,148 @@
+// Restore of one committed step, run by every rank on its I/O thread:
+//
+//   1. Rank 0 reads the commit marker and broadcasts it (no marker: the step
+//      is not committed, NotFound everywhere).
+//   2. Each rank checks its own requests against the marker; one agreement.
+//      One allreduce tells every rank which arrays anybody wants, and whether
+//      every rank wants all of a replicated array.
+//   3. All ranks open the file and, collectively, each wanted dataset. Each
+//      rank reads its boxes as hyperslabs (independent transfers), so any
+//      sharding on any world size is a plain read. A replicated array that
+//      every rank wants whole is read once by rank 0 and broadcast.
+//   4. Close; one agreement.
+#include <set>
+
+#include <fmt/format.h>
+
+#include "coordinator/agree.h"
+#include "coordinator/manager_impl.h"
+#include "io/h5_file.h"
+#include "io/layout.h"
+#include "io/marker.h"
+#include "io/posix_file.h"
+
+namespace mhckpt {
+namespace {
+
+// Checks this rank's requests against the marker (step 2).
+Status CheckRequests(const io::Marker& m, std::span<const ArrayToRestore> arrays,
+                     const RestoreOptions& options, int rank) {
+  std::set<std::string_view> names;
+  for (const ArrayToRestore& a : arrays) {
+    if (!names.insert(a.name).second) {
+      return InvalidArgument(fmt::format("array '{}' on rank {}: requested twice", a.name, rank));
+    }
+    const io::MarkerArray* stored = m.Find(a.name);
+    if (stored == nullptr) {
+      return NotFound(fmt::format("array '{}' (requested on rank {}) is not in step {}", a.name,
+                                  rank, m.step));
+    }
+    if (a.dtype != stored->dtype) {
+      return InvalidArgument(fmt::format("array '{}' on rank {}: requested as {}, stored as {}",
+                                         a.name, rank, DTypeName(a.dtype), DTypeName(stored->dtype)));
+    }
+    for (const Destination& d : a.shards) {
+      auto where = [&] {
+        return fmt::format("array '{}' on rank {}, box {}", a.name, rank, BoxToString(d.box));
+      };
+      if (std::string why = CheckBoxInShape(d.box, stored->shape); !why.empty()) {
+        return InvalidArgument(fmt::format("{}: box outside shape {}: {}", where(),
+                                           ShapeToString(stored->shape), why));
+      }
+      if (d.data == nullptr && Volume(d.box.count).value_or(0) > 0) {
+        return InvalidArgument(fmt::format("{}: data is null", where()));
+      }
+      if (d.memory != Memory::kHost) {
+        return InvalidArgument(fmt::format("{}: device memory is not supported by this build", where()));
+      }
+    }
+  }
+  if (options.strict) {
+    for (const io::MarkerArray& a : m.arrays) {
+      if (!names.count(a.name)) {
+        return InvalidArgument(fmt::format("strict restore: array '{}' of step {} is not requested "
+                                           "on rank {}", a.name, m.step, rank));
+      }
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+Status CheckpointManager::Impl::RunRestore(int64_t step, std::span<const ArrayToRestore> arrays,
+                                           const RestoreOptions& options) {
+  const int rank = comm_.rank();
+
+  // 1. The marker, from rank 0.
+  Status s;
+  std::string text;
+  if (rank == 0) {
+    Result<std::string> r = io::ReadSmallFile(io::MarkerPath(root_, step), io::kMaxMarkerBytes);
+    if (r.ok()) text = std::move(r).value();
+    else if (r.status().code() == StatusCode::kNotFound) {
+      s = NotFound(fmt::format("step {} is not committed in '{}'", step, root_));
+    } else {
+      s = r.status();
+    }
+  }
+  MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, comm_));
+  comm_.BroadcastBytes(&text, 0);
+  // Every rank parses the same bytes: the outcome is the same everywhere.
+  MHCKPT_ASSIGN_OR_RETURN(io::Marker m, io::ParseMarker(text, io::MarkerPath(root_, step)));
+
+  // 2. Check the requests; learn what everyone wants.
+  MHCKPT_RETURN_IF_ERROR(AgreeAll(CheckRequests(m, arrays, options, rank), comm_));
+  std::map<std::string_view, const ArrayToRestore*> mine;
+  for (const ArrayToRestore& a : arrays) mine[a.name] = &a;
+  // Per array: [wanted by anyone, wanted by someone other than whole-at-once].
+  std::vector<int> flags(2 * m.arrays.size(), 0);
+  for (size_t i = 0; i < m.arrays.size(); ++i) {
+    auto it = mine.find(m.arrays[i].name);
+    bool whole = it != mine.end() && it->second->shards.size() == 1 &&
+                 it->second->shards[0].box == FullBox(m.arrays[i].shape);
+    flags[2 * i] = it != mine.end() ? 1 : 0;
+    flags[2 * i + 1] = whole ? 0 : 1;
+  }
+  comm_.AllreduceMax(&flags);
+
+  // 3. Read.
+  Status local;
+  Result<io::H5File> file =
+      io::H5File::OpenReadOnly(io::DataPath(root_, step), comm_.get(), Transfer::kIndependent);
+  if (!file.ok()) {
+    local = DataLoss(fmt::format("step {}: {}", step, file.status().message()));
+  } else {
+    for (size_t i = 0; i < m.arrays.size(); ++i) {
+      if (!flags[2 * i]) continue;
+      const io::MarkerArray& a = m.arrays[i];
+      Result<io::Dataset> ds = file->OpenDataset(a.name, a.dtype, a.shape);
+      if (!ds.ok()) {
+        if (local.ok()) local = ds.status();
+        continue;
+      }
+      auto it = mine.find(a.name);
+      if (a.replicated && !flags[2 * i + 1]) {
+        // Why a broadcast: every rank wants the whole array; one read serves all.
+        const Destination& d = it->second->shards[0];
+        if (rank == 0 && local.ok()) local = ds->Read(d.box, d.data);
+        size_t bytes = static_cast<size_t>(*Volume(a.shape)) * DTypeSize(a.dtype);
+        comm_.BroadcastBuffer(d.data, bytes, 0);
+        continue;
+      }
+      if (it == mine.end() || !local.ok()) continue;
+      for (const Destination& d : it->second->shards) {
+        if (Volume(d.box.count).value_or(0) == 0) continue;
+        local = ds->Read(d.box, d.data);
+        if (!local.ok()) break;
+      }
+    }
+    Status closed = file->Close();
+    if (local.ok()) local = closed;
+  }
+  if (!local.ok()) local = Status(local.code(), fmt::format("rank {}: {}", rank, local.message()));
+  // 4. Agree.
+  return AgreeAll(local, comm_);
+}
+
+}  // namespace mhckpt

@@ -1,0 +1,290 @@
+#include "io/h5_file.h"
+
+#include <hdf5.h>
+
+#include <mutex>
+#include <utility>
+
+#include <fmt/format.h>
+
+static_assert(sizeof(hid_t) == sizeof(int64_t), "HDF5 1.10+ has 64-bit hid_t");
+
+namespace mhckpt::io {
+namespace {
+
+// HDF5 prints its error stack to stderr by default; we turn it off once and
+// read the stack into the Status message instead.
+void SilenceHdf5() {
+  static std::once_flag once;
+  std::call_once(once, [] { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); });
+}
+
+herr_t CollectError(unsigned n, const H5E_error2_t* e, void* out) {
+  auto* text = static_cast<std::string*>(out);
+  if (n < 3 && e->desc != nullptr) {
+    if (!text->empty()) text->append("; ");
+    text->append(fmt::format("{}: {}", e->func_name ? e->func_name : "?", e->desc));
+  }
+  return 0;
+}
+
+// The failing HDF5 call's error stack as a Status naming `what`.
+Status H5Error(const std::string& what) {
+  std::string text;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, CollectError, &text);
+  H5Eclear2(H5E_DEFAULT);
+  return IoError(fmt::format("HDF5: {}{}{}", what, text.empty() ? "" : ": ", text));
+}
+
+// Closes an HDF5 handle of any kind when it leaves scope.
+class Handle {
+ public:
+  explicit Handle(hid_t id) : id_(id) {}
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  ~Handle() {
+    if (id_ >= 0) {
+      H5I_type_t t = H5Iget_type(id_);
+      if (t == H5I_DATASPACE) H5Sclose(id_);
+      else if (t == H5I_GENPROP_LST) H5Pclose(id_);
+      else if (t == H5I_DATATYPE) H5Tclose(id_);
+      else if (t == H5I_ATTR) H5Aclose(id_);
+      else if (t == H5I_DATASET) H5Dclose(id_);
+    }
+  }
+  [[nodiscard]] hid_t get() const { return id_; }
+  [[nodiscard]] bool ok() const { return id_ >= 0; }
+
+ private:
+  hid_t id_;
+};
+
+std::vector<hsize_t> Dims(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
+
+hid_t CreateSpace(const std::vector<int64_t>& shape) {
+  if (shape.empty()) return H5Screate(H5S_SCALAR);
+  auto dims = Dims(shape);
+  return H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
+}
+
+hid_t MakeDxpl(Transfer transfer) {
+  hid_t dxpl = H5Pcreate(H5P_DATASET_XFER);
+  H5Pset_dxpl_mpio(dxpl, transfer == Transfer::kCollective ? H5FD_MPIO_COLLECTIVE
+                                                           : H5FD_MPIO_INDEPENDENT);
+  return dxpl;
+}
+
+hid_t MakeFapl(MPI_Comm comm) {
+  hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+  H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL);
+  // Metadata reads and writes are done collectively: one rank reads, all get it.
+  H5Pset_all_coll_metadata_ops(fapl, true);
+  H5Pset_coll_metadata_write(fapl, true);
+  // Large datasets start on 1 MiB boundaries (file-system stripes and pages).
+  H5Pset_alignment(fapl, 4u << 20, 1u << 20);
+  return fapl;
+}
+
+}  // namespace
+
+int64_t H5TypeFor(DType dtype) {
+  switch (dtype) {
+    case DType::kBool: {
+      // h5py's convention: an int8 enum {FALSE = 0, TRUE = 1} reads as numpy bool.
+      hid_t t = H5Tenum_create(H5T_NATIVE_INT8);
+      int8_t f = 0, v = 1;
+      H5Tenum_insert(t, "FALSE", &f);
+      H5Tenum_insert(t, "TRUE", &v);
+      return t;
+    }
+    case DType::kInt8: return H5Tcopy(H5T_STD_I8LE);
+    case DType::kInt16: return H5Tcopy(H5T_STD_I16LE);
+    case DType::kInt32: return H5Tcopy(H5T_STD_I32LE);
+    case DType::kInt64: return H5Tcopy(H5T_STD_I64LE);
+    case DType::kUInt8: return H5Tcopy(H5T_STD_U8LE);
+    case DType::kUInt16: return H5Tcopy(H5T_STD_U16LE);
+    case DType::kUInt32: return H5Tcopy(H5T_STD_U32LE);
+    case DType::kUInt64: return H5Tcopy(H5T_STD_U64LE);
+    case DType::kFloat16: {
+      // IEEE half: sign bit 15, 5 exponent bits at 10, 10 mantissa bits, bias 15.
+      hid_t t = H5Tcopy(H5T_IEEE_F32LE);
+      H5Tset_fields(t, 15, 10, 5, 0, 10);
+      H5Tset_size(t, 2);
+      H5Tset_ebias(t, 15);
+      return t;
+    }
+    case DType::kBFloat16: return H5Tcopy(H5T_STD_U16LE);  // raw bits; see kDTypeAttribute
+    case DType::kFloat32: return H5Tcopy(H5T_IEEE_F32LE);
+    case DType::kFloat64: return H5Tcopy(H5T_IEEE_F64LE);
+    case DType::kFloat8E4M3:
+    case DType::kFloat8E5M2: return H5Tcopy(H5T_STD_U8LE);  // raw bits; see kDTypeAttribute
+  }
+  return -1;
+}
+
+// ---- Dataset ----
+
+Dataset::Dataset(Dataset&& o) noexcept { *this = std::move(o); }
+
+Dataset& Dataset::operator=(Dataset&& o) noexcept {
+  std::swap(id_, o.id_);
+  std::swap(type_, o.type_);
+  std::swap(dxpl_, o.dxpl_);
+  std::swap(name_, o.name_);
+  std::swap(shape_, o.shape_);
+  return *this;
+}
+
+Dataset::~Dataset() {
+  if (id_ >= 0) H5Dclose(id_);
+  if (type_ >= 0) H5Tclose(type_);
+  if (dxpl_ >= 0) H5Pclose(dxpl_);
+}
+
+Status Dataset::Write(const Box& box, const void* data) {
+  return Transfer(&box, const_cast<void*>(data), true);  // NOLINT: H5Dwrite reads only
+}
+Status Dataset::WriteNothing() { return Transfer(nullptr, nullptr, true); }
+Status Dataset::Read(const Box& box, void* data) { return Transfer(&box, data, false); }
+
+Status Dataset::Transfer(const Box* box, void* data, bool write) {
+  Handle file_space(H5Dget_space(id_));
+  if (!file_space.ok()) return H5Error(fmt::format("get space of '{}'", name_));
+  hid_t mem_space_id;
+  bool empty = box == nullptr || Volume(box->count).value_or(0) == 0;
+  if (empty) {
+    H5Sselect_none(file_space.get());
+    mem_space_id = H5Scopy(file_space.get());
+  } else if (shape_.empty()) {
+    mem_space_id = H5Screate(H5S_SCALAR);
+  } else {
+    auto start = Dims(box->start), count = Dims(box->count);
+    if (H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(),
+                            nullptr) < 0) {
+      return H5Error(fmt::format("select box {} of '{}'", BoxToString(*box), name_));
+    }
+    mem_space_id = H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr);
+  }
+  Handle mem_space(mem_space_id);
+  if (empty) H5Sselect_none(mem_space.get());
+  herr_t rc = write ? H5Dwrite(id_, type_, mem_space.get(), file_space.get(), dxpl_, data)
+                    : H5Dread(id_, type_, mem_space.get(), file_space.get(), dxpl_, data);
+  if (rc < 0) {
+    return H5Error(fmt::format("{} box {} of '{}'", write ? "write" : "read",
+                               box ? BoxToString(*box) : "(none)", name_));
+  }
+  return OkStatus();
+}
+
+// ---- H5File ----
+
+H5File::H5File(H5File&& o) noexcept { *this = std::move(o); }
+
+H5File& H5File::operator=(H5File&& o) noexcept {
+  std::swap(id_, o.id_);
+  std::swap(transfer_, o.transfer_);
+  std::swap(path_, o.path_);
+  return *this;
+}
+
+H5File::~H5File() {
+  if (id_ >= 0) H5Fclose(id_);
+}
+
+Result<H5File> H5File::Create(const std::string& path, MPI_Comm comm, io::Transfer transfer) {
+  SilenceHdf5();
+  Handle fapl(MakeFapl(comm));
+  H5File f;
+  f.id_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get());
+  if (f.id_ < 0) return H5Error(fmt::format("create '{}'", path));
+  f.transfer_ = transfer;
+  f.path_ = path;
+  return f;
+}
+
+Result<H5File> H5File::OpenReadOnly(const std::string& path, MPI_Comm comm,
+                                    io::Transfer transfer) {
+  SilenceHdf5();
+  Handle fapl(MakeFapl(comm));
+  H5File f;
+  f.id_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get());
+  if (f.id_ < 0) return H5Error(fmt::format("open '{}'", path));
+  f.transfer_ = transfer;
+  f.path_ = path;
+  return f;
+}
+
+Result<Dataset> H5File::CreateDataset(const std::string& name, DType dtype,
+                                      const std::vector<int64_t>& shape) {
+  Dataset d;
+  d.name_ = name;
+  d.shape_ = shape;
+  d.type_ = H5TypeFor(dtype);
+  d.dxpl_ = MakeDxpl(transfer_);
+  Handle space(CreateSpace(shape));
+  Handle lcpl(H5Pcreate(H5P_LINK_CREATE));
+  H5Pset_create_intermediate_group(lcpl.get(), 1);
+  Handle dcpl(H5Pcreate(H5P_DATASET_CREATE));
+  H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);
+  H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY);
+  d.id_ = H5Dcreate2(id_, ("/" + name).c_str(), d.type_, space.get(), lcpl.get(), dcpl.get(),
+                     H5P_DEFAULT);
+  if (d.id_ < 0) return H5Error(fmt::format("create dataset '{}'", name));
+  if (dtype == DType::kBFloat16 || dtype == DType::kFloat8E4M3 || dtype == DType::kFloat8E5M2) {
+    std::string value(DTypeName(dtype));
+    Handle str(H5Tcopy(H5T_C_S1));
+    H5Tset_size(str.get(), value.size());
+    Handle scalar(H5Screate(H5S_SCALAR));
+    Handle attr(H5Acreate2(d.id_, kDTypeAttribute, str.get(), scalar.get(), H5P_DEFAULT,
+                           H5P_DEFAULT));
+    if (!attr.ok() || H5Awrite(attr.get(), str.get(), value.data()) < 0) {
+      return H5Error(fmt::format("write attribute of '{}'", name));
+    }
+  }
+  return d;
+}
+
+Result<Dataset> H5File::OpenDataset(const std::string& name, DType dtype,
+                                    const std::vector<int64_t>& shape) {
+  Dataset d;
+  d.name_ = name;
+  d.shape_ = shape;
+  d.type_ = H5TypeFor(dtype);
+  d.dxpl_ = MakeDxpl(transfer_);
+  d.id_ = H5Dopen2(id_, ("/" + name).c_str(), H5P_DEFAULT);
+  if (d.id_ < 0) {
+    H5Eclear2(H5E_DEFAULT);
+    return DataLoss(fmt::format("array '{}': dataset missing from '{}'", name, path_));
+  }
+  Handle file_type(H5Dget_type(d.id_));
+  if (H5Tequal(file_type.get(), d.type_) <= 0) {
+    return DataLoss(fmt::format("array '{}': stored HDF5 type does not match dtype {}", name,
+                                DTypeName(dtype)));
+  }
+  Handle space(H5Dget_space(d.id_));
+  int rank = H5Sget_simple_extent_ndims(space.get());
+  std::vector<hsize_t> dims(rank > 0 ? static_cast<size_t>(rank) : 0);
+  if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  if (rank < 0 || dims != Dims(shape)) {
+    return DataLoss(fmt::format("array '{}': stored shape does not match the marker's {}", name,
+                                ShapeToString(shape)));
+  }
+  return d;
+}
+
+Status H5File::FlushAndClose() {
+  Status s;
+  if (H5Fflush(id_, H5F_SCOPE_GLOBAL) < 0) s = H5Error(fmt::format("flush '{}'", path_));
+  if (H5Fclose(id_) < 0 && s.ok()) s = H5Error(fmt::format("close '{}'", path_));
+  id_ = -1;
+  return s;
+}
+
+Status H5File::Close() {
+  Status s;
+  if (H5Fclose(id_) < 0) s = H5Error(fmt::format("close '{}'", path_));
+  id_ = -1;
+  return s;
+}
+
+}  // namespace mhckpt::io

@@ -1,0 +1,92 @@
+// The parallel HDF5 file of one step: one global dataset per array, written
+// and read as hyperslabs. Every function here is called from the I/O thread
+// only (HDF5 is not thread-safe); the ones marked collective must be called
+// by every rank of the communicator in the same order with the same arguments.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "base/types.h"
+
+namespace mhckpt::io {
+
+/// How raw data moves to the file. Independent was faster on ext4 with Open
+/// MPI's OMPIO (docs/PERFORMANCE.md); collective needs every rank to make the
+/// same number of Write/Read calls per dataset (pad with WriteNothing).
+enum class Transfer : uint8_t { kIndependent, kCollective };
+
+/// Name of the attribute that holds the mhckpt dtype where the HDF5 type alone
+/// does not say it (bfloat16 and float8 are stored as unsigned integers).
+inline constexpr const char* kDTypeAttribute = "mhckpt_dtype";
+
+/// A new HDF5 datatype handle for `dtype` (the caller closes it), used as both
+/// file and memory type so bytes are copied without conversion.
+int64_t H5TypeFor(DType dtype);
+
+class Dataset {
+ public:
+  Dataset() = default;
+  Dataset(Dataset&& o) noexcept;
+  Dataset& operator=(Dataset&& o) noexcept;
+  Dataset(const Dataset&) = delete;
+  Dataset& operator=(const Dataset&) = delete;
+  ~Dataset();
+
+  /// Writes the row-major buffer `data` into `box`.
+  Status Write(const Box& box, const void* data);
+  /// Takes part in a collective transfer with nothing to write.
+  Status WriteNothing();
+  /// Reads `box` into the row-major buffer `data`.
+  Status Read(const Box& box, void* data);
+
+ private:
+  friend class H5File;
+  Status Transfer(const Box* box, void* data, bool write);
+  int64_t id_ = -1;
+  int64_t type_ = -1;
+  int64_t dxpl_ = -1;
+  std::string name_;
+  std::vector<int64_t> shape_;
+};
+
+class H5File {
+ public:
+  H5File() = default;
+  H5File(H5File&& o) noexcept;
+  H5File& operator=(H5File&& o) noexcept;
+  H5File(const H5File&) = delete;
+  H5File& operator=(const H5File&) = delete;
+  ~H5File();  ///< closes without flushing (an error path)
+
+  /// Collective. Creates (truncates) `path` for parallel writing.
+  static Result<H5File> Create(const std::string& path, MPI_Comm comm, io::Transfer transfer);
+  /// Collective. Opens `path` for parallel reading.
+  static Result<H5File> OpenReadOnly(const std::string& path, MPI_Comm comm, io::Transfer transfer);
+
+  /// Collective. Creates dataset `/name` (intermediate groups included) with
+  /// the global `shape`, allocated at once, never filled.
+  Result<Dataset> CreateDataset(const std::string& name, DType dtype,
+                                const std::vector<int64_t>& shape);
+  /// Collective. Opens `/name` and checks that its type and shape are the ones
+  /// the marker promised (DataLoss otherwise).
+  Result<Dataset> OpenDataset(const std::string& name, DType dtype,
+                              const std::vector<int64_t>& shape);
+
+  /// Collective. Makes the file durable (H5Fflush global, which syncs through
+  /// MPI-IO; H5Fclose alone does not) and closes it.
+  Status FlushAndClose();
+  /// Collective. Closes a file opened for reading.
+  Status Close();
+
+ private:
+  int64_t id_ = -1;
+  io::Transfer transfer_ = io::Transfer::kIndependent;
+  std::string path_;
+};
+
+}  // namespace mhckpt::io

@@ -1,0 +1,25 @@
+// Where a checkpoint lives on disk (docs/FORMAT.md):
+//   ROOT/step_0000000042/data.h5      the arrays, as global HDF5 datasets
+//   ROOT/step_0000000042/commit.json  the commit marker; present = committed
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace mhckpt::io {
+
+inline constexpr std::string_view kDataFileName = "data.h5";
+inline constexpr std::string_view kMarkerFileName = "commit.json";
+
+/// "step_0000000042".
+std::string StepDirName(int64_t step);
+/// The step of a directory named by StepDirName, or nullopt for any other name.
+std::optional<int64_t> ParseStepDirName(std::string_view name);
+
+std::string StepDir(const std::string& root, int64_t step);
+std::string DataPath(const std::string& root, int64_t step);
+std::string MarkerPath(const std::string& root, int64_t step);
+
+}  // namespace mhckpt::io

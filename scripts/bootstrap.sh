@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs what mhckpt needs from Debian, then configures and builds into build/.
+# Idempotent: a second run installs nothing and rebuilds only what changed.
+#
+# Debian packages, and why:
+#   cmake g++ make pkg-config    the build
+#   openmpi-bin libopenmpi-dev    MPI (Open MPI 4.1), mpirun
+#   libhdf5-openmpi-dev hdf5-tools  parallel HDF5 1.10 and h5ls/h5dump
+#   nlohmann-json3-dev            JSON (commit marker, plan encoding)
+#   libfmt-dev                    formatting
+#   libspdlog-dev                 logging
+#   libgtest-dev                  GoogleTest
+#   python3-h5py-mpi python3-numpy  reading checkpoints without mhckpt (tests)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(cmake g++ make pkg-config openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
+          nlohmann-json3-dev libfmt-dev libspdlog-dev libgtest-dev python3-h5py-mpi python3-numpy)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "bootstrap: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+BUILD_DIR=${BUILD_DIR:-build}
+JOBS=${JOBS:-$(nproc)}
+cmake -S . -B "$BUILD_DIR" ${CMAKE_ARGS:-} >/dev/null
+cmake --build "$BUILD_DIR" -j "$JOBS"

@@ -1,0 +1,150 @@
+// The N-to-M matrix, across real jobs:
+//   mpiexec -n N reshard_test save DIR       saves a checkpoint at N ranks
+//   mpiexec -n M reshard_test restore DIR    restores it at M ranks, checks every byte
+// ctest runs every (N, M) in 1..4 x 1..4 (tests/CMakeLists.txt).
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "coordinator/checkpoint_manager.h"
+#include "tests/test_util.h"
+
+namespace mhckpt {
+namespace {
+
+using testing::Fill;
+using testing::Split;
+
+struct Spec {
+  const char* name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  uint64_t seed;
+};
+
+const std::vector<Spec>& Specs() {
+  static const std::vector<Spec> specs = {
+      {"uneven/rows", DType::kFloat32, {1001, 7}, 1},  // rows split unevenly
+      {"block/2d", DType::kInt32, {64, 45}, 2},        // 2-D block grid
+      {"opt/bf16", DType::kBFloat16, {333}, 3},
+      {"replicated/bias", DType::kFloat64, {17}, 4},
+      {"replicated/step", DType::kInt64, {}, 5},
+  };
+  return specs;
+}
+
+// A 2-D process grid for p ranks: 4 -> 2x2, otherwise p x 1 or 1 x p.
+std::pair<int, int> Grid(int p, bool transpose) {
+  std::pair<int, int> g = p == 4 ? std::pair{2, 2} : std::pair{p, 1};
+  return transpose ? std::pair{g.second, g.first} : g;
+}
+
+// The boxes rank r of p holds (save) or wants (restore, `other` = true: a
+// different layout from the save's).
+std::vector<Box> BoxesOf(const Spec& s, int p, int r, bool other) {
+  std::string n = s.name;
+  if (n == "uneven/rows" || n == "opt/bf16") {
+    int part = other ? p - 1 - r : r;
+    auto [b, e] = Split(s.shape[0], p, part);
+    Box box = FullBox(s.shape);
+    box.start[0] = b;
+    box.count[0] = e - b;
+    return {box};
+  }
+  if (n == "block/2d") {
+    auto [gx, gy] = Grid(p, other);
+    auto [x0, x1] = Split(s.shape[0], gx, r / gy);
+    auto [y0, y1] = Split(s.shape[1], gy, r % gy);
+    return {Box{{x0, y0}, {x1 - x0, y1 - y0}}};
+  }
+  return {FullBox(s.shape)};  // replicated
+}
+
+int Save(const std::string& dir, int p, int r) {
+  if (r == 0) std::filesystem::remove_all(dir);  // a fresh checkpoint every run
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto mgr = CheckpointManager::Open(MPI_COMM_WORLD, dir);
+  if (!mgr.ok()) return fmt::print(stderr, "open: {}\n", mgr.status().ToString()), 1;
+  std::vector<std::vector<std::byte>> bufs;
+  std::vector<ArrayToSave> arrays;
+  for (const Spec& s : Specs()) {
+    ArrayToSave a{s.name, s.dtype, s.shape, {}};
+    for (const Box& b : BoxesOf(s, p, r, false)) {
+      bufs.push_back(Fill(s.dtype, s.shape, b, s.seed));
+      a.shards.push_back(Shard{b, bufs.back().data()});
+    }
+    arrays.push_back(std::move(a));
+  }
+  Status st = (*mgr)->Save(42, arrays);
+  for (auto& b : bufs) std::memset(b.data(), 0, b.size());  // Save has copied them
+  if (st.ok()) st = (*mgr)->WaitUntilFinished();
+  if (!st.ok()) return fmt::print(stderr, "rank {}: save: {}\n", r, st.ToString()), 1;
+  if (r == 0) fmt::print("saved step 42 at {} ranks in {}\n", p, dir);
+  return 0;
+}
+
+int Restore(const std::string& dir, int p, int r) {
+  auto mgr = CheckpointManager::Open(MPI_COMM_WORLD, dir);
+  if (!mgr.ok()) return fmt::print(stderr, "open: {}\n", mgr.status().ToString()), 1;
+  auto latest = (*mgr)->LatestStep();
+  if (!latest.ok() || !latest.value() || **latest != 42) {
+    return fmt::print(stderr, "rank {}: no step 42 in {}\n", r, dir), 1;
+  }
+  std::vector<std::vector<std::byte>> bufs;
+  std::vector<ArrayToRestore> arrays;
+  for (const Spec& s : Specs()) {
+    ArrayToRestore a{s.name, s.dtype, {}};
+    for (const Box& b : BoxesOf(s, p, r, true)) {
+      bufs.emplace_back(static_cast<size_t>(*Volume(b.count)) * DTypeSize(s.dtype), std::byte{0x5A});
+      a.shards.push_back(Destination{b, bufs.back().data()});
+    }
+    arrays.push_back(std::move(a));
+  }
+  Status st = (*mgr)->Restore(42, arrays, RestoreOptions{.strict = true});
+  if (!st.ok()) return fmt::print(stderr, "rank {}: restore: {}\n", r, st.ToString()), 1;
+  int bad = 0;
+  size_t k = 0;
+  uint64_t bytes = 0;
+  for (const Spec& s : Specs()) {
+    for (const Box& b : BoxesOf(s, p, r, true)) {
+      if (Fill(s.dtype, s.shape, b, s.seed) != bufs[k]) {
+        fmt::print(stderr, "rank {}: array '{}' box {} differs\n", r, s.name, BoxToString(b));
+        ++bad;
+      }
+      bytes += bufs[k++].size();
+    }
+  }
+  int all_bad = 0;
+  MPI_Allreduce(&bad, &all_bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  uint64_t all_bytes = testing::SumOverRanks(bytes);
+  if (r == 0) {
+    auto marker_ws = std::filesystem::path(dir).filename().string();
+    fmt::print("N-to-M: saved {} -> restored at M={}: {} bytes compared, {} boxes differ: {}\n",
+               marker_ws, p, all_bytes, all_bad, all_bad ? "FAIL" : "ok");
+  }
+  return all_bad ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace mhckpt
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int p = 1, r = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &p);
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  int rc = 2;
+  if (argc == 3 && std::strcmp(argv[1], "save") == 0) rc = mhckpt::Save(argv[2], p, r);
+  else if (argc == 3 && std::strcmp(argv[1], "restore") == 0) rc = mhckpt::Restore(argv[2], p, r);
+  else if (r == 0) std::fprintf(stderr, "usage: reshard_test save|restore DIR\n");
+  int any = 0;
+  MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return any;
+}

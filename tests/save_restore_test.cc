@@ -1,0 +1,291 @@
+// Save and restore at one world size: every dtype, replicas, scalars,
+// zero-length arrays, subsets, synchronous mode, buffers freed after Save.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "coordinator/checkpoint_manager.h"
+#include "io/layout.h"
+#include "io/marker.h"
+#include "tests/test_util.h"
+
+namespace mhckpt {
+namespace {
+
+using testing::Fill;
+using testing::FreshDir;
+using testing::Rank;
+using testing::SameOnAllRanks;
+using testing::Size;
+using testing::Split;
+
+// Owns the buffers behind an ArrayToSave.
+struct Saved {
+  ArrayToSave array;
+  std::vector<std::vector<std::byte>> buffers;
+  void Add(const Box& box, uint64_t seed) {
+    buffers.push_back(Fill(array.dtype, array.shape, box, seed));
+    array.shards.push_back(Shard{box, buffers.back().data()});
+  }
+};
+
+// Owns the buffers behind an ArrayToRestore and checks them.
+struct Wanted {
+  ArrayToRestore array;
+  std::vector<int64_t> shape;
+  std::vector<std::vector<std::byte>> buffers;
+  void Add(const Box& box) {
+    buffers.emplace_back(static_cast<size_t>(Volume(box.count).value()) * DTypeSize(array.dtype),
+                         std::byte{0xAB});
+    array.shards.push_back(Destination{box, buffers.back().data()});
+  }
+  void Expect(uint64_t seed) const {
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      auto want = Fill(array.dtype, shape, array.shards[i].box, seed);
+      EXPECT_TRUE(want == buffers[i]) << "array " << array.name << " box "
+                                      << BoxToString(array.shards[i].box) << " on rank " << Rank();
+    }
+  }
+};
+
+// Rows of `shape` owned by `part` of `parts` (all columns).
+Box RowBox(const std::vector<int64_t>& shape, int parts, int part) {
+  auto [b, e] = Split(shape[0], parts, part);
+  Box box = FullBox(shape);
+  box.start[0] = b;
+  box.count[0] = e - b;
+  return box;
+}
+
+std::unique_ptr<CheckpointManager> OpenOrDie(const std::string& dir, Options o = {}) {
+  auto m = CheckpointManager::Open(MPI_COMM_WORLD, dir, o);
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  return std::move(m).value();
+}
+
+TEST(SaveRestore, EveryDTypeRoundTripsBitExactAcrossShardings) {
+  auto mgr = OpenOrDie(FreshDir());
+  const int p = Size(), r = Rank();
+  std::vector<Saved> saved;
+  for (int t = 0; t < kNumDTypes; ++t) {
+    Saved s;
+    s.array = ArrayToSave{"dtypes/" + std::string(DTypeName(static_cast<DType>(t))),
+                          static_cast<DType>(t), {13, 5}, {}};
+    s.Add(RowBox(s.array.shape, p, r), 100 + t);
+    saved.push_back(std::move(s));
+  }
+  std::vector<ArrayToSave> arrays;
+  for (auto& s : saved) arrays.push_back(s.array);
+  ASSERT_TRUE(mgr->Save(3, arrays).ok());
+  Status s = mgr->WaitUntilFinished();
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(mgr->LatestStep().value(), std::optional<int64_t>(3));
+
+  // Restore by columns instead of rows; rank order reversed.
+  std::vector<Wanted> wanted;
+  for (int t = 0; t < kNumDTypes; ++t) {
+    Wanted w{{saved[t].array.name, saved[t].array.dtype, {}}, {13, 5}, {}};
+    auto [b, e] = Split(5, p, p - 1 - r);
+    w.Add(Box{{0, b}, {13, e - b}});
+    wanted.push_back(std::move(w));
+  }
+  std::vector<ArrayToRestore> req;
+  for (auto& w : wanted) req.push_back(w.array);
+  s = mgr->Restore(3, req);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  for (int t = 0; t < kNumDTypes; ++t) wanted[t].Expect(100 + t);
+}
+
+TEST(SaveRestore, ReplicatedScalarsAndZeroLengthArrays) {
+  const std::string dir = FreshDir();
+  auto mgr = OpenOrDie(dir);
+  std::vector<Saved> saved(4);
+  saved[0].array = {"step", DType::kInt64, {}, {}};
+  saved[0].Add(Box{}, 1);  // every rank holds the scalar: a replica
+  saved[1].array = {"norm/scale", DType::kFloat32, {3}, {}};
+  saved[1].Add(FullBox({3}), 2);
+  saved[2].array = {"empty", DType::kFloat64, {0, 4}, {}};
+  saved[2].Add(Box{{0, 0}, {0, 4}}, 3);
+  saved[3].array = {"nothing_held", DType::kInt32, {5, 0}, {}};  // no boxes at all
+  std::vector<ArrayToSave> arrays;
+  for (auto& s : saved) arrays.push_back(s.array);
+  ASSERT_TRUE(mgr->Save(1, arrays, {{"note", "hello"}}).ok());
+  Status s = mgr->WaitUntilFinished();
+  ASSERT_TRUE(s.ok()) << s.ToString();
+
+  auto marker = io::ReadMarker(io::MarkerPath(dir, 1));
+  ASSERT_TRUE(marker.ok()) << marker.status().ToString();
+  EXPECT_EQ(marker->world_size, Size());
+  EXPECT_EQ(marker->user_metadata.at("note"), "hello");
+  const io::MarkerArray* step = marker->Find("step");
+  ASSERT_NE(step, nullptr);
+  EXPECT_TRUE(step->replicated);
+  ASSERT_EQ(step->boxes.size(), 1u);
+  EXPECT_EQ(step->boxes[0].writer, 0);  // replicated arrays: rank 0 writes
+  EXPECT_TRUE(marker->Find("norm/scale")->replicated);
+  EXPECT_TRUE(marker->Find("empty")->boxes.empty());
+
+  std::vector<Wanted> wanted(3);
+  wanted[0] = {{"step", DType::kInt64, {}}, {}, {}};
+  wanted[0].Add(Box{});
+  wanted[1] = {{"norm/scale", DType::kFloat32, {}}, {3}, {}};
+  wanted[1].Add(FullBox({3}));
+  wanted[2] = {{"empty", DType::kFloat64, {}}, {0, 4}, {}};
+  wanted[2].Add(Box{{0, 0}, {0, 4}});
+  std::vector<ArrayToRestore> req;
+  for (auto& w : wanted) req.push_back(w.array);
+  s = mgr->Restore(1, req);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  wanted[0].Expect(1);
+  wanted[1].Expect(2);
+}
+
+TEST(SaveRestore, DataParallelReplicasOfModelParallelShardsAreWrittenOnce) {
+  const std::string dir = FreshDir();
+  auto mgr = OpenOrDie(dir);
+  const int p = Size(), r = Rank();
+  const int mp = p >= 2 ? 2 : 1;  // model-parallel degree; the rest is data-parallel
+  const std::vector<int64_t> shape{100, 6};
+  std::vector<Saved> saved(3);
+  for (int a = 0; a < 3; ++a) {
+    saved[a].array = {"layers/" + std::to_string(a) + "/w", DType::kFloat32, shape, {}};
+    saved[a].Add(RowBox(shape, mp, r % mp), 10 + a);
+  }
+  std::vector<ArrayToSave> arrays;
+  for (auto& s : saved) arrays.push_back(s.array);
+  ASSERT_TRUE(mgr->Save(5, arrays).ok());
+  Status s = mgr->WaitUntilFinished();
+  ASSERT_TRUE(s.ok()) << s.ToString();
+
+  // Each distinct box is in the marker once, with a writer that holds it.
+  auto marker = io::ReadMarker(io::MarkerPath(dir, 5));
+  ASSERT_TRUE(marker.ok());
+  for (const auto& a : marker->arrays) {
+    ASSERT_EQ(a.boxes.size(), static_cast<size_t>(mp));
+    for (int k = 0; k < mp; ++k) EXPECT_EQ(a.boxes[k].writer % mp, k);
+  }
+  // The bytes written over all ranks are exactly the array bytes: no box twice.
+  uint64_t written = testing::SumOverRanks(mgr->LastSaveTimings().written_bytes);
+  EXPECT_EQ(written, 3u * 100 * 6 * 4);
+  EXPECT_EQ(marker->total_bytes, 3u * 100 * 6 * 4);
+
+  std::vector<Wanted> wanted(3);
+  std::vector<ArrayToRestore> req;
+  for (int a = 0; a < 3; ++a) {
+    wanted[a] = {{saved[a].array.name, DType::kFloat32, {}}, shape, {}};
+    wanted[a].Add(FullBox(shape));
+    req.push_back(wanted[a].array);
+  }
+  s = mgr->Restore(5, req);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  for (int a = 0; a < 3; ++a) wanted[a].Expect(10 + a);
+}
+
+TEST(SaveRestore, SeveralBoxesPerRankAndSubsetRestore) {
+  auto mgr = OpenOrDie(FreshDir());
+  const int p = Size(), r = Rank();
+  // 2p column blocks; rank r holds blocks r and 2p-1-r.
+  const std::vector<int64_t> shape{7, 8 * p};
+  Saved a{{"a", DType::kUInt16, shape, {}}, {}};
+  a.Add(Box{{0, 4 * r}, {7, 4}}, 7);
+  a.Add(Box{{0, 4 * (2 * p - 1 - r)}, {7, 4}}, 7);
+  Saved b{{"b", DType::kInt8, {9}, {}}, {}};
+  b.Add(RowBox({9}, p, r), 8);
+  std::vector<ArrayToSave> arrays{a.array, b.array};
+  ASSERT_TRUE(mgr->Save(2, arrays).ok());
+  ASSERT_TRUE(mgr->WaitUntilFinished().ok());
+
+  // Only "a", as two row halves on every rank.
+  Wanted w{{"a", DType::kUInt16, {}}, shape, {}};
+  w.Add(Box{{0, 0}, {3, 8 * p}});
+  w.Add(Box{{3, 0}, {4, 8 * p}});
+  Status s = mgr->Restore(2, std::vector<ArrayToRestore>{w.array});
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  w.Expect(7);
+}
+
+TEST(SaveRestore, BuffersMayBeOverwrittenAndFreedRightAfterSave) {
+  auto mgr = OpenOrDie(FreshDir());
+  ASSERT_TRUE(mgr->async()) << "the tests run with MPI_THREAD_MULTIPLE";
+  const int p = Size(), r = Rank();
+  const std::vector<int64_t> shape{4096, 16};
+  for (int step = 0; step < 3; ++step) {
+    auto saved = std::make_unique<Saved>();
+    saved->array = {"w", DType::kFloat32, shape, {}};
+    saved->Add(RowBox(shape, p, r), 50 + step);
+    auto rep = std::make_unique<Saved>();
+    rep->array = {"rng", DType::kUInt64, {4}, {}};
+    rep->Add(FullBox({4}), 60 + step);
+    std::vector<ArrayToSave> arrays{saved->array, rep->array};
+    ASSERT_TRUE(mgr->Save(step, arrays).ok());
+    // The training loop reuses and frees its buffers at once.
+    for (auto& buf : saved->buffers) std::memset(buf.data(), 0xFF, buf.size());
+    for (auto& buf : rep->buffers) std::memset(buf.data(), 0xFF, buf.size());
+    saved.reset();
+    rep.reset();
+  }
+  ASSERT_TRUE(mgr->WaitUntilFinished().ok());
+  EXPECT_EQ(mgr->CommittedSteps().value(), (std::vector<int64_t>{0, 1, 2}));
+  for (int step = 0; step < 3; ++step) {
+    Wanted w{{"w", DType::kFloat32, {}}, shape, {}};
+    w.Add(RowBox(shape, p, (r + 1) % p));
+    Wanted g{{"rng", DType::kUInt64, {}}, {4}, {}};
+    g.Add(FullBox({4}));
+    ASSERT_TRUE(mgr->Restore(step, std::vector<ArrayToRestore>{w.array, g.array}).ok());
+    w.Expect(50 + step);
+    g.Expect(60 + step);
+  }
+}
+
+TEST(SaveRestore, SynchronousModeAndCollectiveTransfer) {
+  Options o;
+  o.async = false;
+  o.transfer = Transfer::kCollective;
+  auto mgr = OpenOrDie(FreshDir(), o);
+  EXPECT_FALSE(mgr->async());
+  const int p = Size(), r = Rank();
+  // Rank 0 holds two boxes, others one: collective calls must still match.
+  const std::vector<int64_t> shape{2 * p + 1, 3};
+  Saved a{{"x", DType::kFloat64, shape, {}}, {}};
+  a.Add(Box{{2 * r, 0}, {2, 3}}, 9);
+  if (r == 0) a.Add(Box{{2 * p, 0}, {1, 3}}, 9);
+  ASSERT_TRUE(mgr->Save(0, std::vector<ArrayToSave>{a.array}).ok());
+  ASSERT_TRUE(mgr->WaitUntilFinished().ok());
+  Wanted w{{"x", DType::kFloat64, {}}, shape, {}};
+  w.Add(FullBox(shape));
+  ASSERT_TRUE(mgr->Restore(0, std::vector<ArrayToRestore>{w.array}).ok());
+  w.Expect(9);
+}
+
+TEST(SaveRestore, UncommittedStepsAreIgnoredAndRemovedOnOpen) {
+  const std::string dir = FreshDir();
+  {
+    auto mgr = OpenOrDie(dir);
+    Saved a{{"x", DType::kInt32, {4}, {}}, {}};
+    if (Rank() == 0) a.Add(FullBox({4}), 1);
+    ASSERT_TRUE(mgr->Save(1, std::vector<ArrayToSave>{a.array}).ok());
+    ASSERT_TRUE(mgr->WaitUntilFinished().ok());
+  }
+  if (Rank() == 0) {
+    // A crashed save: data written, no marker; and one with a half-written temp marker.
+    std::filesystem::create_directories(io::StepDir(dir, 2));
+    std::ofstream(io::DataPath(dir, 2)) << "partial";
+    std::filesystem::create_directories(io::StepDir(dir, 3));
+    std::ofstream(io::MarkerPath(dir, 3) + ".tmp") << "{";
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto mgr = OpenOrDie(dir);
+  EXPECT_EQ(mgr->CommittedSteps().value(), std::vector<int64_t>{1});
+  EXPECT_FALSE(std::filesystem::exists(io::StepDir(dir, 2)));
+  EXPECT_FALSE(std::filesystem::exists(io::StepDir(dir, 3)));
+  EXPECT_TRUE(std::filesystem::exists(io::StepDir(dir, 1)));
+  Status s = mgr->Restore(2, std::vector<ArrayToRestore>{});
+  EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.ToString();
+  EXPECT_TRUE(SameOnAllRanks(s));
+}
+
+}  // namespace
+}  // namespace mhckpt

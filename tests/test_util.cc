@@ -1,0 +1,89 @@
+#include "tests/test_util.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+namespace mhckpt::testing {
+
+int Rank(MPI_Comm comm) {
+  int r = 0;
+  MPI_Comm_rank(comm, &r);
+  return r;
+}
+
+int Size(MPI_Comm comm) {
+  int s = 1;
+  MPI_Comm_size(comm, &s);
+  return s;
+}
+
+std::string FreshDir(const std::string& suffix) {
+  const char* base = std::getenv("MHCKPT_TEST_DIR");
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string dir = std::string(base ? base : "/tmp/mhckpt-test") + "/np" + std::to_string(Size()) +
+                    "/" + info->test_suite_name() + "." + info->name() + suffix;
+  if (Rank() == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return dir;
+}
+
+namespace {
+uint64_t Mix(uint64_t x) {  // splitmix64
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+std::vector<std::byte> Fill(DType dtype, const std::vector<int64_t>& shape, const Box& box,
+                            uint64_t seed) {
+  const size_t es = DTypeSize(dtype);
+  const int64_t n = Volume(box.count).value();
+  std::vector<std::byte> out(static_cast<size_t>(n) * es);
+  const size_t rank = shape.size();
+  std::vector<int64_t> idx(rank, 0);  // position inside the box
+  for (int64_t e = 0; e < n; ++e) {
+    int64_t global = 0;
+    for (size_t d = 0; d < rank; ++d) global = global * shape[d] + box.start[d] + idx[d];
+    uint64_t h = Mix(seed * 1000003ULL + static_cast<uint64_t>(global));
+    for (size_t k = 0; k < es; ++k) out[static_cast<size_t>(e) * es + k] = std::byte(h >> (8 * k));
+    if (dtype == DType::kBool) out[static_cast<size_t>(e)] = std::byte(h & 1);
+    for (size_t d = rank; d-- > 0;) {  // advance the row-major counter
+      if (++idx[d] < box.count[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return out;
+}
+
+std::pair<int64_t, int64_t> Split(int64_t n, int parts, int part) {
+  int64_t base = n / parts, rem = n % parts;
+  int64_t begin = part * base + std::min<int64_t>(part, rem);
+  return {begin, begin + base + (part < rem ? 1 : 0)};
+}
+
+bool SameOnAllRanks(const Status& s, MPI_Comm comm) {
+  std::string mine = s.Serialize();
+  std::string root = mine;
+  unsigned long long n = root.size();
+  MPI_Bcast(&n, 1, MPI_UNSIGNED_LONG_LONG, 0, comm);
+  root.resize(n);
+  MPI_Bcast(root.data(), static_cast<int>(n), MPI_BYTE, 0, comm);
+  int same = root == mine ? 1 : 0, all = 0;
+  MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_LAND, comm);
+  return all != 0;
+}
+
+uint64_t SumOverRanks(uint64_t v, MPI_Comm comm) {
+  unsigned long long in = v, out = 0;
+  MPI_Allreduce(&in, &out, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, comm);
+  return out;
+}
+
+}  // namespace mhckpt::testing

@@ -1,0 +1,38 @@
+// Helpers shared by the MPI tests: a fresh directory per test, deterministic
+// array contents keyed by global index, and checks across ranks.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "base/types.h"
+#include "worker/array.h"
+
+namespace mhckpt::testing {
+
+int Rank(MPI_Comm comm = MPI_COMM_WORLD);
+int Size(MPI_Comm comm = MPI_COMM_WORLD);
+
+/// Collective: an empty directory for the running test (rank 0 wipes it).
+std::string FreshDir(const std::string& suffix = "");
+
+/// The bytes of every element of `box` of a global array, row-major. Element
+/// bytes are a hash of (seed, global linear index), so any box of any
+/// sharding can be predicted. Bools hold 0 or 1.
+std::vector<std::byte> Fill(DType dtype, const std::vector<int64_t>& shape, const Box& box,
+                            uint64_t seed);
+
+/// Rows [begin, end) of `n` rows split as evenly as possible into `parts`.
+std::pair<int64_t, int64_t> Split(int64_t n, int parts, int part);
+
+/// Collective: true if `s` is the same Status on every rank.
+bool SameOnAllRanks(const Status& s, MPI_Comm comm = MPI_COMM_WORLD);
+
+/// Collective: the sum of `v` over ranks.
+uint64_t SumOverRanks(uint64_t v, MPI_Comm comm = MPI_COMM_WORLD);
+
+}  // namespace mhckpt::testing

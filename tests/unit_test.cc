@@ -1,0 +1,178 @@
+// Unit tests of single functions: boxes, names, the marker parser, the planner.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include <nlohmann/json.hpp>
+
+#include "base/types.h"
+#include "coordinator/plan.h"
+#include "io/layout.h"
+#include "io/marker.h"
+
+namespace mhckpt {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(Types, VolumeRejectsNegativeAndOverflow) {
+  EXPECT_EQ(Volume({}), 1);
+  EXPECT_EQ(Volume({3, 0, 5}), 0);
+  EXPECT_EQ(Volume({1001, 7}), 7007);
+  EXPECT_FALSE(Volume({-1}).has_value());
+  EXPECT_FALSE(Volume({int64_t{1} << 40, int64_t{1} << 40}).has_value());
+}
+
+TEST(Types, BoxInShape) {
+  EXPECT_EQ(CheckBoxInShape(Box{{0, 2}, {4, 3}}, {4, 5}), "");
+  EXPECT_THAT(CheckBoxInShape(Box{{0, 3}, {4, 3}}, {4, 5}), HasSubstr("past the extent 5"));
+  EXPECT_THAT(CheckBoxInShape(Box{{0}, {4}}, {4, 5}), HasSubstr("for a 2-d array"));
+  EXPECT_THAT(CheckBoxInShape(Box{{-1}, {1}}, {4}), HasSubstr("negative"));
+  EXPECT_NE(CheckBoxInShape(Box{{1}, {INT64_MAX}}, {4}), "");  // no overflow
+  EXPECT_EQ(BoxToString(Box{{0, 3}, {5, 4}}), "[0:5, 3:7]");
+}
+
+TEST(Types, ArrayNames) {
+  EXPECT_EQ(CheckArrayName("params/layer0/w"), "");
+  for (const char* bad : {"", "/a", "a//b", "a/../b", "..", "a/", "tab\there"}) {
+    EXPECT_NE(CheckArrayName(bad), "") << bad;
+  }
+}
+
+TEST(Types, DTypeNamesRoundTrip) {
+  for (int i = 0; i < kNumDTypes; ++i) {
+    auto t = static_cast<DType>(i);
+    EXPECT_EQ(DTypeFromName(DTypeName(t)), t);
+    EXPECT_GT(DTypeSize(t), 0u);
+  }
+  EXPECT_EQ(DTypeSize(DType::kBFloat16), 2u);
+  EXPECT_FALSE(DTypeFromName("float128").has_value());
+}
+
+TEST(Layout, StepDirNames) {
+  EXPECT_EQ(io::StepDirName(42), "step_0000000042");
+  EXPECT_EQ(io::ParseStepDirName("step_0000000042"), 42);
+  EXPECT_FALSE(io::ParseStepDirName("step_42").has_value());  // one spelling
+  EXPECT_FALSE(io::ParseStepDirName("step_00000000x2").has_value());
+  EXPECT_FALSE(io::ParseStepDirName("other").has_value());
+}
+
+io::Marker SampleMarker() {
+  io::Marker m;
+  m.step = 7;
+  m.world_size = 2;
+  m.arrays.push_back({"a", DType::kBFloat16, {4, 2}, false,
+                      {{Box{{0, 0}, {2, 2}}, 0}, {Box{{2, 0}, {2, 2}}, 1}}});
+  m.arrays.push_back({"b", DType::kInt64, {}, true, {{Box{}, 0}}});
+  m.user_metadata["k"] = "v";
+  return m;
+}
+
+TEST(Marker, RoundTrips) {
+  auto m = io::ParseMarker(io::MarkerToJson(SampleMarker()), "x");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->step, 7);
+  EXPECT_EQ(m->arrays[0].dtype, DType::kBFloat16);
+  EXPECT_EQ(m->arrays[0].boxes[1].writer, 1);
+  EXPECT_TRUE(m->arrays[1].replicated);
+  EXPECT_EQ(m->user_metadata.at("k"), "v");
+  EXPECT_NE(m->Find("b"), nullptr);
+  EXPECT_EQ(m->Find("c"), nullptr);
+}
+
+TEST(Marker, RejectsDamage) {
+  std::string good = io::MarkerToJson(SampleMarker());
+  auto fails = [](const std::string& text, const std::string& why) {
+    auto m = io::ParseMarker(text, "m.json");
+    EXPECT_FALSE(m.ok()) << why;
+    if (!m.ok()) EXPECT_EQ(m.status().code(), StatusCode::kDataLoss) << m.status().ToString();
+    return m.ok() ? std::string() : m.status().message();
+  };
+  fails(good.substr(0, good.size() / 2), "truncated");
+  fails("", "empty");
+  auto edit = [&](const std::function<void(nlohmann::json&)>& f) {
+    nlohmann::json j = nlohmann::json::parse(good);
+    f(j);
+    return j.dump();
+  };
+  EXPECT_THAT(fails(edit([](auto& j) { j["format_version"] = 99; }), "version"),
+              HasSubstr("unknown format version 99"));
+  EXPECT_THAT(fails(edit([](auto& j) { j["arrays"][0]["dtype"] = "float128"; }), "dtype"),
+              HasSubstr("unknown dtype"));
+  EXPECT_THAT(fails(edit([](auto& j) { j["arrays"][0]["shape"][0] = -4; }), "negative"),
+              HasSubstr("invalid shape"));
+  EXPECT_THAT(fails(edit([](auto& j) { j["arrays"][0]["shape"] = {int64_t{1} << 40, int64_t{1} << 40}; }),
+                    "huge"),
+              HasSubstr("array 'a'"));
+  EXPECT_THAT(fails(edit([](auto& j) { j["arrays"][0]["boxes"][1]["writer"] = 5; }), "writer"),
+              HasSubstr("writer rank 5"));
+  EXPECT_THAT(fails(edit([](auto& j) { j["arrays"][0]["boxes"][1]["count"][0] = 3; }), "box"),
+              HasSubstr("box [2:5, 0:2]"));
+  EXPECT_THAT(fails(edit([](auto& j) { j["arrays"][0]["name"] = "../x"; }), "name"),
+              HasSubstr("bad name"));
+  EXPECT_THAT(fails(edit([](auto& j) { j["arrays"][0]["shape"] = "oops"; }), "type"),
+              HasSubstr("malformed"));
+}
+
+RankDescription Holder(int64_t step, std::vector<std::pair<std::string, std::vector<Box>>> arrays,
+                       std::vector<int64_t> shape = {8}) {
+  RankDescription d;
+  d.step = step;
+  for (auto& [name, boxes] : arrays) d.arrays.push_back({name, DType::kFloat32, shape, boxes});
+  return d;
+}
+
+TEST(Plan, OneWriterPerDistinctBoxSpreadOverHolders) {
+  // Two model-parallel halves, each held by two data-parallel ranks.
+  Box lo{{0}, {4}}, hi{{4}, {4}};
+  std::vector<RankDescription> ranks = {Holder(1, {{"x", {lo}}, {"y", {lo}}}),
+                                        Holder(1, {{"x", {hi}}, {"y", {hi}}}),
+                                        Holder(1, {{"x", {lo}}, {"y", {lo}}}),
+                                        Holder(1, {{"x", {hi}}, {"y", {hi}}})};
+  auto plan = BuildPlan(ranks);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_EQ(plan->arrays.size(), 2u);
+  EXPECT_EQ(plan->arrays[0].boxes[0].writer, 0);  // x lo: ranks 0, 2
+  EXPECT_EQ(plan->arrays[0].boxes[1].writer, 1);  // x hi: ranks 1, 3
+  EXPECT_EQ(plan->arrays[1].boxes[0].writer, 2);  // y lo goes to the less loaded holder
+  EXPECT_EQ(plan->arrays[1].boxes[1].writer, 3);
+  EXPECT_EQ(plan->total_bytes, 2u * 8 * 4);
+  EXPECT_EQ(BuildPlan(ranks).value().arrays[1].boxes[0].writer, 2);  // deterministic
+}
+
+TEST(Plan, ReplicatedArraysAreWrittenByRankZero) {
+  Box all{{0}, {8}};
+  auto plan = BuildPlan({Holder(1, {{"r", {all}}}), Holder(1, {{"r", {all}}})});
+  ASSERT_TRUE(plan.ok());
+  EXPECT_TRUE(plan->arrays[0].replicated);
+  EXPECT_EQ(plan->arrays[0].boxes[0].writer, 0);
+}
+
+TEST(Plan, Errors) {
+  Box lo{{0}, {4}}, hi{{4}, {4}}, mid{{2}, {4}};
+  auto err = [](std::vector<RankDescription> r) { return BuildPlan(r).status().message(); };
+  EXPECT_THAT(err({Holder(1, {{"x", {lo}}}), Holder(2, {{"x", {hi}}})}), HasSubstr("disagree on the step"));
+  EXPECT_THAT(err({Holder(1, {{"x", {lo}}}), Holder(1, {{"x", {mid}}})}), HasSubstr("overlap partially"));
+  EXPECT_THAT(err({Holder(1, {{"x", {lo}}}), Holder(1, {{"x", {}}})}), HasSubstr("cover 4 of 8"));
+  EXPECT_THAT(err({Holder(1, {{"x", {lo}}, {"z", {lo, hi}}}), Holder(1, {{"x", {hi}}})}),
+              HasSubstr("array 'z' is saved by rank 0 but not by rank 1"));
+  auto other_shape = Holder(1, {{"x", {lo}}}, {9});
+  EXPECT_THAT(err({Holder(1, {{"x", {lo, hi}}}), other_shape}), HasSubstr("rank 1 says float32 [9]"));
+  RankDescription failed = Holder(1, {});
+  failed.status = InvalidArgument("rank 1: bad");
+  EXPECT_EQ(BuildPlan({Holder(1, {{"x", {lo, hi}}}), failed}).status().message(), "rank 1: bad");
+}
+
+TEST(Plan, DescriptionsRoundTrip) {
+  RankDescription d = Holder(3, {{"x", {Box{{1}, {2}}}}});
+  d.status = InvalidArgument("why");
+  auto back = DecodeDescription(EncodeDescription(d));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->step, 3);
+  EXPECT_EQ(back->status, d.status);
+  EXPECT_EQ(back->arrays[0].boxes[0], (Box{{1}, {2}}));
+}
+
+}  // namespace
+}  // namespace mhckpt

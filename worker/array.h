@@ -1,0 +1,49 @@
+// What a rank hands to mhckpt: arrays, and the boxes of them it holds.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/types.h"
+
+namespace mhckpt {
+
+/// Where a buffer lives.
+enum class Memory : uint8_t { kHost, kCuda };
+
+/// One box of a global array held by this rank, in a contiguous row-major
+/// buffer of `Volume(box.count) * DTypeSize(dtype)` bytes.
+struct Shard {
+  Box box;
+  const void* data = nullptr;
+  Memory memory = Memory::kHost;
+};
+
+/// An array to save. Every rank lists every array of the checkpoint, with the
+/// same name, dtype and shape, and zero or more shards. Two ranks holding the
+/// same box are replicas: exactly one of them writes it. A box covering the
+/// whole array makes the array fully replicated among its holders.
+struct ArrayToSave {
+  std::string name;  ///< a relative path: "params/layer0/w"
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;  ///< the global shape; empty for a scalar
+  std::vector<Shard> shards;
+};
+
+/// One box this rank wants back, and the contiguous row-major buffer to fill.
+struct Destination {
+  Box box;
+  void* data = nullptr;
+  Memory memory = Memory::kHost;
+};
+
+/// An array to restore. Ranks may ask for any boxes (any sharding, any world
+/// size), the same box on several ranks, or nothing.
+struct ArrayToRestore {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  std::vector<Destination> shards;
+};
+
+}  // namespace mhckpt
