@@ -9,6 +9,7 @@
 
 #include "coordinator/agree.h"
 #include "coordinator/manager_impl.h"
+#include "io/catalog.h"
 #include "io/layout.h"
 #include "io/marker.h"
 #include "io/posix_file.h"
@@ -112,14 +113,7 @@ Status CheckpointManager::WaitUntilFinished() {
 }
 
 Result<std::vector<int64_t>> CheckpointManager::CommittedSteps() const {
-  MHCKPT_ASSIGN_OR_RETURN(std::vector<std::string> names, io::ListDir(impl_->root_));
-  std::vector<int64_t> steps;
-  for (const std::string& name : names) {
-    auto step = io::ParseStepDirName(name);
-    if (step && io::ReadMarker(io::MarkerPath(impl_->root_, *step)).ok()) steps.push_back(*step);
-  }
-  std::sort(steps.begin(), steps.end());
-  return steps;
+  return io::CommittedSteps(impl_->root_);
 }
 
 Result<std::optional<int64_t>> CheckpointManager::LatestStep() const {

@@ -41,6 +41,12 @@ struct Options {
   bool async = true;
   /// Open removes step directories that have no commit marker (crashed saves).
   bool remove_uncommitted_on_open = true;
+  /// After each commit, keep only the newest `max_to_keep` committed steps
+  /// (0: keep all), plus those kept by `keep_period`. The newest is never
+  /// deleted. Deletion runs on the I/O thread and removes the marker first.
+  int max_to_keep = 0;
+  /// Steps that are multiples of `keep_period` are kept for good (0: none).
+  int64_t keep_period = 0;
 };
 
 struct RestoreOptions {
@@ -55,6 +61,7 @@ struct SaveTimings {
   double write = 0;     ///< create datasets and write boxes
   double flush = 0;     ///< H5Fflush (durable) and close
   double commit = 0;    ///< agree, write the marker, agree
+  double gc = 0;        ///< retention deletes (rank 0)
   uint64_t local_bytes = 0;  ///< bytes this rank staged
   uint64_t written_bytes = 0;  ///< bytes this rank wrote
 };

@@ -16,6 +16,9 @@
 //   5. Commit. Rank 0 writes the marker (io::WriteFileAtomic: temp file,
 //      fsync, rename, fsync the directory), or on failure removes the step
 //      directory. It broadcasts the outcome; every rank returns it.
+//   6. Retention. Before broadcasting the outcome, rank 0 deletes the steps
+//      the policy no longer keeps (marker first, io::DeleteStep). A failure
+//      here is logged, not returned: the new step is committed either way.
 //
 // A crash anywhere before step 5 leaves a directory without a marker, which
 // is never listed and is removed by the next Open.
@@ -28,6 +31,8 @@
 #include "coordinator/agree.h"
 #include "coordinator/manager_impl.h"
 #include "coordinator/plan.h"
+#include "coordinator/retention.h"
+#include "io/catalog.h"
 #include "io/h5_file.h"
 #include "io/layout.h"
 #include "io/posix_file.h"
@@ -168,15 +173,31 @@ Status CheckpointManager::Impl::CommitSave(SaveJob& job) {
     }
     if (!s.ok()) io::RemoveAll(io::StepDir(root_, job.step)).IgnoreError();
   }
+  // 6. Retention, before the outcome goes out: when WaitUntilFinished
+  // returns anywhere, the deleted steps are gone everywhere.
+  auto gc0 = Clock::now();
+  if (rank == 0 && s.ok() && options_.max_to_keep > 0) {
+    Result<std::vector<int64_t>> committed = io::CommittedSteps(root_);
+    Status gc = committed.status();
+    if (committed.ok()) {
+      for (int64_t old : StepsToDelete(*committed, options_.max_to_keep, options_.keep_period)) {
+        gc = io::DeleteStep(root_, old);
+        if (!gc.ok()) break;
+      }
+    }
+    if (!gc.ok()) spdlog::warn("mhckpt: retention after step {}: {}", job.step, gc.ToString());
+  }
+  t.gc = Since(gc0);
   s = BroadcastStatus(s, 0, comm_);
-  t.commit = Since(t0);
+  t.commit = Since(t0) - t.gc;
+
   if (rank == 0) {
     if (s.ok()) {
       spdlog::info("mhckpt: step {} committed: {:.1f} MiB in {:.3f} s (snapshot {:.3f}, plan {:.3f}, "
-                   "write {:.3f}, flush {:.3f}, commit {:.3f})",
+                   "write {:.3f}, flush {:.3f}, commit {:.3f}, gc {:.3f})",
                    job.step, static_cast<double>(plan.total_bytes) / (1 << 20),
-                   t.snapshot + t.plan + t.write + t.flush + t.commit, t.snapshot, t.plan, t.write,
-                   t.flush, t.commit);
+                   t.snapshot + t.plan + t.write + t.flush + t.commit + t.gc, t.snapshot, t.plan,
+                   t.write, t.flush, t.commit, t.gc);
     } else {
       spdlog::error("mhckpt: step {} failed: {}", job.step, s.ToString());
     }

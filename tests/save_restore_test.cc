@@ -287,5 +287,25 @@ TEST(SaveRestore, UncommittedStepsAreIgnoredAndRemovedOnOpen) {
   EXPECT_TRUE(SameOnAllRanks(s));
 }
 
+TEST(SaveRestore, RetentionKeepsNewestAndEveryKthStep) {
+  const std::string dir = FreshDir();
+  Options o;
+  o.max_to_keep = 2;
+  o.keep_period = 3;
+  auto mgr = OpenOrDie(dir, o);
+  for (int step = 0; step <= 7; ++step) {
+    Saved a{{"x", DType::kInt32, {4}, {}}, {}};
+    a.Add(FullBox({4}), step);
+    ASSERT_TRUE(mgr->Save(step, std::vector<ArrayToSave>{a.array}).ok());
+  }
+  ASSERT_TRUE(mgr->WaitUntilFinished().ok());
+  EXPECT_EQ(mgr->CommittedSteps().value(), (std::vector<int64_t>{0, 3, 6, 7}));
+  EXPECT_FALSE(std::filesystem::exists(io::StepDir(dir, 5)));
+  Wanted w{{"x", DType::kInt32, {}}, {4}, {}};
+  w.Add(FullBox({4}));
+  ASSERT_TRUE(mgr->Restore(3, std::vector<ArrayToRestore>{w.array}).ok());
+  w.Expect(3);
+}
+
 }  // namespace
 }  // namespace mhckpt

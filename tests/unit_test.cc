@@ -8,6 +8,7 @@
 
 #include "base/types.h"
 #include "coordinator/plan.h"
+#include "coordinator/retention.h"
 #include "io/layout.h"
 #include "io/marker.h"
 
@@ -172,6 +173,14 @@ TEST(Plan, DescriptionsRoundTrip) {
   EXPECT_EQ(back->step, 3);
   EXPECT_EQ(back->status, d.status);
   EXPECT_EQ(back->arrays[0].boxes[0], (Box{{1}, {2}}));
+}
+
+TEST(Retention, KeepsNewestAndPeriodSteps) {
+  std::vector<int64_t> steps{0, 1, 2, 3, 4, 5, 6};
+  EXPECT_EQ(StepsToDelete(steps, 0, 0), std::vector<int64_t>{});
+  EXPECT_EQ(StepsToDelete(steps, 2, 0), (std::vector<int64_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(StepsToDelete(steps, 2, 3), (std::vector<int64_t>{1, 2, 4}));
+  EXPECT_EQ(StepsToDelete({5}, 1, 0), std::vector<int64_t>{});
 }
 
 }  // namespace
