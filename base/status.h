@@ -17,13 +17,13 @@ namespace mhckpt {
 /// The kind of an error. Tests assert on the code and on words of the message.
 enum class StatusCode : uint8_t {
   kOk = 0,
-  kInvalidArgument,    ///< bad input from the caller (shape, box, name, dtype)
-  kNotFound,           ///< no such step or array
-  kAlreadyExists,      ///< the step is already committed
-  kFailedPrecondition, ///< the call is not valid in this state
-  kDataLoss,           ///< a committed checkpoint is damaged or inconsistent
-  kIoError,            ///< the operating system or HDF5 failed a read or write
-  kInternal,           ///< a bug in mhckpt
+  kInvalidArgument,     ///< bad input from the caller (shape, box, name, dtype)
+  kNotFound,            ///< no such step or array
+  kAlreadyExists,       ///< the step is already committed
+  kFailedPrecondition,  ///< the call is not valid in this state
+  kDataLoss,            ///< a committed checkpoint is damaged or inconsistent
+  kIoError,             ///< the operating system or HDF5 failed a read or write
+  kInternal,            ///< a bug in mhckpt
 };
 
 /// Returns "INVALID_ARGUMENT" and so on.
@@ -57,7 +57,9 @@ class [[nodiscard]] Status {
 };
 
 inline Status OkStatus() { return {}; }
-inline Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+inline Status InvalidArgument(std::string m) {
+  return {StatusCode::kInvalidArgument, std::move(m)};
+}
 inline Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
 inline Status AlreadyExists(std::string m) { return {StatusCode::kAlreadyExists, std::move(m)}; }
 inline Status FailedPrecondition(std::string m) {
@@ -71,8 +73,8 @@ inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}              // NOLINT(google-explicit-constructor)
-  Result(Status status) : v_(std::move(status)) {}       // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}         // NOLINT(google-explicit-constructor)
+  Result(Status status) : v_(std::move(status)) {}  // NOLINT(google-explicit-constructor)
 
   [[nodiscard]] bool ok() const { return std::holds_alternative<T>(v_); }
   [[nodiscard]] Status status() const { return ok() ? Status() : std::get<Status>(v_); }
@@ -94,10 +96,10 @@ class [[nodiscard]] Result {
 #define MHCKPT_CONCAT(a, b) MHCKPT_CONCAT_INNER(a, b)
 
 /// Returns from the enclosing function if `expr` (a Status) is not OK.
-#define MHCKPT_RETURN_IF_ERROR(expr)                  \
-  do {                                                \
-    ::mhckpt::Status mhckpt_status_ = (expr);         \
-    if (!mhckpt_status_.ok()) return mhckpt_status_;  \
+#define MHCKPT_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    ::mhckpt::Status mhckpt_status_ = (expr);        \
+    if (!mhckpt_status_.ok()) return mhckpt_status_; \
   } while (0)
 
 #define MHCKPT_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \

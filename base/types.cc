@@ -73,9 +73,12 @@ std::optional<int64_t> Volume(const std::vector<int64_t>& shape) {
   bool zero = false;
   for (int64_t e : shape) {
     if (e < 0 || e > kMaxVolume) return std::nullopt;
-    if (e == 0) zero = true;
-    else if (v > kMaxVolume / e) return std::nullopt;
-    else v *= e;
+    if (e == 0)
+      zero = true;
+    else if (v > kMaxVolume / e)
+      return std::nullopt;
+    else
+      v *= e;
   }
   return zero ? 0 : v;
 }
@@ -90,7 +93,8 @@ std::string CheckBoxInShape(const Box& box, const std::vector<int64_t>& shape) {
                        box.count.size(), shape.size());
   }
   for (size_t d = 0; d < shape.size(); ++d) {
-    if (box.start[d] < 0 || box.count[d] < 0) return fmt::format("negative value in dimension {}", d);
+    if (box.start[d] < 0 || box.count[d] < 0)
+      return fmt::format("negative value in dimension {}", d);
     if (box.start[d] > shape[d] || box.count[d] > shape[d] - box.start[d]) {
       return fmt::format("dimension {} ends at {}, past the extent {}", d,
                          box.start[d] + std::min(box.count[d], kMaxVolume), shape[d]);

@@ -69,8 +69,9 @@ Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(MPI_Comm comm
   if (dup.rank() == 0) {
     s = PrepareRoot(root, options.remove_uncommitted_on_open);
     if (options.async && !async) {
-      spdlog::warn("mhckpt: MPI was not initialised with MPI_THREAD_MULTIPLE; saves commit "
-                   "synchronously inside Save");
+      spdlog::warn(
+          "mhckpt: MPI was not initialised with MPI_THREAD_MULTIPLE; saves commit "
+          "synchronously inside Save");
     }
   }
   // Why: only rank 0 touched the directory; every rank must see its outcome.
@@ -87,9 +88,11 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
   job->metadata = metadata;
   job->local = TakeSnapshot(arrays, impl_->comm_.rank(), &job->snapshot);
   if (job->local.ok() && step < 0) {
-    job->local = InvalidArgument(fmt::format("rank {}: step {} is negative", impl_->comm_.rank(), step));
+    job->local =
+        InvalidArgument(fmt::format("rank {}: step {} is negative", impl_->comm_.rank(), step));
   }
-  job->timings.snapshot = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  job->timings.snapshot =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   job->timings.local_bytes = job->snapshot.total_bytes;
   Status local = job->local;
   // From here on no caller buffer is read again. The job always runs, even
@@ -99,8 +102,10 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
     job->snapshot = Snapshot();  // release staging memory before reporting
     impl->RecordSave(s, job->timings);
   };
-  if (impl_->async_) impl_->thread_->Submit(std::move(run));
-  else run();
+  if (impl_->async_)
+    impl_->thread_->Submit(std::move(run));
+  else
+    run();
   return local;
 }
 

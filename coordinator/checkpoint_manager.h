@@ -56,13 +56,13 @@ struct RestoreOptions {
 
 /// Phases of the last finished save, in seconds (rank-local clocks).
 struct SaveTimings {
-  double snapshot = 0;  ///< copying into host staging memory (caller thread)
-  double plan = 0;      ///< gather, validate, pick writers, create the step directory
-  double write = 0;     ///< create datasets and write boxes
-  double flush = 0;     ///< H5Fflush (durable) and close
-  double commit = 0;    ///< agree, write the marker, agree
-  double gc = 0;        ///< retention deletes (rank 0)
-  uint64_t local_bytes = 0;  ///< bytes this rank staged
+  double snapshot = 0;         ///< copying into host staging memory (caller thread)
+  double plan = 0;             ///< gather, validate, pick writers, create the step directory
+  double write = 0;            ///< create datasets and write boxes
+  double flush = 0;            ///< H5Fflush (durable) and close
+  double commit = 0;           ///< agree, write the marker, agree
+  double gc = 0;               ///< retention deletes (rank 0)
+  uint64_t local_bytes = 0;    ///< bytes this rank staged
   uint64_t written_bytes = 0;  ///< bytes this rank wrote
 };
 

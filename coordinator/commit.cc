@@ -42,7 +42,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 // Rank 0's part of the plan round.
 Result<io::Marker> PlanOnRoot(const std::vector<std::string>& encoded, const std::string& root,
@@ -136,7 +138,9 @@ Status CheckpointManager::Impl::CommitSave(SaveJob& job) {
   comm_.BroadcastBytes(&plan_json, 0);
   if (rank != 0) {
     Result<io::Marker> p = io::ParseMarker(plan_json, "plan");
-    if (!p.ok()) return Internal(fmt::format("rank {}: cannot read rank 0's plan: {}", rank, p.status().message()));
+    if (!p.ok())
+      return Internal(
+          fmt::format("rank {}: cannot read rank 0's plan: {}", rank, p.status().message()));
     plan = std::move(p).value();
   }
   t.plan = Since(t0);
@@ -145,7 +149,8 @@ Status CheckpointManager::Impl::CommitSave(SaveJob& job) {
   t0 = Clock::now();
   Status local;
   t.written_bytes = 0;
-  Result<io::H5File> file = io::H5File::Create(io::DataPath(root_, job.step), comm_.get(), options_.transfer);
+  Result<io::H5File> file =
+      io::H5File::Create(io::DataPath(root_, job.step), comm_.get(), options_.transfer);
   if (!file.ok()) {
     local = file.status();
   } else {
@@ -193,11 +198,12 @@ Status CheckpointManager::Impl::CommitSave(SaveJob& job) {
 
   if (rank == 0) {
     if (s.ok()) {
-      spdlog::info("mhckpt: step {} committed: {:.1f} MiB in {:.3f} s (snapshot {:.3f}, plan {:.3f}, "
-                   "write {:.3f}, flush {:.3f}, commit {:.3f}, gc {:.3f})",
-                   job.step, static_cast<double>(plan.total_bytes) / (1 << 20),
-                   t.snapshot + t.plan + t.write + t.flush + t.commit + t.gc, t.snapshot, t.plan,
-                   t.write, t.flush, t.commit, t.gc);
+      spdlog::info(
+          "mhckpt: step {} committed: {:.1f} MiB in {:.3f} s (snapshot {:.3f}, plan {:.3f}, "
+          "write {:.3f}, flush {:.3f}, commit {:.3f}, gc {:.3f})",
+          job.step, static_cast<double>(plan.total_bytes) / (1 << 20),
+          t.snapshot + t.plan + t.write + t.flush + t.commit + t.gc, t.snapshot, t.plan, t.write,
+          t.flush, t.commit, t.gc);
     } else {
       spdlog::error("mhckpt: step {} failed: {}", job.step, s.ToString());
     }

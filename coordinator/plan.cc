@@ -25,6 +25,7 @@ Status CheckTiling(const std::string& name, const std::vector<int64_t>& shape,
   for (const Holding& h : boxes) covered += *Volume(h.box.count);
   if (!shape.empty()) {
     std::vector<const Holding*> sorted;
+    sorted.reserve(boxes.size());
     for (const Holding& h : boxes) sorted.push_back(&h);
     std::sort(sorted.begin(), sorted.end(),
               [](const Holding* a, const Holding* b) { return a->box.start[0] < b->box.start[0]; });
@@ -34,10 +35,10 @@ Status CheckTiling(const std::string& name, const std::vector<int64_t>& shape,
            ++j) {
         const Box& b = sorted[j]->box;
         if (BoxesIntersect(a, b)) {
-          return InvalidArgument(fmt::format(
-              "array '{}': box {} (rank {}) and box {} (rank {}) overlap partially", name,
-              BoxToString(a), sorted[i]->holders.front(), BoxToString(b),
-              sorted[j]->holders.front()));
+          return InvalidArgument(
+              fmt::format("array '{}': box {} (rank {}) and box {} (rank {}) overlap partially",
+                          name, BoxToString(a), sorted[i]->holders.front(), BoxToString(b),
+                          sorted[j]->holders.front()));
         }
       }
     }
@@ -82,10 +83,13 @@ Result<RankDescription> DecodeDescription(const std::string& bytes) {
     d.step = j.at(0).get<int64_t>();
     d.status = Status(static_cast<StatusCode>(j.at(1).get<int>()), j.at(2).get<std::string>());
     for (const json& ja : j.at(3)) {
-      ArrayDescription a{ja.at(0).get<std::string>(), static_cast<DType>(ja.at(1).get<int>()),
-                         ja.at(2).get<std::vector<int64_t>>(), {}};
+      ArrayDescription a{ja.at(0).get<std::string>(),
+                         static_cast<DType>(ja.at(1).get<int>()),
+                         ja.at(2).get<std::vector<int64_t>>(),
+                         {}};
       for (const json& jb : ja.at(3)) {
-        a.boxes.push_back(Box{jb.at(0).get<std::vector<int64_t>>(), jb.at(1).get<std::vector<int64_t>>()});
+        a.boxes.push_back(
+            Box{jb.at(0).get<std::vector<int64_t>>(), jb.at(1).get<std::vector<int64_t>>()});
       }
       d.arrays.push_back(std::move(a));
     }
@@ -102,8 +106,9 @@ Result<io::Marker> BuildPlan(const std::vector<RankDescription>& ranks) {
   }
   for (int r = 1; r < world; ++r) {
     if (ranks[r].step != ranks[0].step) {
-      return InvalidArgument(fmt::format("ranks disagree on the step: rank 0 saves step {}, rank {} step {}",
-                                         ranks[0].step, r, ranks[r].step));
+      return InvalidArgument(
+          fmt::format("ranks disagree on the step: rank 0 saves step {}, rank {} step {}",
+                      ranks[0].step, r, ranks[r].step));
     }
   }
 
@@ -117,20 +122,22 @@ Result<io::Marker> BuildPlan(const std::vector<RankDescription>& ranks) {
     for (const auto& [name, a] : mine) {
       auto it = reference.find(name);
       if (it == reference.end()) {
-        return InvalidArgument(fmt::format("array '{}' is saved by rank {} but not by rank 0", name, r));
+        return InvalidArgument(
+            fmt::format("array '{}' is saved by rank {} but not by rank 0", name, r));
       }
       const ArrayDescription& ref = *it->second;
       if (a->dtype != ref.dtype || a->shape != ref.shape) {
-        return InvalidArgument(fmt::format(
-            "array '{}': rank {} says {} {}, rank 0 says {} {}", name, r, DTypeName(a->dtype),
-            ShapeToString(a->shape), DTypeName(ref.dtype), ShapeToString(ref.shape)));
+        return InvalidArgument(fmt::format("array '{}': rank {} says {} {}, rank 0 says {} {}",
+                                           name, r, DTypeName(a->dtype), ShapeToString(a->shape),
+                                           DTypeName(ref.dtype), ShapeToString(ref.shape)));
       }
       std::vector<Holding>& hs = holdings[name];
       for (const Box& b : a->boxes) {
         if (Volume(b.count).value_or(0) == 0) continue;  // nothing to write
         auto h = std::find_if(hs.begin(), hs.end(), [&](const Holding& x) { return x.box == b; });
         if (h == hs.end()) {
-          hs.push_back(Holding{b, {}, *Volume(b.count) * static_cast<int64_t>(DTypeSize(a->dtype))});
+          hs.push_back(
+              Holding{b, {}, *Volume(b.count) * static_cast<int64_t>(DTypeSize(a->dtype))});
           h = hs.end() - 1;
         }
         if (h->holders.empty() || h->holders.back() != r) h->holders.push_back(r);
@@ -139,7 +146,8 @@ Result<io::Marker> BuildPlan(const std::vector<RankDescription>& ranks) {
     if (mine.size() != reference.size()) {
       for (const auto& [name, a] : reference) {
         if (!mine.count(name)) {
-          return InvalidArgument(fmt::format("array '{}' is saved by rank 0 but not by rank {}", name, r));
+          return InvalidArgument(
+              fmt::format("array '{}' is saved by rank 0 but not by rank {}", name, r));
         }
       }
     }
@@ -151,12 +159,15 @@ Result<io::Marker> BuildPlan(const std::vector<RankDescription>& ranks) {
   for (const auto& [name, ref] : reference) {
     for (size_t p = name.find('/'); p != std::string::npos; p = name.find('/', p + 1)) {
       if (reference.count(name.substr(0, p))) {
-        return InvalidArgument(fmt::format("array '{}' is inside array '{}': a name cannot be both "
-                                           "an array and a group", name, name.substr(0, p)));
+        return InvalidArgument(
+            fmt::format("array '{}' is inside array '{}': a name cannot be both "
+                        "an array and a group",
+                        name, name.substr(0, p)));
       }
     }
     std::vector<Holding>& hs = holdings[name];
-    std::sort(hs.begin(), hs.end(), [](const Holding& a, const Holding& b) { return a.box < b.box; });
+    std::sort(hs.begin(), hs.end(),
+              [](const Holding& a, const Holding& b) { return a.box < b.box; });
     MHCKPT_RETURN_IF_ERROR(CheckTiling(name, ref->shape, hs));
   }
 

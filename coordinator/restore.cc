@@ -34,12 +34,13 @@ Status CheckRequests(const io::Marker& m, std::span<const ArrayToRestore> arrays
     }
     const io::MarkerArray* stored = m.Find(a.name);
     if (stored == nullptr) {
-      return NotFound(fmt::format("array '{}' (requested on rank {}) is not in step {}", a.name,
-                                  rank, m.step));
+      return NotFound(
+          fmt::format("array '{}' (requested on rank {}) is not in step {}", a.name, rank, m.step));
     }
     if (a.dtype != stored->dtype) {
       return InvalidArgument(fmt::format("array '{}' on rank {}: requested as {}, stored as {}",
-                                         a.name, rank, DTypeName(a.dtype), DTypeName(stored->dtype)));
+                                         a.name, rank, DTypeName(a.dtype),
+                                         DTypeName(stored->dtype)));
     }
     for (const Destination& d : a.shards) {
       auto where = [&] {
@@ -53,15 +54,18 @@ Status CheckRequests(const io::Marker& m, std::span<const ArrayToRestore> arrays
         return InvalidArgument(fmt::format("{}: data is null", where()));
       }
       if (d.memory != Memory::kHost) {
-        return InvalidArgument(fmt::format("{}: device memory is not supported by this build", where()));
+        return InvalidArgument(
+            fmt::format("{}: device memory is not supported by this build", where()));
       }
     }
   }
   if (options.strict) {
     for (const io::MarkerArray& a : m.arrays) {
       if (!names.count(a.name)) {
-        return InvalidArgument(fmt::format("strict restore: array '{}' of step {} is not requested "
-                                           "on rank {}", a.name, m.step, rank));
+        return InvalidArgument(
+            fmt::format("strict restore: array '{}' of step {} is not requested "
+                        "on rank {}",
+                        a.name, m.step, rank));
       }
     }
   }
@@ -79,7 +83,8 @@ Status CheckpointManager::Impl::RunRestore(int64_t step, std::span<const ArrayTo
   std::string text;
   if (rank == 0) {
     Result<std::string> r = io::ReadSmallFile(io::MarkerPath(root_, step), io::kMaxMarkerBytes);
-    if (r.ok()) text = std::move(r).value();
+    if (r.ok())
+      text = std::move(r).value();
     else if (r.status().code() == StatusCode::kNotFound) {
       s = NotFound(fmt::format("step {} is not committed in '{}'", step, root_));
     } else {

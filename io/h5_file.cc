@@ -45,11 +45,16 @@ class Handle {
   ~Handle() {
     if (id_ >= 0) {
       H5I_type_t t = H5Iget_type(id_);
-      if (t == H5I_DATASPACE) H5Sclose(id_);
-      else if (t == H5I_GENPROP_LST) H5Pclose(id_);
-      else if (t == H5I_DATATYPE) H5Tclose(id_);
-      else if (t == H5I_ATTR) H5Aclose(id_);
-      else if (t == H5I_DATASET) H5Dclose(id_);
+      if (t == H5I_DATASPACE)
+        H5Sclose(id_);
+      else if (t == H5I_GENPROP_LST)
+        H5Pclose(id_);
+      else if (t == H5I_DATATYPE)
+        H5Tclose(id_);
+      else if (t == H5I_ATTR)
+        H5Aclose(id_);
+      else if (t == H5I_DATASET)
+        H5Dclose(id_);
     }
   }
   [[nodiscard]] hid_t get() const { return id_; }
@@ -69,8 +74,8 @@ hid_t CreateSpace(const std::vector<int64_t>& shape) {
 
 hid_t MakeDxpl(Transfer transfer) {
   hid_t dxpl = H5Pcreate(H5P_DATASET_XFER);
-  H5Pset_dxpl_mpio(dxpl, transfer == Transfer::kCollective ? H5FD_MPIO_COLLECTIVE
-                                                           : H5FD_MPIO_INDEPENDENT);
+  H5Pset_dxpl_mpio(
+      dxpl, transfer == Transfer::kCollective ? H5FD_MPIO_COLLECTIVE : H5FD_MPIO_INDEPENDENT);
   return dxpl;
 }
 
@@ -202,8 +207,7 @@ Result<H5File> H5File::Create(const std::string& path, MPI_Comm comm, io::Transf
   return f;
 }
 
-Result<H5File> H5File::OpenReadOnly(const std::string& path, MPI_Comm comm,
-                                    io::Transfer transfer) {
+Result<H5File> H5File::OpenReadOnly(const std::string& path, MPI_Comm comm, io::Transfer transfer) {
   SilenceHdf5();
   Handle fapl(MakeFapl(comm));
   H5File f;
@@ -235,8 +239,8 @@ Result<Dataset> H5File::CreateDataset(const std::string& name, DType dtype,
     Handle str(H5Tcopy(H5T_C_S1));
     H5Tset_size(str.get(), value.size());
     Handle scalar(H5Screate(H5S_SCALAR));
-    Handle attr(H5Acreate2(d.id_, kDTypeAttribute, str.get(), scalar.get(), H5P_DEFAULT,
-                           H5P_DEFAULT));
+    Handle attr(
+        H5Acreate2(d.id_, kDTypeAttribute, str.get(), scalar.get(), H5P_DEFAULT, H5P_DEFAULT));
     if (!attr.ok() || H5Awrite(attr.get(), str.get(), value.data()) < 0) {
       return H5Error(fmt::format("write attribute of '{}'", name));
     }

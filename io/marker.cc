@@ -125,7 +125,8 @@ Result<Marker> ParseMarker(const std::string& text, const std::string& origin) {
     return DataLoss(fmt::format("commit marker '{}' is malformed: {}", origin, e.what()));
   }
   if (m.data_file != kDataFileName) {
-    return DataLoss(fmt::format("commit marker '{}': unexpected data file '{}'", origin, m.data_file));
+    return DataLoss(
+        fmt::format("commit marker '{}': unexpected data file '{}'", origin, m.data_file));
   }
   MHCKPT_RETURN_IF_ERROR(Validate(m, origin));
   return m;

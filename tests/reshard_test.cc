@@ -31,8 +31,7 @@ const std::vector<Spec>& Specs() {
   static const std::vector<Spec> specs = {
       {"uneven/rows", DType::kFloat32, {1001, 7}, 1},  // rows split unevenly
       {"block/2d", DType::kInt32, {64, 45}, 2},        // 2-D block grid
-      {"opt/bf16", DType::kBFloat16, {333}, 3},
-      {"replicated/bias", DType::kFloat64, {17}, 4},
+      {"opt/bf16", DType::kBFloat16, {333}, 3},       {"replicated/bias", DType::kFloat64, {17}, 4},
       {"replicated/step", DType::kInt64, {}, 5},
   };
   return specs;
@@ -100,7 +99,8 @@ int Restore(const std::string& dir, int p, int r) {
   for (const Spec& s : Specs()) {
     ArrayToRestore a{s.name, s.dtype, {}};
     for (const Box& b : BoxesOf(s, p, r, true)) {
-      bufs.emplace_back(static_cast<size_t>(*Volume(b.count)) * DTypeSize(s.dtype), std::byte{0x5A});
+      bufs.emplace_back(static_cast<size_t>(*Volume(b.count)) * DTypeSize(s.dtype),
+                        std::byte{0x5A});
       a.shards.push_back(Destination{b, bufs.back().data()});
     }
     arrays.push_back(std::move(a));
@@ -140,9 +140,12 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &p);
   MPI_Comm_rank(MPI_COMM_WORLD, &r);
   int rc = 2;
-  if (argc == 3 && std::strcmp(argv[1], "save") == 0) rc = mhckpt::Save(argv[2], p, r);
-  else if (argc == 3 && std::strcmp(argv[1], "restore") == 0) rc = mhckpt::Restore(argv[2], p, r);
-  else if (r == 0) std::fprintf(stderr, "usage: reshard_test save|restore DIR\n");
+  if (argc == 3 && std::strcmp(argv[1], "save") == 0)
+    rc = mhckpt::Save(argv[2], p, r);
+  else if (argc == 3 && std::strcmp(argv[1], "restore") == 0)
+    rc = mhckpt::Restore(argv[2], p, r);
+  else if (r == 0)
+    std::fprintf(stderr, "usage: reshard_test save|restore DIR\n");
   int any = 0;
   MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   MPI_Finalize();

@@ -73,7 +73,9 @@ TEST(SaveRestore, EveryDTypeRoundTripsBitExactAcrossShardings) {
   for (int t = 0; t < kNumDTypes; ++t) {
     Saved s;
     s.array = ArrayToSave{"dtypes/" + std::string(DTypeName(static_cast<DType>(t))),
-                          static_cast<DType>(t), {13, 5}, {}};
+                          static_cast<DType>(t),
+                          {13, 5},
+                          {}};
     s.Add(RowBox(s.array.shape, p, r), 100 + t);
     saved.push_back(std::move(s));
   }

@@ -63,8 +63,8 @@ io::Marker SampleMarker() {
   io::Marker m;
   m.step = 7;
   m.world_size = 2;
-  m.arrays.push_back({"a", DType::kBFloat16, {4, 2}, false,
-                      {{Box{{0, 0}, {2, 2}}, 0}, {Box{{2, 0}, {2, 2}}, 1}}});
+  m.arrays.push_back(
+      {"a", DType::kBFloat16, {4, 2}, false, {{Box{{0, 0}, {2, 2}}, 0}, {Box{{2, 0}, {2, 2}}, 1}}});
   m.arrays.push_back({"b", DType::kInt64, {}, true, {{Box{}, 0}}});
   m.user_metadata["k"] = "v";
   return m;
@@ -103,7 +103,9 @@ TEST(Marker, RejectsDamage) {
               HasSubstr("unknown dtype"));
   EXPECT_THAT(fails(edit([](auto& j) { j["arrays"][0]["shape"][0] = -4; }), "negative"),
               HasSubstr("invalid shape"));
-  EXPECT_THAT(fails(edit([](auto& j) { j["arrays"][0]["shape"] = {int64_t{1} << 40, int64_t{1} << 40}; }),
+  EXPECT_THAT(fails(edit([](auto& j) {
+                      j["arrays"][0]["shape"] = {int64_t{1} << 40, int64_t{1} << 40};
+                    }),
                     "huge"),
               HasSubstr("array 'a'"));
   EXPECT_THAT(fails(edit([](auto& j) { j["arrays"][0]["boxes"][1]["writer"] = 5; }), "writer"),
@@ -127,10 +129,9 @@ RankDescription Holder(int64_t step, std::vector<std::pair<std::string, std::vec
 TEST(Plan, OneWriterPerDistinctBoxSpreadOverHolders) {
   // Two model-parallel halves, each held by two data-parallel ranks.
   Box lo{{0}, {4}}, hi{{4}, {4}};
-  std::vector<RankDescription> ranks = {Holder(1, {{"x", {lo}}, {"y", {lo}}}),
-                                        Holder(1, {{"x", {hi}}, {"y", {hi}}}),
-                                        Holder(1, {{"x", {lo}}, {"y", {lo}}}),
-                                        Holder(1, {{"x", {hi}}, {"y", {hi}}})};
+  std::vector<RankDescription> ranks = {
+      Holder(1, {{"x", {lo}}, {"y", {lo}}}), Holder(1, {{"x", {hi}}, {"y", {hi}}}),
+      Holder(1, {{"x", {lo}}, {"y", {lo}}}), Holder(1, {{"x", {hi}}, {"y", {hi}}})};
   auto plan = BuildPlan(ranks);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   ASSERT_EQ(plan->arrays.size(), 2u);
@@ -153,13 +154,16 @@ TEST(Plan, ReplicatedArraysAreWrittenByRankZero) {
 TEST(Plan, Errors) {
   Box lo{{0}, {4}}, hi{{4}, {4}}, mid{{2}, {4}};
   auto err = [](std::vector<RankDescription> r) { return BuildPlan(r).status().message(); };
-  EXPECT_THAT(err({Holder(1, {{"x", {lo}}}), Holder(2, {{"x", {hi}}})}), HasSubstr("disagree on the step"));
-  EXPECT_THAT(err({Holder(1, {{"x", {lo}}}), Holder(1, {{"x", {mid}}})}), HasSubstr("overlap partially"));
+  EXPECT_THAT(err({Holder(1, {{"x", {lo}}}), Holder(2, {{"x", {hi}}})}),
+              HasSubstr("disagree on the step"));
+  EXPECT_THAT(err({Holder(1, {{"x", {lo}}}), Holder(1, {{"x", {mid}}})}),
+              HasSubstr("overlap partially"));
   EXPECT_THAT(err({Holder(1, {{"x", {lo}}}), Holder(1, {{"x", {}}})}), HasSubstr("cover 4 of 8"));
   EXPECT_THAT(err({Holder(1, {{"x", {lo}}, {"z", {lo, hi}}}), Holder(1, {{"x", {hi}}})}),
               HasSubstr("array 'z' is saved by rank 0 but not by rank 1"));
   auto other_shape = Holder(1, {{"x", {lo}}}, {9});
-  EXPECT_THAT(err({Holder(1, {{"x", {lo, hi}}}), other_shape}), HasSubstr("rank 1 says float32 [9]"));
+  EXPECT_THAT(err({Holder(1, {{"x", {lo, hi}}}), other_shape}),
+              HasSubstr("rank 1 says float32 [9]"));
   RankDescription failed = Holder(1, {});
   failed.status = InvalidArgument("rank 1: bad");
   EXPECT_EQ(BuildPlan({Holder(1, {{"x", {lo, hi}}}), failed}).status().message(), "rank 1: bad");

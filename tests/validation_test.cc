@@ -12,8 +12,8 @@
 namespace mhckpt {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::FreshDir;
+using ::testing::HasSubstr;
 using testing::Rank;
 using testing::SameOnAllRanks;
 using testing::Size;
@@ -32,7 +32,8 @@ class Validation : public ::testing::Test {
   // A valid array: `rows` x 4 float32 split by rows over the ranks.
   ArrayToSave Rows(const std::string& name, int64_t rows = 10) {
     auto [b, e] = Split(rows, Size(), Rank());
-    return ArrayToSave{name, DType::kFloat32, {rows, 4}, {Shard{Box{{b, 0}, {e - b, 4}}, buf_.data()}}};
+    return ArrayToSave{
+        name, DType::kFloat32, {rows, 4}, {Shard{Box{{b, 0}, {e - b, 4}}, buf_.data()}}};
   }
 
   // Saves, waits, and checks that every rank got the same error of `code`

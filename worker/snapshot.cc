@@ -14,14 +14,17 @@ Result<size_t> CheckShard(const ArrayToSave& a, const Shard& s, int rank) {
     return fmt::format("array '{}' on rank {}, box {}", a.name, rank, BoxToString(s.box));
   };
   if (std::string why = CheckBoxInShape(s.box, a.shape); !why.empty()) {
-    return InvalidArgument(fmt::format("{}: box outside shape {}: {}", where(), ShapeToString(a.shape), why));
+    return InvalidArgument(
+        fmt::format("{}: box outside shape {}: {}", where(), ShapeToString(a.shape), why));
   }
   auto n = Volume(s.box.count);
   if (!n) return InvalidArgument(fmt::format("{}: box volume overflows", where()));
   size_t bytes = static_cast<size_t>(*n) * DTypeSize(a.dtype);
-  if (bytes > 0 && s.data == nullptr) return InvalidArgument(fmt::format("{}: data is null", where()));
+  if (bytes > 0 && s.data == nullptr)
+    return InvalidArgument(fmt::format("{}: data is null", where()));
   if (s.memory != Memory::kHost) {
-    return InvalidArgument(fmt::format("{}: device memory is not supported by this build", where()));
+    return InvalidArgument(
+        fmt::format("{}: device memory is not supported by this build", where()));
   }
   return bytes;
 }
