@@ -87,7 +87,7 @@ std::string MarkerToJson(const Marker& m) {
          {"total_bytes", m.total_bytes},
          {"user_metadata", m.user_metadata},
          {"arrays", std::move(arrays)}};
-  return j.dump(1) + "\n";
+  return j.dump() + "\n";  // one line: markers of 10k arrays stay small
 }
 
 Result<Marker> ParseMarker(const std::string& text, const std::string& origin) {
