@@ -121,10 +121,9 @@ TEST_F(Validation, DuplicateNames) {
 }
 
 TEST_F(Validation, UnsafeNames) {
+  int64_t step = 10;
   for (std::string name : {"../escape", "a//b", "/abs", "", "a/./b"}) {
-    ExpectSaveFails(1, {Rows(name)}, StatusCode::kInvalidArgument, "bad name");
-    if (Rank() == 0) std::filesystem::remove_all(io::StepDir(dir_, 1));
-    MPI_Barrier(MPI_COMM_WORLD);
+    ExpectSaveFails(step++, {Rows(name)}, StatusCode::kInvalidArgument, "bad name");
   }
 }
 
