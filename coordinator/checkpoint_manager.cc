@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <future>
+#include <thread>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -13,6 +14,7 @@
 #include "io/layout.h"
 #include "io/marker.h"
 #include "io/posix_file.h"
+#include "worker/copy.h"
 
 namespace mhckpt {
 namespace {
@@ -36,7 +38,15 @@ Status PrepareRoot(const std::string& root, bool remove_uncommitted) {
 }  // namespace
 
 CheckpointManager::Impl::Impl(Comm comm, std::string root, Options options, bool async)
-    : comm_(std::move(comm)), root_(std::move(root)), options_(options), async_(async) {
+    : comm_(std::move(comm)),
+      root_(std::move(root)),
+      options_(options),
+      async_(async),
+      pool_(options.staging_budget_bytes) {
+  if (CudaAvailable()) {
+    // Pinned once per buffer; buffers are reused, so pinning is not per save.
+    pool_.SetHooks(PinHostMemory, UnpinHostMemory);
+  }
   if (async_) thread_ = std::make_unique<IoThread>();
 }
 
@@ -86,7 +96,12 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
   auto t0 = std::chrono::steady_clock::now();
   job->step = step;
   job->metadata = metadata;
-  job->local = TakeSnapshot(arrays, impl_->comm_.rank(), &job->snapshot);
+  SnapshotOptions so;
+  so.rank = impl_->comm_.rank();
+  so.threads = impl_->options_.snapshot_threads > 0
+                   ? impl_->options_.snapshot_threads
+                   : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+  job->local = TakeSnapshot(arrays, so, impl_->pool_, &job->snapshot);
   if (job->local.ok() && step < 0) {
     job->local =
         InvalidArgument(fmt::format("rank {}: step {} is negative", impl_->comm_.rank(), step));
@@ -137,6 +152,8 @@ SaveTimings CheckpointManager::LastSaveTimings() const {
   std::lock_guard<std::mutex> lock(impl_->mu_);
   return impl_->last_timings_;
 }
+
+size_t CheckpointManager::StagingBytes() const { return impl_->pool_.allocated_bytes(); }
 
 bool CheckpointManager::async() const { return impl_->async_; }
 const std::string& CheckpointManager::root() const { return impl_->root_; }

@@ -47,6 +47,13 @@ struct Options {
   int max_to_keep = 0;
   /// Steps that are multiples of `keep_period` are kept for good (0: none).
   int64_t keep_period = 0;
+  /// Most host staging memory held at once, in bytes. 0: one save's worth — a
+  /// save waits (SaveTimings::budget_wait) until the previous save has
+  /// committed and given its buffer back, so host memory grows by at most one
+  /// copy of the local checkpoint. Buffers are kept and reused between saves.
+  size_t staging_budget_bytes = 0;
+  /// Threads copying host boxes into staging (0: up to 4, as the machine has).
+  int snapshot_threads = 0;
 };
 
 struct RestoreOptions {
@@ -62,6 +69,7 @@ struct SaveTimings {
   double flush = 0;            ///< H5Fflush (durable) and close
   double commit = 0;           ///< agree, write the marker, agree
   double gc = 0;               ///< retention deletes (rank 0)
+  bool plan_cached = false;    ///< same arrays and boxes as the previous save: no gather
   uint64_t local_bytes = 0;    ///< bytes this rank staged
   uint64_t written_bytes = 0;  ///< bytes this rank wrote
 };
@@ -109,6 +117,8 @@ class CheckpointManager {
 
   /// Local. Timings of the last save that finished on this rank.
   [[nodiscard]] SaveTimings LastSaveTimings() const;
+  /// Local. Host staging memory held now (kept between saves), in bytes.
+  [[nodiscard]] size_t StagingBytes() const;
   /// Local. True if saves run on the background I/O thread.
   [[nodiscard]] bool async() const;
   [[nodiscard]] const std::string& root() const;

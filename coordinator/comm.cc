@@ -71,6 +71,11 @@ void Comm::AllreduceMax(std::vector<int>* values) const {
                 comm_);
 }
 
+void Comm::AllreduceMax(std::vector<int64_t>* values) const {
+  MPI_Allreduce(MPI_IN_PLACE, values->data(), static_cast<int>(values->size()), MPI_INT64_T,
+                MPI_MAX, comm_);
+}
+
 int Comm::AllreduceMax(int value) const {
   int out = 0;
   MPI_Allreduce(&value, &out, 1, MPI_INT, MPI_MAX, comm_);

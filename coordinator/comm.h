@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,7 @@ class Comm {
   void BroadcastBuffer(void* data, size_t bytes, int root) const;
   /// Element-wise maximum over ranks, in place.
   void AllreduceMax(std::vector<int>* values) const;
+  void AllreduceMax(std::vector<int64_t>* values) const;
   [[nodiscard]] int AllreduceMax(int value) const;
   [[nodiscard]] int AllreduceSum(int value) const;
   void Barrier() const;

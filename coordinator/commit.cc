@@ -1,13 +1,14 @@
 // The save protocol of one step, run by every rank on its I/O thread after
 // Save has copied the rank's boxes into a Snapshot:
 //
-//   1. Plan. Every rank sends rank 0 a description of what it holds (and its
-//      local input error, if any). Rank 0 validates all of them together,
-//      picks one writer per distinct box (coordinator/plan.h), refuses a step
-//      that is already committed, and creates the step directory (fsyncing the
-//      root). It broadcasts the outcome and the plan. This gather is also the
-//      barrier of the design: a rank describes its boxes only after its
-//      snapshot is complete, so nobody writes before every snapshot exists.
+//   1. Plan. If every rank holds exactly the arrays and boxes of the previous
+//      save, one allreduce confirms it (and that all ranks save the same step)
+//      and the previous plan is reused. Otherwise every rank sends rank 0 a description of what it
+//      holds (and its local input error, if any). Rank 0 validates all of them together, picks one
+//      writer per distinct box (coordinator/plan.h), refuses a step that is already committed, and
+//      creates the step directory (fsyncing the root). It broadcasts the outcome and the plan. This
+//      gather is also the barrier of the design: a rank describes its boxes only after its snapshot
+//      is complete, so nobody writes before every snapshot exists.
 //   2. Write. All ranks create the HDF5 file and every dataset collectively;
 //      each rank writes the boxes the plan gives it (fully replicated arrays:
 //      rank 0). A write error is remembered, and the rank keeps taking part.
@@ -27,6 +28,7 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <xxhash.h>
 
 #include "coordinator/agree.h"
 #include "coordinator/manager_impl.h"
@@ -46,24 +48,34 @@ double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+// Rank 0: refuses a committed step, and creates its directory afresh (a
+// directory left by an earlier failed attempt at this step is garbage).
+Status PrepareStepDir(const std::string& root, int64_t step) {
+  if (io::PathExists(io::MarkerPath(root, step))) {
+    return AlreadyExists(fmt::format("step {} is already committed in '{}'", step, root));
+  }
+  MHCKPT_RETURN_IF_ERROR(io::RemoveAll(io::StepDir(root, step)));
+  MHCKPT_RETURN_IF_ERROR(io::MakeDirs(io::StepDir(root, step)));
+  return io::FsyncDir(root);
+}
+
 // Rank 0's part of the plan round.
 Result<io::Marker> PlanOnRoot(const std::vector<std::string>& encoded, const std::string& root,
-                              int64_t step, const UserMetadata& metadata) {
+                              int64_t step) {
   std::vector<RankDescription> ranks;
   for (const std::string& e : encoded) {
     MHCKPT_ASSIGN_OR_RETURN(RankDescription d, DecodeDescription(e));
     ranks.push_back(std::move(d));
   }
   MHCKPT_ASSIGN_OR_RETURN(io::Marker plan, BuildPlan(ranks));
-  if (io::PathExists(io::MarkerPath(root, step))) {
-    return AlreadyExists(fmt::format("step {} is already committed in '{}'", step, root));
-  }
-  plan.user_metadata = metadata;
-  // A directory left by an earlier failed attempt at this step is garbage.
-  MHCKPT_RETURN_IF_ERROR(io::RemoveAll(io::StepDir(root, step)));
-  MHCKPT_RETURN_IF_ERROR(io::MakeDirs(io::StepDir(root, step)));
-  MHCKPT_RETURN_IF_ERROR(io::FsyncDir(root));
+  MHCKPT_RETURN_IF_ERROR(PrepareStepDir(root, step));
   return plan;
+}
+
+// What a rank holds, independent of the step: equal hashes, equal plans.
+uint64_t DescriptionHash(const Snapshot& snapshot) {
+  std::string bytes = EncodeDescription(Describe(0, OkStatus(), snapshot));
+  return XXH3_64bits(bytes.data(), bytes.size());
 }
 
 // Step 2: create every dataset and write this rank's boxes. Returns the first
@@ -118,31 +130,49 @@ Status CheckpointManager::Impl::CommitSave(SaveJob& job) {
   const int rank = comm_.rank();
   SaveTimings& t = job.timings;
 
-  // 1. Plan.
+  // 1. Plan: reuse the previous one if every rank holds what it held then.
   auto t0 = Clock::now();
-  std::vector<std::string> encoded =
-      comm_.GatherBytes(EncodeDescription(Describe(job.step, job.local, job.snapshot)), 0);
-  Status s;
-  std::string plan_json;
   io::Marker plan;
-  if (rank == 0) {
-    Result<io::Marker> p = PlanOnRoot(encoded, root_, job.step, job.metadata);
-    s = p.status();
-    if (p.ok()) {
-      plan = std::move(p).value();
-      plan_json = io::MarkerToJson(plan);
+  const uint64_t hash = job.local.ok() ? DescriptionHash(job.snapshot) : 0;
+  int64_t changed = last_plan_ && job.local.ok() && hash == last_description_hash_ ? 0 : 1;
+  if (rank == 0 && !changed && !PrepareStepDir(root_, job.step).ok()) changed = 1;
+  // Why one allreduce: it confirms that nobody's arrays changed and that all
+  // ranks save the same step (max(step) == -max(-step)).
+  std::vector<int64_t> votes{changed, job.step, -job.step};
+  comm_.AllreduceMax(&votes);
+  t.plan_cached = votes[0] == 0 && votes[1] == -votes[2];
+  if (t.plan_cached) {
+    plan = *last_plan_;
+    plan.step = job.step;
+  } else {
+    if (rank == 0 && !changed) io::RemoveAll(io::StepDir(root_, job.step)).IgnoreError();
+    std::vector<std::string> encoded =
+        comm_.GatherBytes(EncodeDescription(Describe(job.step, job.local, job.snapshot)), 0);
+    Status s;
+    std::string plan_json;
+    if (rank == 0) {
+      Result<io::Marker> p = PlanOnRoot(encoded, root_, job.step);
+      s = p.status();
+      if (p.ok()) {
+        plan = std::move(p).value();
+        plan_json = io::MarkerToJson(plan);
+      }
     }
+    s = BroadcastStatus(s, 0, comm_);
+    if (!s.ok()) return s;
+    comm_.BroadcastBytes(&plan_json, 0);
+    if (rank != 0) {
+      Result<io::Marker> p = io::ParseMarker(plan_json, "plan");
+      if (!p.ok()) {
+        return Internal(
+            fmt::format("rank {}: cannot read rank 0's plan: {}", rank, p.status().message()));
+      }
+      plan = std::move(p).value();
+    }
+    last_plan_ = plan;
+    last_description_hash_ = hash;
   }
-  s = BroadcastStatus(s, 0, comm_);
-  if (!s.ok()) return s;
-  comm_.BroadcastBytes(&plan_json, 0);
-  if (rank != 0) {
-    Result<io::Marker> p = io::ParseMarker(plan_json, "plan");
-    if (!p.ok())
-      return Internal(
-          fmt::format("rank {}: cannot read rank 0's plan: {}", rank, p.status().message()));
-    plan = std::move(p).value();
-  }
+  plan.user_metadata = job.metadata;  // rank 0's is the one written
   t.plan = Since(t0);
 
   // 2. Write, and 3. make durable.
@@ -165,7 +195,7 @@ Status CheckpointManager::Impl::CommitSave(SaveJob& job) {
 
   // 4. Agree: every rank's write and flush succeeded, or all learn who failed.
   t0 = Clock::now();
-  s = AgreeAll(local, comm_);
+  Status s = AgreeAll(local, comm_);
 
   // 5. Commit (or clean up), on rank 0, then tell everyone.
   if (rank == 0) {

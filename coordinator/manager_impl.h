@@ -9,7 +9,9 @@
 #include "coordinator/checkpoint_manager.h"
 #include "coordinator/comm.h"
 #include "coordinator/io_thread.h"
+#include "io/marker.h"
 #include "worker/snapshot.h"
+#include "worker/staging_pool.h"
 
 namespace mhckpt {
 
@@ -43,9 +45,16 @@ class CheckpointManager::Impl {
   const Options options_;
   const bool async_;
 
+  StagingPool pool_;
+
   mutable std::mutex mu_;
   Status first_error_;  // since the last WaitUntilFinished
   SaveTimings last_timings_;
+
+  // The last successful plan and a hash of the description it came from
+  // (I/O thread only): a save with the same description reuses the plan.
+  std::optional<io::Marker> last_plan_;
+  uint64_t last_description_hash_ = 0;
 
   std::unique_ptr<IoThread> thread_;  // last: joined before the rest is destroyed
 };

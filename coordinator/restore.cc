@@ -10,6 +10,7 @@
 //      sharding on any world size is a plain read. A replicated array that
 //      every rank wants whole is read once by rank 0 and broadcast.
 //   4. Close; one agreement.
+#include <memory>
 #include <set>
 
 #include <fmt/format.h>
@@ -20,6 +21,7 @@
 #include "io/layout.h"
 #include "io/marker.h"
 #include "io/posix_file.h"
+#include "worker/copy.h"
 
 namespace mhckpt {
 namespace {
@@ -71,6 +73,29 @@ Status CheckRequests(const io::Marker& m, std::span<const ArrayToRestore> arrays
   }
   return OkStatus();
 }
+
+// Where the bytes of one destination land first: the destination itself for
+// host memory, a host bounce buffer for device memory (then copied over).
+class Landing {
+ public:
+  Landing(const Destination& d, DType dtype)
+      : d_(d), bytes_(static_cast<size_t>(Volume(d.box.count).value_or(0)) * DTypeSize(dtype)) {
+    if (d.memory == Memory::kCuda) bounce_.reset(new std::byte[bytes_]);
+  }
+  [[nodiscard]] void* host() const { return bounce_ ? bounce_.get() : d_.data; }
+  [[nodiscard]] size_t bytes() const { return bytes_; }
+  /// Moves the bytes to the device, if the destination lives there.
+  [[nodiscard]] Status Finish() const {
+    if (!bounce_) return OkStatus();
+    CopyTask t{d_.data, bounce_.get(), bytes_};
+    return CopyHostToDevice({&t, 1});
+  }
+
+ private:
+  const Destination& d_;
+  size_t bytes_;
+  std::unique_ptr<std::byte[]> bounce_;
+};
 
 }  // namespace
 
@@ -129,16 +154,19 @@ Status CheckpointManager::Impl::RunRestore(int64_t step, std::span<const ArrayTo
       auto it = mine.find(a.name);
       if (a.replicated && !flags[2 * i + 1]) {
         // Why a broadcast: every rank wants the whole array; one read serves all.
-        const Destination& d = it->second->shards[0];
-        if (rank == 0 && local.ok()) local = ds->Read(d.box, d.data);
-        size_t bytes = static_cast<size_t>(*Volume(a.shape)) * DTypeSize(a.dtype);
-        comm_.BroadcastBuffer(d.data, bytes, 0);
+        // (Seam: device destinations could be broadcast with NCCL instead.)
+        Landing land(it->second->shards[0], a.dtype);
+        if (rank == 0 && local.ok()) local = ds->Read(it->second->shards[0].box, land.host());
+        comm_.BroadcastBuffer(land.host(), land.bytes(), 0);
+        if (local.ok()) local = land.Finish();
         continue;
       }
       if (it == mine.end() || !local.ok()) continue;
       for (const Destination& d : it->second->shards) {
         if (Volume(d.box.count).value_or(0) == 0) continue;
-        local = ds->Read(d.box, d.data);
+        Landing land(d, a.dtype);
+        local = ds->Read(d.box, land.host());
+        if (local.ok()) local = land.Finish();
         if (!local.ok()) break;
       }
     }

@@ -9,13 +9,14 @@
 #   nlohmann-json3-dev            JSON (commit marker, plan encoding)
 #   libfmt-dev                    formatting
 #   libspdlog-dev                 logging
+#   libxxhash-dev                 hashing (plan cache; checksums)
 #   libgtest-dev                  GoogleTest
 #   python3-h5py-mpi python3-numpy  reading checkpoints without mhckpt (tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(cmake g++ make pkg-config openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
-          nlohmann-json3-dev libfmt-dev libspdlog-dev libgtest-dev python3-h5py-mpi python3-numpy)
+          nlohmann-json3-dev libfmt-dev libspdlog-dev libxxhash-dev libgtest-dev python3-h5py-mpi python3-numpy)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -289,6 +289,57 @@ TEST(SaveRestore, UncommittedStepsAreIgnoredAndRemovedOnOpen) {
   EXPECT_TRUE(SameOnAllRanks(s));
 }
 
+TEST(SaveRestore, BackToBackSavesCommitInOrderWithinOneCopyOfStaging) {
+  auto mgr = OpenOrDie(FreshDir());
+  const int p = Size(), r = Rank();
+  const std::vector<int64_t> shape{2048 * p, 256};  // 2 MiB of float32 per rank
+  std::vector<std::unique_ptr<Saved>> kept;
+  for (int step = 0; step < 5; ++step) {
+    auto a = std::make_unique<Saved>();
+    a->array = {"w", DType::kFloat32, shape, {}};
+    a->Add(RowBox(shape, p, r), 200 + step);
+    ASSERT_TRUE(mgr->Save(step, std::vector<ArrayToSave>{a->array}).ok());
+    EXPECT_LE(mgr->StagingBytes(), size_t{2} << 20) << "more than one staged copy";
+  }
+  ASSERT_TRUE(mgr->WaitUntilFinished().ok());
+  EXPECT_EQ(mgr->CommittedSteps().value(), (std::vector<int64_t>{0, 1, 2, 3, 4}));
+  for (int step = 0; step < 5; ++step) {
+    Wanted w{{"w", DType::kFloat32, {}}, shape, {}};
+    w.Add(RowBox(shape, p, p - 1 - r));
+    ASSERT_TRUE(mgr->Restore(step, std::vector<ArrayToRestore>{w.array}).ok());
+    w.Expect(200 + step);
+  }
+}
+
+TEST(SaveRestore, UnchangedArraysReuseThePlan) {
+  auto mgr = OpenOrDie(FreshDir());
+  const int p = Size(), r = Rank();
+  const std::vector<int64_t> shape{10 * p, 3};
+  auto save = [&](int64_t step, int parts) {
+    Saved a{{"w", DType::kFloat32, shape, {}}, {}};
+    // `parts` pieces per rank: changing it changes the boxes, not the array.
+    for (int k = 0; k < parts; ++k) a.Add(RowBox(shape, p * parts, r * parts + k), step);
+    EXPECT_TRUE(mgr->Save(step, std::vector<ArrayToSave>{a.array}).ok());
+    EXPECT_TRUE(mgr->WaitUntilFinished().ok());
+    Wanted w{{"w", DType::kFloat32, {}}, shape, {}};
+    w.Add(FullBox(shape));
+    EXPECT_TRUE(mgr->Restore(step, std::vector<ArrayToRestore>{w.array}).ok());
+    w.Expect(step);
+    return mgr->LastSaveTimings().plan_cached;
+  };
+  EXPECT_FALSE(save(1, 1));
+  EXPECT_TRUE(save(2, 1));
+  EXPECT_TRUE(save(3, 1));
+  EXPECT_FALSE(save(4, 2));  // other boxes: a full plan round
+  EXPECT_TRUE(save(5, 2));
+  // A cached plan still refuses a committed step.
+  Saved a{{"w", DType::kFloat32, shape, {}}, {}};
+  a.Add(RowBox(shape, p * 2, r * 2), 5);
+  a.Add(RowBox(shape, p * 2, r * 2 + 1), 5);
+  ASSERT_TRUE(mgr->Save(5, std::vector<ArrayToSave>{a.array}).ok());
+  EXPECT_EQ(mgr->WaitUntilFinished().code(), StatusCode::kAlreadyExists);
+}
+
 TEST(SaveRestore, RetentionKeepsNewestAndEveryKthStep) {
   const std::string dir = FreshDir();
   Options o;

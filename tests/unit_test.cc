@@ -2,7 +2,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstring>
 #include <functional>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -11,6 +14,8 @@
 #include "coordinator/retention.h"
 #include "io/layout.h"
 #include "io/marker.h"
+#include "worker/copy.h"
+#include "worker/staging_pool.h"
 
 namespace mhckpt {
 namespace {
@@ -185,6 +190,70 @@ TEST(Retention, KeepsNewestAndPeriodSteps) {
   EXPECT_EQ(StepsToDelete(steps, 2, 0), (std::vector<int64_t>{0, 1, 2, 3, 4}));
   EXPECT_EQ(StepsToDelete(steps, 2, 3), (std::vector<int64_t>{1, 2, 4}));
   EXPECT_EQ(StepsToDelete({5}, 1, 0), std::vector<int64_t>{});
+}
+
+TEST(StagingPool, ReusesBuffersBetweenSaves) {
+  StagingPool pool(64 << 20);
+  std::byte* first;
+  {
+    auto b = pool.Acquire(5 << 20);
+    ASSERT_TRUE(b.ok());
+    first = b->data();
+    std::memset(first, 1, 5 << 20);
+  }
+  auto again = pool.Acquire(3 << 20);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->data(), first);                     // the touched buffer comes back
+  EXPECT_EQ(pool.allocated_bytes(), size_t{6} << 20);  // rounded to 2 MiB pages
+}
+
+TEST(StagingPool, WaitsForBudgetInsteadOfAllocating) {
+  StagingPool pool(8 << 20);
+  auto held = pool.Acquire(6 << 20);
+  ASSERT_TRUE(held.ok());
+  double waited = 0;
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    *held = StagingBuffer();  // the earlier save commits
+  });
+  auto next = pool.Acquire(6 << 20, &waited);
+  releaser.join();
+  ASSERT_TRUE(next.ok());
+  EXPECT_GE(waited, 0.15);
+  EXPECT_LE(pool.allocated_bytes(), size_t{8} << 20);
+}
+
+TEST(StagingPool, DefaultBudgetIsOneSaveAndLargeRequestsAreServedAlone) {
+  StagingPool pool;  // one save's worth
+  {
+    auto a = pool.Acquire(4 << 20);
+    ASSERT_TRUE(a.ok());
+  }
+  auto big = pool.Acquire(10 << 20);  // larger: the old buffer is freed first
+  ASSERT_TRUE(big.ok());
+  EXPECT_EQ(pool.allocated_bytes(), size_t{10} << 20);
+  EXPECT_FALSE(pool.Acquire(0).value().data());
+}
+
+TEST(ParallelCopy, CopiesEveryByteWithManyThreads) {
+  std::vector<std::vector<char>> src, dst;
+  std::vector<CopyTask> tasks;
+  for (size_t n : {size_t{1}, size_t{40} << 20, size_t{4097}, size_t{0}, size_t{7} << 20}) {
+    src.emplace_back(n);
+    for (size_t i = 0; i < n; ++i) src.back()[i] = static_cast<char>(i * 131 + n);
+    dst.emplace_back(n, 0);
+  }
+  for (size_t i = 0; i < src.size(); ++i)
+    tasks.push_back({dst[i].data(), src[i].data(), src[i].size()});
+  ParallelCopy(tasks, 3);
+  EXPECT_TRUE(src == dst);
+}
+
+TEST(Cuda, AbsentDeviceIsReportedNotFatal) {
+  if (CudaAvailable()) GTEST_SKIP() << "a CUDA device is present";
+  char host[8] = {};
+  CopyTask t{host, host, 8};
+  EXPECT_EQ(CopyDeviceToHost({&t, 1}).code(), StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

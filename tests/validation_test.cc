@@ -150,6 +150,18 @@ TEST_F(Validation, RanksDisagreeOnStep) {
   EXPECT_TRUE(mgr_->CommittedSteps().value().empty());
 }
 
+TEST_F(Validation, RanksDisagreeOnStepWhenThePlanIsCached) {
+  if (Size() == 1) GTEST_SKIP() << "needs two ranks";
+  ExpectNextSaveWorks(1);
+  ExpectNextSaveWorks(2);  // the plan of "fine" is now cached
+  mgr_->Save(Rank() == Last() ? 4 : 3, std::vector<ArrayToSave>{Rows("fine")}).IgnoreError();
+  Status s = mgr_->WaitUntilFinished();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_THAT(s.message(), HasSubstr("ranks disagree on the step"));
+  EXPECT_TRUE(SameOnAllRanks(s));
+  EXPECT_EQ(mgr_->CommittedSteps().value(), (std::vector<int64_t>{1, 2}));
+}
+
 TEST_F(Validation, StepAlreadyCommitted) {
   ExpectNextSaveWorks(4);
   mgr_->Save(4, std::vector<ArrayToSave>{Rows("w")}).IgnoreError();

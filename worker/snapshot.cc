@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "worker/copy.h"
+
 namespace mhckpt {
 namespace {
 
@@ -31,7 +33,9 @@ Result<size_t> CheckShard(const ArrayToSave& a, const Shard& s, int rank) {
 
 }  // namespace
 
-Status TakeSnapshot(std::span<const ArrayToSave> arrays, int rank, Snapshot* out) {
+Status TakeSnapshot(std::span<const ArrayToSave> arrays, const SnapshotOptions& options,
+                    StagingPool& pool, Snapshot* out) {
+  const int rank = options.rank;
   Status first_error;
   auto note = [&](Status s) {
     if (first_error.ok() && !s.ok()) first_error = std::move(s);
@@ -42,6 +46,7 @@ Status TakeSnapshot(std::span<const ArrayToSave> arrays, int rank, Snapshot* out
   struct Copy {
     const void* src;
     size_t offset, size;
+    Memory memory;
   };
   std::vector<Copy> copies;
   size_t total = 0;
@@ -75,17 +80,35 @@ Status TakeSnapshot(std::span<const ArrayToSave> arrays, int rank, Snapshot* out
         continue;
       }
       out->arrays.back().boxes.push_back(StagedBox{s.box, total, *bytes});
-      copies.push_back(Copy{s.data, total, *bytes});
+      copies.push_back(Copy{s.data, total, *bytes, s.memory});
       total += *bytes;
     }
   }
 
-  // 2. Copy. The buffer is default-initialized: the copy is its first touch.
-  out->bytes.reset(total ? new std::byte[total] : nullptr);
-  out->total_bytes = total;
-  for (const Copy& c : copies) {
-    if (c.size) std::memcpy(out->bytes.get() + c.offset, c.src, c.size);
+  // 2. Staging memory from the pool (reused between saves; may wait for budget).
+  Result<StagingBuffer> buffer = pool.Acquire(total, &out->budget_wait_seconds);
+  if (!buffer.ok()) {
+    for (StagedArray& a : out->arrays) a.boxes.clear();
+    out->total_bytes = 0;
+    note(Status(buffer.status().code(),
+                fmt::format("rank {}: {}", rank, buffer.status().message())));
+    return first_error;
   }
+  out->buffer = std::move(buffer).value();
+  out->total_bytes = total;
+
+  // 3. Copy: host boxes on several threads, device boxes through CUDA.
+  std::vector<CopyTask> host, device;
+  for (const Copy& c : copies) {
+    CopyTask t{out->buffer.data() + c.offset, c.src, c.size};
+    if (c.size == 0) continue;
+    (c.memory == Memory::kCuda ? device : host).push_back(t);
+  }
+  if (!device.empty()) {
+    Status s = CopyDeviceToHost(device);
+    if (!s.ok()) note(Status(s.code(), fmt::format("rank {}: {}", rank, s.message())));
+  }
+  ParallelCopy(host, options.threads);
   return first_error;
 }
 

@@ -11,6 +11,7 @@
 
 #include "base/status.h"
 #include "worker/array.h"
+#include "worker/staging_pool.h"
 
 namespace mhckpt {
 
@@ -33,17 +34,27 @@ struct StagedArray {
 /// Everything a rank contributes to one save.
 struct Snapshot {
   std::vector<StagedArray> arrays;  ///< in the caller's order
-  std::unique_ptr<std::byte[]> bytes;
+  StagingBuffer buffer;             ///< every box, back to back
   size_t total_bytes = 0;
+  double budget_wait_seconds = 0;  ///< waiting for staging memory
 
-  [[nodiscard]] const std::byte* data(const StagedBox& b) const { return bytes.get() + b.offset; }
+  [[nodiscard]] const std::byte* data(const StagedBox& b) const { return buffer.data() + b.offset; }
+};
+
+struct SnapshotOptions {
+  int rank = 0;     ///< for error messages
+  int threads = 1;  ///< for host copies
 };
 
 /// Checks `arrays` locally (names, dtypes, boxes inside shapes, null
-/// pointers, duplicates on this rank) and copies every valid box. On a bad
-/// input it returns the error, naming the array, `rank` and the box; the
-/// snapshot then still describes every array (without the bad boxes), so the
-/// rank can take part in the next collective round carrying its error.
-Status TakeSnapshot(std::span<const ArrayToSave> arrays, int rank, Snapshot* out);
+/// pointers, duplicates on this rank), takes one buffer from `pool` (waiting
+/// while the pool's budget is in use), and copies every valid box into it:
+/// host boxes with several threads, device boxes with cudaMemcpyAsync. On
+/// return no caller buffer is needed any more. On a bad input it returns the
+/// error, naming the array, the rank and the box; the snapshot then still
+/// describes every array (without the bad boxes), so the rank can take part
+/// in the next collective round carrying its error.
+Status TakeSnapshot(std::span<const ArrayToSave> arrays, const SnapshotOptions& options,
+                    StagingPool& pool, Snapshot* out);
 
 }  // namespace mhckpt

@@ -1,0 +1,51 @@
+#include "worker/copy.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace mhckpt {
+namespace {
+
+// Below this a thread costs more than it saves.
+constexpr size_t kMinBytesPerThread = size_t{16} << 20;
+
+// Copies bytes [begin, end) of the concatenation of `tasks`.
+void CopyRange(std::span<const CopyTask> tasks, size_t begin, size_t end) {
+  size_t offset = 0;
+  for (const CopyTask& t : tasks) {
+    size_t lo = std::max(begin, offset), hi = std::min(end, offset + t.bytes);
+    if (lo < hi) {
+      std::memcpy(static_cast<std::byte*>(t.dst) + (lo - offset),
+                  static_cast<const std::byte*>(t.src) + (lo - offset), hi - lo);
+    }
+    offset += t.bytes;
+    if (offset >= end) break;
+  }
+}
+
+}  // namespace
+
+void ParallelCopy(std::span<const CopyTask> tasks, int threads) {
+  size_t total = 0;
+  for (const CopyTask& t : tasks) total += t.bytes;
+  size_t n =
+      std::clamp<size_t>(total / kMinBytesPerThread, 1, static_cast<size_t>(std::max(1, threads)));
+  if (n == 1) {
+    CopyRange(tasks, 0, total);
+    return;
+  }
+  // Pieces end on 4 KiB boundaries, so threads do not share pages.
+  size_t piece = (total / n + 4095) / 4096 * 4096;
+  std::vector<std::thread> pool;
+  for (size_t i = 1; i < n; ++i) {
+    size_t b = std::min(total, i * piece), e = std::min(total, (i + 1) * piece);
+    if (i + 1 == n) e = total;
+    pool.emplace_back([=] { CopyRange(tasks, b, e); });
+  }
+  CopyRange(tasks, 0, std::min(total, piece));
+  for (std::thread& t : pool) t.join();
+}
+
+}  // namespace mhckpt
