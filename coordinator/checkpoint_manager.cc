@@ -106,8 +106,10 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
     job->local =
         InvalidArgument(fmt::format("rank {}: step {} is negative", impl_->comm_.rank(), step));
   }
+  job->timings.budget_wait = job->snapshot.budget_wait_seconds;
   job->timings.snapshot =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() -
+      job->timings.budget_wait;
   job->timings.local_bytes = job->snapshot.total_bytes;
   Status local = job->local;
   // From here on no caller buffer is read again. The job always runs, even

@@ -63,6 +63,7 @@ struct RestoreOptions {
 
 /// Phases of the last finished save, in seconds (rank-local clocks).
 struct SaveTimings {
+  double budget_wait = 0;      ///< waiting for staging memory (caller thread)
   double snapshot = 0;         ///< copying into host staging memory (caller thread)
   double plan = 0;             ///< gather, validate, pick writers, create the step directory
   double write = 0;            ///< create datasets and write boxes

@@ -1,14 +1,16 @@
 // The save protocol of one step, run by every rank on its I/O thread after
 // Save has copied the rank's boxes into a Snapshot:
 //
-//   1. Plan. If every rank holds exactly the arrays and boxes of the previous
-//      save, one allreduce confirms it (and that all ranks save the same step)
-//      and the previous plan is reused. Otherwise every rank sends rank 0 a description of what it
-//      holds (and its local input error, if any). Rank 0 validates all of them together, picks one
-//      writer per distinct box (coordinator/plan.h), refuses a step that is already committed, and
-//      creates the step directory (fsyncing the root). It broadcasts the outcome and the plan. This
-//      gather is also the barrier of the design: a rank describes its boxes only after its snapshot
-//      is complete, so nobody writes before every snapshot exists.
+//   1. Plan. If every rank holds exactly the arrays and boxes of the
+//      previous save, one allreduce confirms it (and that all ranks save the
+//      same step) and the previous plan is reused. Otherwise every rank sends
+//      rank 0 a description of what it holds (and its local input error, if
+//      any); rank 0 validates all of them together, picks one writer per
+//      distinct box (coordinator/plan.h), refuses a step that is already
+//      committed, creates the step directory (fsyncing the root), and
+//      broadcasts the outcome and the plan. Either collective is also the
+//      barrier of the design: a rank enters it only after its snapshot is
+//      complete, so nobody writes before every snapshot exists.
 //   2. Write. All ranks create the HDF5 file and every dataset collectively;
 //      each rank writes the boxes the plan gives it (fully replicated arrays:
 //      rank 0). A write error is remembered, and the rank keeps taking part.
@@ -229,11 +231,11 @@ Status CheckpointManager::Impl::CommitSave(SaveJob& job) {
   if (rank == 0) {
     if (s.ok()) {
       spdlog::info(
-          "mhckpt: step {} committed: {:.1f} MiB in {:.3f} s (snapshot {:.3f}, plan {:.3f}, "
-          "write {:.3f}, flush {:.3f}, commit {:.3f}, gc {:.3f})",
+          "mhckpt: step {} committed: {:.1f} MiB in {:.3f} s (budget wait {:.3f}, snapshot {:.3f}, "
+          "plan {:.3f}{}, write {:.3f}, flush {:.3f}, commit {:.3f}, gc {:.3f})",
           job.step, static_cast<double>(plan.total_bytes) / (1 << 20),
-          t.snapshot + t.plan + t.write + t.flush + t.commit + t.gc, t.snapshot, t.plan, t.write,
-          t.flush, t.commit, t.gc);
+          t.budget_wait + t.snapshot + t.plan + t.write + t.flush + t.commit + t.gc, t.budget_wait,
+          t.snapshot, t.plan, t.plan_cached ? " cached" : "", t.write, t.flush, t.commit, t.gc);
     } else {
       spdlog::error("mhckpt: step {} failed: {}", job.step, s.ToString());
     }

@@ -55,9 +55,9 @@ Status CheckRequests(const io::Marker& m, std::span<const ArrayToRestore> arrays
       if (d.data == nullptr && Volume(d.box.count).value_or(0) > 0) {
         return InvalidArgument(fmt::format("{}: data is null", where()));
       }
-      if (d.memory != Memory::kHost) {
+      if (d.memory == Memory::kCuda && !CudaAvailable()) {
         return InvalidArgument(
-            fmt::format("{}: device memory is not supported by this build", where()));
+            fmt::format("{}: device memory, but no CUDA device is usable", where()));
       }
     }
   }

@@ -1,9 +1,24 @@
 #!/usr/bin/env bash
-# Bootstraps and builds, then runs the default test suite (every label but
-# slurm and gpu-only ones; GPU tests skip without a device). Extra arguments go to ctest,
-# e.g. scripts/test.sh -L unit   or   scripts/test.sh -R reshard
+# The README's test command: installs what is missing, builds, and runs the
+# default suite. GPU tests report "skipped" without a device.
+#   1. scripts/bootstrap.sh (apt packages, configure, build into build/)
+#   2. the donation regression test under AddressSanitizer (build-address/)
+#      and ThreadSanitizer (build-thread/)
+#   3. ctest over build/ (unit, mpi at 1-4 ranks, reshard matrix, ...)
+# Extra arguments go to the last ctest, e.g. scripts/test.sh -L unit
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
+
+if [ "${MHCKPT_SKIP_SANITIZERS:-0}" != 1 ]; then
+  for san in address thread; do
+    echo "== donation test under -fsanitize=$san (build-$san/)"
+    cmake -S . -B "build-$san" -DMHCKPT_SANITIZE=$san -DMHCKPT_WITH_CUDA=OFF >/dev/null
+    cmake --build "build-$san" -j "$(nproc)" --target donation_test >/dev/null
+    ctest --test-dir "build-$san" -R '^donation\.' --output-on-failure --timeout 300
+  done
+fi
+
+echo "== test suite (build/)"
 cd "${BUILD_DIR:-build}"
 ctest --output-on-failure --timeout 300 "$@"

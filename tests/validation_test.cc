@@ -8,6 +8,7 @@
 #include "coordinator/checkpoint_manager.h"
 #include "io/layout.h"
 #include "tests/test_util.h"
+#include "worker/copy.h"
 
 namespace mhckpt {
 namespace {
@@ -160,6 +161,13 @@ TEST_F(Validation, RanksDisagreeOnStepWhenThePlanIsCached) {
   EXPECT_THAT(s.message(), HasSubstr("ranks disagree on the step"));
   EXPECT_TRUE(SameOnAllRanks(s));
   EXPECT_EQ(mgr_->CommittedSteps().value(), (std::vector<int64_t>{1, 2}));
+}
+
+TEST_F(Validation, DeviceMemoryWithoutADevice) {
+  if (CudaAvailable()) GTEST_SKIP() << "a CUDA device is present (tests/gpu_test.cc covers it)";
+  auto a = Rows("w");
+  if (Rank() == Last()) a.shards[0].memory = Memory::kCuda;
+  ExpectSaveFails(1, {a}, StatusCode::kInvalidArgument, "device memory, but no CUDA device");
 }
 
 TEST_F(Validation, StepAlreadyCommitted) {

@@ -24,9 +24,8 @@ Result<size_t> CheckShard(const ArrayToSave& a, const Shard& s, int rank) {
   size_t bytes = static_cast<size_t>(*n) * DTypeSize(a.dtype);
   if (bytes > 0 && s.data == nullptr)
     return InvalidArgument(fmt::format("{}: data is null", where()));
-  if (s.memory != Memory::kHost) {
-    return InvalidArgument(
-        fmt::format("{}: device memory is not supported by this build", where()));
+  if (s.memory == Memory::kCuda && bytes > 0 && !CudaAvailable()) {
+    return InvalidArgument(fmt::format("{}: device memory, but no CUDA device is usable", where()));
   }
   return bytes;
 }
