@@ -150,6 +150,10 @@ Status CheckpointManager::Restore(int64_t step, std::span<const ArrayToRestore> 
   return impl_->RunOnIoThread([&] { return impl_->RunRestore(step, arrays, options); });
 }
 
+Status CheckpointManager::Verify(int64_t step, uint64_t* bytes_checked) {
+  return impl_->RunOnIoThread([&] { return impl_->RunVerify(step, bytes_checked); });
+}
+
 SaveTimings CheckpointManager::LastSaveTimings() const {
   std::lock_guard<std::mutex> lock(impl_->mu_);
   return impl_->last_timings_;

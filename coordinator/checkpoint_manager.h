@@ -52,6 +52,10 @@ struct Options {
   /// committed and given its buffer back, so host memory grows by at most one
   /// copy of the local checkpoint. Buffers are kept and reused between saves.
   size_t staging_budget_bytes = 0;
+  /// Before writing, ranks holding the same box compare checksums; a mismatch
+  /// (silent corruption, or non-deterministic data-parallel replicas) fails
+  /// the save with DataLoss naming the array, the box and both ranks.
+  bool verify_replicas = false;
   /// Threads copying host boxes into staging (0: up to 4, as the machine has).
   int snapshot_threads = 0;
 };
@@ -115,6 +119,13 @@ class CheckpointManager {
   /// file), each on every rank.
   Status Restore(int64_t step, std::span<const ArrayToRestore> arrays,
                  const RestoreOptions& options = {});
+
+  /// Collective. Waits for pending saves, then re-reads every box of committed
+  /// step `step` (each rank a share, in bounded slabs) and checks it against
+  /// the checksum in the marker. DataLoss names the array and the box of the
+  /// first damage (a flipped byte, a truncated file, a missing dataset).
+  /// `bytes_checked`, if given, gets the bytes read over all ranks.
+  Status Verify(int64_t step, uint64_t* bytes_checked = nullptr);
 
   /// Local. Timings of the last save that finished on this rank.
   [[nodiscard]] SaveTimings LastSaveTimings() const;

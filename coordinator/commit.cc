@@ -15,7 +15,8 @@
 //      each rank writes the boxes the plan gives it (fully replicated arrays:
 //      rank 0). A write error is remembered, and the rank keeps taking part.
 //   3. Durable. H5Fflush(GLOBAL) syncs the file through MPI-IO; then close.
-//   4. Agree. One allreduce: did every rank succeed?
+//   4. Agree. One gather: every rank's outcome, and the checksums (XXH3) of
+//      the boxes it wrote, which go into the marker.
 //   5. Commit. Rank 0 writes the marker (io::WriteFileAtomic: temp file,
 //      fsync, rename, fsync the directory), or on failure removes the step
 //      directory. It broadcasts the outcome; every rank returns it.
@@ -31,6 +32,9 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <xxhash.h>
+#include <nlohmann/json.hpp>
+
+#include "base/checksum.h"
 
 #include "coordinator/agree.h"
 #include "coordinator/manager_impl.h"
@@ -82,12 +86,106 @@ uint64_t DescriptionHash(const Snapshot& snapshot) {
 
 // Step 2: create every dataset and write this rank's boxes. Returns the first
 // local error; keeps making every collective call after one.
+// The checksum of box `box` of array `array` (indices into the plan).
+struct BoxSum {
+  uint32_t array;
+  uint32_t box;
+  uint64_t sum;
+};
+
+// What a rank tells rank 0 after a phase: its status and the checksums of the
+// boxes it hashed.
+std::string EncodeReport(const Status& s, const std::vector<BoxSum>& sums) {
+  nlohmann::json j =
+      nlohmann::json::array({static_cast<int>(s.code()), s.message(), nlohmann::json::array()});
+  for (const BoxSum& b : sums) j[2].push_back({b.array, b.box, b.sum});
+  std::vector<uint8_t> cbor = nlohmann::json::to_cbor(j);
+  return {cbor.begin(), cbor.end()};
+}
+
+Status DecodeReport(const std::string& bytes, std::vector<BoxSum>* sums) {
+  try {
+    nlohmann::json j = nlohmann::json::from_cbor(bytes);
+    for (const auto& b : j.at(2)) {
+      sums->push_back(
+          BoxSum{b.at(0).get<uint32_t>(), b.at(1).get<uint32_t>(), b.at(2).get<uint64_t>()});
+    }
+    return Status(static_cast<StatusCode>(j.at(0).get<int>()), j.at(1).get<std::string>());
+  } catch (const nlohmann::json::exception& e) {
+    return Internal(fmt::format("cannot decode a rank's report: {}", e.what()));
+  }
+}
+
+// The first error of `reports` (lowest rank), noting how many ranks failed;
+// fills `sums` from every rank.
+Status CollectReports(const std::vector<std::string>& reports,
+                      std::vector<std::vector<BoxSum>>* sums) {
+  Status first;
+  int failed = 0;
+  sums->assign(reports.size(), {});
+  for (size_t r = 0; r < reports.size(); ++r) {
+    Status s = DecodeReport(reports[r], &(*sums)[r]);
+    if (!s.ok() && failed++ == 0) first = s;
+  }
+  if (failed > 1) {
+    return {first.code(), fmt::format("{} (and {} more rank{} failed)", first.message(), failed - 1,
+                                      failed > 2 ? "s" : "")};
+  }
+  return first;
+}
+
+// Index of the staged box equal to `box` in `a`, or nullptr.
+const StagedBox* FindStaged(const StagedArray* a, const Box& box) {
+  if (a == nullptr) return nullptr;
+  for (const StagedBox& sb : a->boxes) {
+    if (sb.box == box) return &sb;
+  }
+  return nullptr;
+}
+
+// Checksums of every planned box this rank holds, written by it or not
+// (Options::verify_replicas).
+std::vector<BoxSum> HoldingChecksums(const io::Marker& plan, const Snapshot& snapshot) {
+  std::map<std::string_view, const StagedArray*> staged;
+  for (const StagedArray& a : snapshot.arrays) staged[a.name] = &a;
+  std::vector<BoxSum> sums;
+  for (size_t i = 0; i < plan.arrays.size(); ++i) {
+    auto it = staged.find(plan.arrays[i].name);
+    for (size_t k = 0; it != staged.end() && k < plan.arrays[i].boxes.size(); ++k) {
+      if (const StagedBox* sb = FindStaged(it->second, plan.arrays[i].boxes[k].box)) {
+        sums.push_back({static_cast<uint32_t>(i), static_cast<uint32_t>(k),
+                        Checksum(snapshot.data(*sb), sb->size)});
+      }
+    }
+  }
+  return sums;
+}
+
+// Rank 0: the boxes held by several ranks must be equal everywhere.
+Status CompareReplicas(const io::Marker& plan, const std::vector<std::vector<BoxSum>>& sums) {
+  std::map<std::pair<uint32_t, uint32_t>, std::pair<uint64_t, int>> first;  // box -> (sum, rank)
+  for (size_t r = 0; r < sums.size(); ++r) {
+    for (const BoxSum& b : sums[r]) {
+      auto [it, inserted] = first.try_emplace({b.array, b.box}, b.sum, static_cast<int>(r));
+      if (!inserted && it->second.first != b.sum) {
+        const io::MarkerArray& a = plan.arrays[b.array];
+        return DataLoss(
+            fmt::format("replicas differ: array '{}' box {} is {} on rank {} but {} on rank {}",
+                        a.name, BoxToString(a.boxes[b.box].box), ChecksumToString(it->second.first),
+                        it->second.second, ChecksumToString(b.sum), r));
+      }
+    }
+  }
+  return OkStatus();
+}
+
 Status WriteArrays(io::H5File& file, const io::Marker& plan, const Snapshot& snapshot, int rank,
-                   Transfer transfer, uint64_t* written) {
+                   Transfer transfer, uint64_t* written, std::vector<BoxSum>* sums) {
   std::map<std::string_view, const StagedArray*> staged;
   for (const StagedArray& a : snapshot.arrays) staged[a.name] = &a;
   Status local;
-  for (const io::MarkerArray& a : plan.arrays) {
+  for (size_t ai = 0; ai < plan.arrays.size(); ++ai) {
+    const io::MarkerArray& a = plan.arrays[ai];
     Result<io::Dataset> ds = file.CreateDataset(a.name, a.dtype, a.shape);
     if (!ds.ok()) {
       if (local.ok()) local = ds.status();
@@ -98,13 +196,11 @@ Status WriteArrays(io::H5File& file, const io::Marker& plan, const Snapshot& sna
     for (const io::MarkerBox& b : a.boxes) ++writes_per_rank[b.writer];
     int calls = 0, max_calls = 0;
     for (auto [r, n] : writes_per_rank) max_calls = std::max(max_calls, n);
-    for (const io::MarkerBox& b : a.boxes) {
+    for (size_t bi = 0; bi < a.boxes.size(); ++bi) {
+      const io::MarkerBox& b = a.boxes[bi];
       if (b.writer != rank) continue;
       ++calls;
-      const StagedBox* box = nullptr;
-      for (const StagedBox& sb : staged.at(a.name)->boxes) {
-        if (sb.box == b.box) box = &sb;
-      }
+      const StagedBox* box = FindStaged(staged[a.name], b.box);
       if (!local.ok() || box == nullptr) {
         if (local.ok()) {
           local = Internal(fmt::format("array '{}' box {}: planned for rank {}, not staged there",
@@ -113,6 +209,8 @@ Status WriteArrays(io::H5File& file, const io::Marker& plan, const Snapshot& sna
         if (transfer == Transfer::kCollective) ds->WriteNothing().IgnoreError();
         continue;
       }
+      sums->push_back({static_cast<uint32_t>(ai), static_cast<uint32_t>(bi),
+                       Checksum(snapshot.data(*box), box->size)});
       local = ds->Write(b.box, snapshot.data(*box));
       *written += box->size;
     }
@@ -175,18 +273,34 @@ Status CheckpointManager::Impl::CommitSave(SaveJob& job) {
     last_description_hash_ = hash;
   }
   plan.user_metadata = job.metadata;  // rank 0's is the one written
+
+  // 1b. Optionally, replicas must agree before anything is written.
+  if (options_.verify_replicas) {
+    std::vector<std::string> held =
+        comm_.GatherBytes(EncodeReport(OkStatus(), HoldingChecksums(plan, job.snapshot)), 0);
+    Status s;
+    if (rank == 0) {
+      std::vector<std::vector<BoxSum>> all;
+      s = CollectReports(held, &all);
+      if (s.ok()) s = CompareReplicas(plan, all);
+      if (!s.ok()) io::RemoveAll(io::StepDir(root_, job.step)).IgnoreError();
+    }
+    MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, comm_));
+  }
   t.plan = Since(t0);
 
   // 2. Write, and 3. make durable.
   t0 = Clock::now();
   Status local;
+  std::vector<BoxSum> sums;
   t.written_bytes = 0;
   Result<io::H5File> file =
       io::H5File::Create(io::DataPath(root_, job.step), comm_.get(), options_.transfer);
   if (!file.ok()) {
     local = file.status();
   } else {
-    local = WriteArrays(*file, plan, job.snapshot, rank, options_.transfer, &t.written_bytes);
+    local =
+        WriteArrays(*file, plan, job.snapshot, rank, options_.transfer, &t.written_bytes, &sums);
     t.write = Since(t0);
     t0 = Clock::now();
     Status closed = file->FlushAndClose();
@@ -195,12 +309,19 @@ Status CheckpointManager::Impl::CommitSave(SaveJob& job) {
   }
   if (!local.ok()) local = Status(local.code(), fmt::format("rank {}: {}", rank, local.message()));
 
-  // 4. Agree: every rank's write and flush succeeded, or all learn who failed.
+  // 4. Agree: rank 0 learns every rank's outcome and the checksums of the
+  // boxes each wrote (the outcome goes to everyone with step 5's broadcast).
   t0 = Clock::now();
-  Status s = AgreeAll(local, comm_);
+  std::vector<std::string> reports = comm_.GatherBytes(EncodeReport(local, sums), 0);
+  Status s;
 
   // 5. Commit (or clean up), on rank 0, then tell everyone.
   if (rank == 0) {
+    std::vector<std::vector<BoxSum>> all;
+    s = CollectReports(reports, &all);
+    for (const auto& rank_sums : all) {
+      for (const BoxSum& b : rank_sums) plan.arrays[b.array].boxes[b.box].checksum = b.sum;
+    }
     if (s.ok()) {
       plan.created_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                                  std::chrono::system_clock::now().time_since_epoch())

@@ -34,6 +34,9 @@ class CheckpointManager::Impl {
   Status RunRestore(int64_t step, std::span<const ArrayToRestore> arrays,
                     const RestoreOptions& options);
 
+  /// Collective, on the I/O thread.
+  Status RunVerify(int64_t step, uint64_t* bytes_checked);
+
   /// Runs `fn` where HDF5 may be touched (the I/O thread, or inline when
   /// synchronous) and returns its status.
   Status RunOnIoThread(const std::function<Status()>& fn);

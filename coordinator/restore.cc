@@ -9,12 +9,17 @@
 //      rank reads its boxes as hyperslabs (independent transfers), so any
 //      sharding on any world size is a plain read. A replicated array that
 //      every rank wants whole is read once by rank 0 and broadcast.
+//      Where a read covers a whole stored box, its checksum is checked.
 //   4. Close; one agreement.
+//
+// Verify (below) is the same walk over every stored box, split over the
+// ranks, read in bounded slabs and checked against the marker's checksums.
 #include <memory>
 #include <set>
 
 #include <fmt/format.h>
 
+#include "base/checksum.h"
 #include "coordinator/agree.h"
 #include "coordinator/manager_impl.h"
 #include "io/h5_file.h"
@@ -97,6 +102,44 @@ class Landing {
   std::unique_ptr<std::byte[]> bounce_;
 };
 
+// Collective: rank 0 reads the marker of `step`; every rank gets it parsed.
+Result<io::Marker> ReadMarkerEverywhere(const Comm& comm, const std::string& root, int64_t step) {
+  Status s;
+  std::string text;
+  if (comm.rank() == 0) {
+    Result<std::string> r = io::ReadSmallFile(io::MarkerPath(root, step), io::kMaxMarkerBytes);
+    if (r.ok()) {
+      text = std::move(r).value();
+    } else if (r.status().code() == StatusCode::kNotFound) {
+      s = NotFound(fmt::format("step {} is not committed in '{}'", step, root));
+    } else {
+      s = r.status();
+    }
+  }
+  MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, comm));
+  comm.BroadcastBytes(&text, 0);
+  // Every rank parses the same bytes: the outcome is the same everywhere.
+  return io::ParseMarker(text, io::MarkerPath(root, step));
+}
+
+// DataLoss unless `bytes` at `data` have the checksum the marker recorded.
+Status CheckBox(const io::MarkerArray& a, const io::MarkerBox& b, uint64_t actual) {
+  if (actual == b.checksum) return OkStatus();
+  return DataLoss(fmt::format(
+      "array '{}' box {}: checksum mismatch: the marker says {}, the file "
+      "holds {}",
+      a.name, BoxToString(b.box), ChecksumToString(b.checksum), ChecksumToString(actual)));
+}
+
+// The stored box of `a` equal to `box`, or nullptr (a read of part of a box,
+// or of several boxes, cannot be checked against one checksum).
+const io::MarkerBox* StoredBox(const io::MarkerArray& a, const Box& box) {
+  for (const io::MarkerBox& b : a.boxes) {
+    if (b.box == box) return &b;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 Status CheckpointManager::Impl::RunRestore(int64_t step, std::span<const ArrayToRestore> arrays,
@@ -104,22 +147,7 @@ Status CheckpointManager::Impl::RunRestore(int64_t step, std::span<const ArrayTo
   const int rank = comm_.rank();
 
   // 1. The marker, from rank 0.
-  Status s;
-  std::string text;
-  if (rank == 0) {
-    Result<std::string> r = io::ReadSmallFile(io::MarkerPath(root_, step), io::kMaxMarkerBytes);
-    if (r.ok())
-      text = std::move(r).value();
-    else if (r.status().code() == StatusCode::kNotFound) {
-      s = NotFound(fmt::format("step {} is not committed in '{}'", step, root_));
-    } else {
-      s = r.status();
-    }
-  }
-  MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, comm_));
-  comm_.BroadcastBytes(&text, 0);
-  // Every rank parses the same bytes: the outcome is the same everywhere.
-  MHCKPT_ASSIGN_OR_RETURN(io::Marker m, io::ParseMarker(text, io::MarkerPath(root_, step)));
+  MHCKPT_ASSIGN_OR_RETURN(io::Marker m, ReadMarkerEverywhere(comm_, root_, step));
 
   // 2. Check the requests; learn what everyone wants.
   MHCKPT_RETURN_IF_ERROR(AgreeAll(CheckRequests(m, arrays, options, rank), comm_));
@@ -157,6 +185,9 @@ Status CheckpointManager::Impl::RunRestore(int64_t step, std::span<const ArrayTo
         // (Seam: device destinations could be broadcast with NCCL instead.)
         Landing land(it->second->shards[0], a.dtype);
         if (rank == 0 && local.ok()) local = ds->Read(it->second->shards[0].box, land.host());
+        if (rank == 0 && local.ok() && a.boxes.size() == 1) {
+          local = CheckBox(a, a.boxes[0], Checksum(land.host(), land.bytes()));
+        }
         comm_.BroadcastBuffer(land.host(), land.bytes(), 0);
         if (local.ok()) local = land.Finish();
         continue;
@@ -166,6 +197,8 @@ Status CheckpointManager::Impl::RunRestore(int64_t step, std::span<const ArrayTo
         if (Volume(d.box.count).value_or(0) == 0) continue;
         Landing land(d, a.dtype);
         local = ds->Read(d.box, land.host());
+        const io::MarkerBox* stored = StoredBox(a, d.box);
+        if (local.ok() && stored) local = CheckBox(a, *stored, Checksum(land.host(), land.bytes()));
         if (local.ok()) local = land.Finish();
         if (!local.ok()) break;
       }
@@ -176,6 +209,69 @@ Status CheckpointManager::Impl::RunRestore(int64_t step, std::span<const ArrayTo
   if (!local.ok()) local = Status(local.code(), fmt::format("rank {}: {}", rank, local.message()));
   // 4. Agree.
   return AgreeAll(local, comm_);
+}
+
+}  // namespace mhckpt
+
+namespace mhckpt {
+
+Status CheckpointManager::Impl::RunVerify(int64_t step, uint64_t* bytes_checked) {
+  const int rank = comm_.rank(), size = comm_.size();
+  MHCKPT_ASSIGN_OR_RETURN(io::Marker m, ReadMarkerEverywhere(comm_, root_, step));
+  Status local;
+  uint64_t checked = 0;
+  Result<io::H5File> file =
+      io::H5File::OpenReadOnly(io::DataPath(root_, step), comm_.get(), Transfer::kIndependent);
+  if (!file.ok()) {
+    local = DataLoss(fmt::format("step {}: {}", step, file.status().message()));
+  } else {
+    size_t turn = 0;  // boxes are dealt to ranks in turn
+    for (const io::MarkerArray& a : m.arrays) {
+      Result<io::Dataset> ds = file->OpenDataset(a.name, a.dtype, a.shape);  // collective
+      if (!ds.ok()) {
+        if (local.ok()) local = ds.status();
+        continue;
+      }
+      for (const io::MarkerBox& b : a.boxes) {
+        if (turn++ % static_cast<size_t>(size) != static_cast<size_t>(rank) || !local.ok())
+          continue;
+        // Read in slabs of whole leading-dimension rows, at most ~64 MiB each:
+        // a huge box never becomes a huge allocation.
+        const size_t row_bytes = a.shape.empty()
+                                     ? DTypeSize(a.dtype)
+                                     : static_cast<size_t>(*Volume(std::vector<int64_t>(
+                                           b.box.count.begin() + 1, b.box.count.end()))) *
+                                           DTypeSize(a.dtype);
+        const int64_t rows = a.shape.empty() ? 1 : b.box.count[0];
+        const int64_t rows_per_slab = std::max<int64_t>(
+            1, static_cast<int64_t>((size_t{64} << 20) / std::max<size_t>(row_bytes, 1)));
+        std::vector<std::byte> slab(static_cast<size_t>(std::min(rows, rows_per_slab)) * row_bytes);
+        ChecksumStream sum;
+        for (int64_t r0 = 0; r0 < rows && local.ok(); r0 += rows_per_slab) {
+          Box part = b.box;
+          if (!a.shape.empty()) {
+            part.start[0] = b.box.start[0] + r0;
+            part.count[0] = std::min(rows_per_slab, rows - r0);
+          }
+          size_t n = a.shape.empty() ? row_bytes : static_cast<size_t>(part.count[0]) * row_bytes;
+          if (n > 0) local = ds->Read(part, slab.data());
+          sum.Update(slab.data(), n);
+          checked += n;
+        }
+        if (local.ok()) local = CheckBox(a, b, sum.Digest());
+      }
+    }
+    Status closed = file->Close();
+    if (local.ok()) local = closed;
+  }
+  if (!local.ok()) local = Status(local.code(), fmt::format("rank {}: {}", rank, local.message()));
+  Status s = AgreeAll(local, comm_);
+  if (bytes_checked) {
+    unsigned long long mine = checked, all = 0;
+    MPI_Allreduce(&mine, &all, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, comm_.get());
+    *bytes_checked = all;
+  }
+  return s;
 }
 
 }  // namespace mhckpt

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/checksum.h"
 #include "io/layout.h"
 #include "io/posix_file.h"
 
@@ -70,6 +71,7 @@ std::string MarkerToJson(const Marker& m) {
     for (const MarkerBox& b : a.boxes) {
       json jb = BoxJson(b.box);
       jb["writer"] = b.writer;
+      jb["checksum"] = ChecksumToString(b.checksum);
       boxes.push_back(std::move(jb));
     }
     arrays.push_back(json{{"name", a.name},
@@ -117,7 +119,13 @@ Result<Marker> ParseMarker(const std::string& text, const std::string& origin) {
       a.shape = ja.at("shape").get<std::vector<int64_t>>();
       a.replicated = ja.at("replicated").get<bool>();
       for (const json& jb : ja.at("boxes")) {
-        a.boxes.push_back(MarkerBox{BoxFromJson(jb), jb.at("writer").get<int>()});
+        std::string sum = jb.at("checksum").get<std::string>();
+        auto checksum = ChecksumFromString(sum);
+        if (!checksum) {
+          return DataLoss(fmt::format("commit marker '{}': array '{}': bad checksum '{}'", origin,
+                                      a.name, sum));
+        }
+        a.boxes.push_back(MarkerBox{BoxFromJson(jb), jb.at("writer").get<int>(), *checksum});
       }
       m.arrays.push_back(std::move(a));
     }

@@ -19,7 +19,8 @@ inline constexpr size_t kMaxMarkerBytes = size_t{1} << 30;
 
 struct MarkerBox {
   Box box;
-  int writer = 0;  ///< the rank that wrote this box
+  int writer = 0;         ///< the rank that wrote this box
+  uint64_t checksum = 0;  ///< XXH3-64 of the box's bytes, row-major (base/checksum.h)
 };
 
 struct MarkerArray {
