@@ -12,11 +12,13 @@
 #   libxxhash-dev                 hashing (plan cache; checksums)
 #   libgtest-dev                  GoogleTest
 #   python3-h5py-mpi python3-numpy  reading checkpoints without mhckpt (tests)
+#   libcli11-dev                  command-line parsing (mhckpt CLI, mhckpt-train-demo)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(cmake g++ make pkg-config openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
-          nlohmann-json3-dev libfmt-dev libspdlog-dev libxxhash-dev libgtest-dev python3-h5py-mpi python3-numpy)
+          nlohmann-json3-dev libfmt-dev libspdlog-dev libxxhash-dev libgtest-dev python3-h5py-mpi python3-numpy
+          libcli11-dev)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

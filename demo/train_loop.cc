@@ -1,0 +1,186 @@
+#include "demo/train_loop.h"
+
+#include <chrono>
+#include <memory>
+#include <optional>
+
+#include "coordinator/checkpoint_manager.h"
+#include "demo/console.h"
+#include "demo/fingerprint.h"
+#include "demo/trainer.h"
+
+namespace mhckpt::demo {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+double MiB(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+// Bytes of the global arrays (every element once).
+uint64_t GlobalBytes(const std::vector<ArrayToSave>& arrays) {
+  uint64_t total = 0;
+  for (const ArrayToSave& a : arrays) {
+    total += static_cast<uint64_t>(Volume(a.shape).value_or(0)) * DTypeSize(a.dtype);
+  }
+  return total;
+}
+
+// Collective: rank 0's view of the newest committed step, so that every rank
+// takes the same branch even if the directory changes meanwhile.
+Result<std::optional<int64_t>> AgreedLatestStep(const CheckpointManager& mgr, MPI_Comm comm) {
+  Result<std::optional<int64_t>> latest = mgr.LatestStep();
+  // [ok, has step, step]
+  int64_t v[3] = {latest.ok() ? 1 : 0, latest.ok() && latest->has_value() ? 1 : 0,
+                  latest.ok() && latest->has_value() ? **latest : 0};
+  MPI_Bcast(v, 3, MPI_INT64_T, 0, comm);
+  if (!v[0]) {
+    return latest.ok() ? IoError("rank 0 could not list the checkpoint directory")
+                       : latest.status();
+  }
+  return v[1] ? std::optional<int64_t>(v[2]) : std::nullopt;
+}
+
+// Collective: reads the model config stored in `step`, then restores every
+// array into a new trainer, each rank asking for its own rows under the
+// current world size.
+Result<std::unique_ptr<Trainer>> RestoreTrainer(CheckpointManager& mgr, int64_t step,
+                                                const TrainFlags& flags, MPI_Comm comm,
+                                                const Console& out) {
+  std::array<int64_t, ModelConfig::kEncodedSize> encoded{};
+  ArrayToRestore config_request{
+      kConfigArrayName,
+      DType::kInt64,
+      {Destination{FullBox({ModelConfig::kEncodedSize}), encoded.data()}}};
+  MHCKPT_RETURN_IF_ERROR(mgr.Restore(step, std::span(&config_request, 1)));
+  MHCKPT_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Decode(encoded));
+  if (flags.model_mib_given) {
+    out.Line("note: --model-mib is ignored on --resume: the checkpoint's model is {}",
+             config.Describe());
+  }
+  auto trainer = std::make_unique<Trainer>(config, flags.learning_rate, comm);
+  std::vector<ArrayToRestore> requests = trainer->ArraysToRestore();
+  MHCKPT_RETURN_IF_ERROR(mgr.Restore(step, requests, RestoreOptions{.strict = true}));
+  MHCKPT_RETURN_IF_ERROR(trainer->FinishRestore());
+  if (trainer->step() != step) {
+    return DataLoss(fmt::format("array 'train/step' of step {} holds {}", step, trainer->step()));
+  }
+  return trainer;
+}
+
+// A save handed to the I/O thread, not yet known to be committed.
+struct PendingSave {
+  int64_t step = 0;
+  uint64_t fingerprint = 0;
+  double blocked = 0;  // seconds Save kept the training loop waiting
+};
+
+// Collective: waits for `pending` to commit and prints its timings and
+// fingerprint.
+Status ConfirmSave(CheckpointManager& mgr, const PendingSave& pending, uint64_t bytes,
+                   const Console& out) {
+  auto t0 = Clock::now();
+  MHCKPT_RETURN_IF_ERROR(mgr.WaitUntilFinished());
+  const double waited = Since(t0);
+  const SaveTimings t = mgr.LastSaveTimings();  // rank 0's clocks
+  const double background = t.plan + t.write + t.flush + t.commit + t.gc;
+  out.Line(
+      "committed step={}: {:.1f} MiB; Save() blocked training {:.3f} s (snapshot {:.3f}); "
+      "background {:.3f} s = plan {:.3f} + write {:.3f} + flush {:.3f} + commit {:.3f} + gc "
+      "{:.3f} ({:.0f} MiB/s); waited {:.3f} s for it",
+      pending.step, MiB(bytes), pending.blocked, t.snapshot, background, t.plan, t.write, t.flush,
+      t.commit, t.gc, background > 0 ? MiB(bytes) / background : 0.0, waited);
+  out.Line("fingerprint step={} {}", pending.step, FingerprintHex(pending.fingerprint));
+  return OkStatus();
+}
+
+}  // namespace
+
+Status RunTraining(const TrainFlags& flags, MPI_Comm comm) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  const Console out(rank);
+  const auto start = Clock::now();
+
+  Options options;
+  options.max_to_keep = flags.max_to_keep;
+  MHCKPT_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointManager> mgr,
+                          CheckpointManager::Open(comm, flags.dir, options));
+  if (!mgr->async()) out.Line("note: MPI lacks MPI_THREAD_MULTIPLE; saves are synchronous");
+  MHCKPT_ASSIGN_OR_RETURN(std::optional<int64_t> latest, AgreedLatestStep(*mgr, comm));
+
+  std::unique_ptr<Trainer> trainer;
+  if (flags.resume) {
+    if (!latest) {
+      return NotFound(fmt::format("--resume: no committed step in '{}'", flags.dir));
+    }
+    auto t0 = Clock::now();
+    MHCKPT_ASSIGN_OR_RETURN(trainer, RestoreTrainer(*mgr, *latest, flags, comm, out));
+    const double restore_s = Since(t0);
+    std::vector<ArrayToSave> arrays = trainer->ArraysToSave();
+    const uint64_t fp = GlobalFingerprint(arrays, comm);
+    out.Line("restored step={} from {} at {} rank{}: {:.1f} MiB in {:.3f} s", *latest, flags.dir,
+             size, size == 1 ? "" : "s", MiB(GlobalBytes(arrays)), restore_s);
+    out.Line("fingerprint step={} {}", *latest, FingerprintHex(fp));
+  } else {
+    if (latest) {
+      return FailedPrecondition(
+          fmt::format("'{}' already holds committed step {}: pass --resume to continue from it, "
+                      "or use a fresh directory",
+                      flags.dir, *latest));
+    }
+    ModelConfig config = ModelConfig::ForStateSize(flags.model_mib, flags.seed, flags.global_batch);
+    MHCKPT_RETURN_IF_ERROR(config.Validate());
+    trainer = std::make_unique<Trainer>(config, flags.learning_rate, comm);
+    out.Line("fresh start in {}", flags.dir);
+  }
+  const std::vector<ArrayToSave> layout = trainer->ArraysToSave();
+  const uint64_t state_bytes = GlobalBytes(layout);
+  const ModelConfig& config = trainer->config();
+  out.Line(
+      "model: MLP {} ({:.2f} M parameters), {} arrays, {:.1f} MiB of state; {} rank{}, "
+      "global batch {}",
+      config.Describe(), static_cast<double>(trainer->mlp().num_params()) / 1e6, layout.size(),
+      MiB(state_bytes), size, size == 1 ? "" : "s", config.global_batch);
+  const UserMetadata metadata = {{"demo", "mhckpt-train-demo"},
+                                 {"model", "MLP " + config.Describe()},
+                                 {"seed", std::to_string(config.seed)}};
+
+  std::optional<PendingSave> pending;
+  double loss_sum = 0;
+  int64_t loss_count = 0;
+  while (trainer->step() < flags.steps) {
+    loss_sum += trainer->Step();  // overwrites every array handed to the last Save
+    ++loss_count;
+    const int64_t step = trainer->step();
+    if (step % flags.log_every == 0 || step == flags.steps) {
+      out.Line("step {} loss {:.6f}", step, loss_sum / static_cast<double>(loss_count));
+      loss_sum = 0;
+      loss_count = 0;
+    }
+    if ((flags.save_every > 0 && step % flags.save_every == 0) || step == flags.steps) {
+      // At most one save in flight: the previous one must have committed.
+      if (pending) MHCKPT_RETURN_IF_ERROR(ConfirmSave(*mgr, *pending, state_bytes, out));
+      std::vector<ArrayToSave> arrays = trainer->ArraysToSave();
+      PendingSave p{step, GlobalFingerprint(arrays, comm), 0};
+      auto t0 = Clock::now();
+      Status saved = mgr->Save(step, arrays, metadata);
+      p.blocked = Since(t0);
+      if (!saved.ok()) {
+        // The save fails on every rank; WaitUntilFinished says how, everywhere.
+        Status agreed = mgr->WaitUntilFinished();
+        return agreed.ok() ? saved : agreed;
+      }
+      pending = p;
+    }
+  }
+  if (pending) MHCKPT_RETURN_IF_ERROR(ConfirmSave(*mgr, *pending, state_bytes, out));
+  out.Line("done: step {} in {:.1f} s", trainer->step(), Since(start));
+  return OkStatus();
+}
+
+}  // namespace mhckpt::demo
