@@ -1,0 +1,55 @@
+#include "cli/step_info.h"
+
+#include <fmt/format.h>
+
+#include "io/layout.h"
+#include "io/posix_file.h"
+
+namespace mhckpt::cli {
+
+Result<std::vector<StepInfo>> ReadSteps(const std::string& root) {
+  if (!io::PathExists(root)) return NotFound(fmt::format("no checkpoint root '{}'", root));
+  MHCKPT_ASSIGN_OR_RETURN(std::vector<io::StepEntry> entries, io::ListSteps(root));
+  std::vector<StepInfo> steps;
+  for (io::StepEntry& e : entries) {
+    StepInfo info{std::move(e), std::nullopt, 0};
+    info.bytes_on_disk = io::TreeBytes(io::StepDir(root, info.entry.step));
+    if (info.entry.committed) {
+      Result<io::Marker> m = io::ReadMarker(io::MarkerPath(root, info.entry.step));
+      if (m.ok()) {
+        info.marker = std::move(m).value();
+      } else {  // it changed since the listing
+        info.entry.committed = false;
+        info.entry.marker = m.status();
+      }
+    }
+    steps.push_back(std::move(info));
+  }
+  return steps;
+}
+
+Result<io::Marker> ReadCommittedStep(const std::string& root, std::optional<int64_t> step) {
+  if (!io::PathExists(root)) return NotFound(fmt::format("no checkpoint root '{}'", root));
+  if (!step) {
+    MHCKPT_ASSIGN_OR_RETURN(std::vector<int64_t> committed, io::CommittedSteps(root));
+    if (committed.empty()) return NotFound(fmt::format("no committed step in '{}'", root));
+    step = committed.back();
+  }
+  Result<io::Marker> m = io::ReadMarker(io::MarkerPath(root, *step));
+  if (!m.ok() && m.status().code() == StatusCode::kNotFound) {
+    return NotFound(
+        fmt::format("step {} is not committed in '{}' (no commit marker)", *step, root));
+  }
+  if (m.ok() && m->step != *step) {
+    return DataLoss(
+        fmt::format("commit marker of step {} in '{}' says step {}", *step, root, m->step));
+  }
+  return m;
+}
+
+std::string StepState(const io::StepEntry& entry) {
+  if (entry.committed) return "committed";
+  return entry.marker.ok() ? "uncommitted" : "invalid_marker";
+}
+
+}  // namespace mhckpt::cli
