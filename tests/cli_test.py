@@ -1,0 +1,237 @@
+#!/usr/bin/python3
+"""Runs the mhckpt CLI on a checkpoint saved by known_values_save (at 3 ranks)
+and on damaged copies of it.
+
+    cli_test.py CASE --mhckpt BIN --fixture DIR --work DIR [--mpiexec "mpiexec -n 2 ..."]
+
+CASE is one of: list, inspect, verify_damage, gc.
+"""
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+
+import h5py
+
+FIXTURE_WORLD_SIZE = 3
+
+
+def step_dir(root, step):
+    return os.path.join(root, "step_%010d" % step)
+
+
+def check(condition, what):
+    if not condition:
+        raise AssertionError(what)
+
+
+class Cli:
+    def __init__(self, binary, mpiexec):
+        self.binary = binary
+        self.mpiexec = shlex.split(mpiexec) if mpiexec else []
+
+    def run(self, *args, mpi=False):
+        cmd = (self.mpiexec if mpi else []) + [self.binary] + [str(a) for a in args]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        print("$ %s  -> %d" % (" ".join(cmd), p.returncode))
+        print(p.stdout + p.stderr)
+        return p.returncode, p.stdout + p.stderr
+
+    def ok(self, *args, mpi=False):
+        rc, out = self.run(*args, mpi=mpi)
+        check(rc == 0, "expected success: %s" % " ".join(map(str, args)))
+        return out
+
+    def fails(self, *args, mpi=False):
+        rc, out = self.run(*args, mpi=mpi)
+        check(rc != 0, "expected failure: %s" % " ".join(map(str, args)))
+        return out
+
+
+def fresh_copy(fixture, work, name):
+    dest = os.path.join(work, name)
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(fixture, dest)
+    return dest
+
+
+def add_uncommitted(root):
+    """A crashed save (data, no marker) at step 10 and one in progress at 99."""
+    os.makedirs(step_dir(root, 10))
+    with open(os.path.join(step_dir(root, 10), "data.h5"), "wb") as f:
+        f.write(b"\0" * 1000)
+    os.makedirs(step_dir(root, 99))
+    with open(os.path.join(step_dir(root, 99), "commit.json.tmp"), "w") as f:
+        f.write("{")
+
+
+def read_marker(root, step):
+    with open(os.path.join(step_dir(root, step), "commit.json")) as f:
+        return json.load(f)
+
+
+def case_list(cli, fixture, work):
+    root = fresh_copy(fixture, work, "list")
+    add_uncommitted(root)
+    listing = json.loads(cli.ok("list", root, "--json"))
+    steps = {s["step"]: s for s in listing["steps"]}
+    check(sorted(steps) == [10, 41, 42, 99], "steps %s" % sorted(steps))
+    check([s["step"] for s in listing["steps"]] == [10, 41, 42, 99], "ascending")
+    for step in (41, 42):
+        s, m = steps[step], read_marker(root, step)
+        check(s["committed"] and s["state"] == "committed", "step %d committed" % step)
+        check(s["world_size"] == FIXTURE_WORLD_SIZE, "world size %r" % s["world_size"])
+        check(s["created_unix_ms"] == m["created_unix_ms"], "creation time from the marker")
+        check(abs(s["created_unix_ms"] / 1000 - time.time()) < 3600, "created within the hour")
+        check(s["arrays"] == len(m["arrays"]) == 11, "array count %r" % s["arrays"])
+        check(s["array_bytes"] == m["total_bytes"], "array bytes")
+        data = os.path.getsize(os.path.join(step_dir(root, step), "data.h5"))
+        check(s["bytes_on_disk"] >= data + 1, "bytes on disk %d vs data.h5 %d" % (s["bytes_on_disk"], data))
+        check(s["error"] is None, "no error")
+    for step in (10, 99):
+        s = steps[step]
+        check(not s["committed"] and s["state"] == "uncommitted", "step %d uncommitted" % step)
+        check(s["world_size"] is None and s["created_unix_ms"] is None, "no marker facts")
+    check(steps[10]["bytes_on_disk"] == 1000, "uncommitted size %r" % steps[10]["bytes_on_disk"])
+
+    text = cli.ok("list", root)
+    check("4 steps, 2 committed" in text, "table header")
+    check(any(l.split()[:2] == ["42", "committed"] and str(FIXTURE_WORLD_SIZE) in l.split() for l in text.splitlines()),
+          "table row of step 42")
+    out = cli.fails("list", os.path.join(work, "no_such_root"))
+    check("no checkpoint root" in out, "missing root is named")
+
+
+def case_inspect(cli, fixture, work):
+    root = fixture  # read-only
+    info = json.loads(cli.ok("inspect", root, "--json"))
+    check(info["step"] == 42, "default is the newest committed step, got %r" % info["step"])
+    check(info["world_size"] == FIXTURE_WORLD_SIZE, "world size")
+    check(info["user_metadata"] == {"test": "known_values", "step": "42"}, "metadata %r" % info["user_metadata"])
+    check(info["data_file"].endswith("step_0000000042/data.h5"), "data file")
+    marker = read_marker(root, 42)
+    check([a["name"] for a in info["arrays"]] == [a["name"] for a in marker["arrays"]], "array names")
+    arrays = {a["name"]: a for a in info["arrays"]}
+    f32 = arrays["values/f32_arange"]
+    check(f32["dtype"] == "float32" and f32["shape"] == [7, 5] and not f32["replicated"], "f32 array")
+    check(f32["bytes"] == 140, "f32 bytes")
+    check(f32["boxes"] == [{"start": [0, 0], "count": [3, 5], "writer": 0},
+                           {"start": [3, 0], "count": [2, 5], "writer": 1},
+                           {"start": [5, 0], "count": [2, 5], "writer": 2}], "f32 boxes %r" % f32["boxes"])
+    cols = arrays["values/f64_cols"]
+    check([b["count"] for b in cols["boxes"]] == [[3, 2], [3, 1], [3, 1]], "column boxes %r" % cols["boxes"])
+    bf16 = arrays["values/bf16"]
+    check(bf16["dtype"] == "bfloat16" and bf16["bytes"] == 12, "bf16")
+    u64 = arrays["values/u64"]
+    check(u64["replicated"] and u64["boxes"] == [{"start": [0], "count": [3], "writer": 0}], "replica written by rank 0")
+    step = arrays["scalar/step"]
+    check(step["shape"] == [] and step["dtype"] == "int64", "0-d array")
+    nested = arrays["nested/deep/path/i32"]
+    check(len(nested["boxes"]) == 2, "a rank without rows writes no box: %r" % nested["boxes"])
+
+    older = json.loads(cli.ok("inspect", root, "--step", 41, "--json"))
+    check(older["step"] == 41 and older["user_metadata"]["step"] == "41", "--step 41")
+    out = cli.fails("inspect", root, "--step", 7)
+    check("step 7 is not committed" in out, "uncommitted step is named")
+    text = cli.ok("inspect", root)
+    check("values/f32_arange" in text and "[0:3, 0:5] (rank 0)" in text and "test = known_values" in text,
+          "text output lists arrays, boxes with writers, and metadata")
+
+
+def case_verify_damage(cli, fixture, work):
+    good = fresh_copy(fixture, work, "good")
+    out = cli.ok("verify", good, "--all")
+    check("verified 2 steps" in out and "OK" in out, "a good checkpoint verifies")
+    out = cli.ok("verify", good, mpi=True)
+    check("read by 2 ranks" in out, "verify splits the reads under mpiexec")
+
+    # A dataset deleted with h5py.
+    root = fresh_copy(fixture, work, "deleted_dataset")
+    with h5py.File(os.path.join(step_dir(root, 42), "data.h5"), "r+") as f:
+        del f["values/bf16"]
+    for mpi in (False, True):
+        out = cli.fails("verify", root, mpi=mpi)
+        check("array 'values/bf16': dataset missing" in out, "the missing dataset is named")
+    cli.ok("verify", root, "--step", 41)  # the other step is intact
+
+    # One value of the data changed in place (the file stays well-formed).
+    root = fresh_copy(fixture, work, "flipped_value")
+    with h5py.File(os.path.join(step_dir(root, 42), "data.h5"), "r+") as f:
+        f["values/f32_arange"][6, 4] = 12345.0
+    for mpi in (False, True):
+        out = cli.fails("verify", root, mpi=mpi)
+        check("array 'values/f32_arange' box [5:7, 0:5] (written by rank 2): checksum mismatch"
+              in out, "the damaged box is named")
+    cli.ok("verify", root, "--step", 41)
+
+    # One byte of a marker changed: the shape of values/i64 from [5] to [6].
+    root = fresh_copy(fixture, work, "marker_byte")
+    path = os.path.join(step_dir(root, 41), "commit.json")
+    text = open(path).read()
+    at = text.index('"shape"', text.index('"values/i64"'))
+    at = text.index("5", at)
+    open(path, "w").write(text[:at] + "6" + text[at + 1:])
+    out = cli.fails("verify", root, "--step", 41)
+    check("array 'values/i64' [6]: boxes cover 5 of its 6 elements" in out, "tiling problem named")
+    check("array 'values/i64': stored shape does not match" in out, "shape mismatch named")
+    cli.ok("verify", root, "--step", 42)
+
+    # One byte of a marker changed so that it no longer parses.
+    root = fresh_copy(fixture, work, "marker_broken")
+    path = os.path.join(step_dir(root, 42), "commit.json")
+    data = bytearray(open(path, "rb").read())
+    data[0:1] = b"["
+    open(path, "wb").write(bytes(data))
+    out = cli.fails("verify", root)
+    check("invalid commit marker: step 42" in out, "a damaged marker is reported without --step")
+    out = cli.fails("verify", root, "--step", 42)
+    check("malformed" in out, "and with --step")
+    listing = json.loads(cli.ok("list", root, "--json"))
+    check([s["state"] for s in listing["steps"]] == ["committed", "invalid_marker"], "list shows it")
+
+    # A truncated data file.
+    root = fresh_copy(fixture, work, "truncated")
+    path = os.path.join(step_dir(root, 42), "data.h5")
+    os.truncate(path, os.path.getsize(path) // 2)
+    out = cli.fails("verify", root, mpi=True)
+    check("step 42: data file:" in out and "truncated" in out, "truncation reported")
+
+
+def case_gc(cli, fixture, work):
+    root = fresh_copy(fixture, work, "gc")
+    add_uncommitted(root)
+    exists = lambda step: os.path.isdir(step_dir(root, step))
+    out = cli.ok("gc", root, "--keep", 1, "--dry-run")
+    check(all(exists(s) for s in (10, 41, 42, 99)), "a dry run deletes nothing")
+    check("would delete step 10" in out and "would delete step 41" in out, "dry run says what")
+    out = cli.ok("gc", root, "--keep", 1)
+    check(not exists(10) and not exists(41), "old committed and uncommitted steps deleted")
+    check(exists(42) and os.path.exists(os.path.join(step_dir(root, 42), "commit.json")), "newest kept")
+    check(exists(99) and "kept step 99" in out, "a newer uncommitted step may be a save in progress")
+    cli.ok("verify", root)
+    cli.ok("gc", root, "--keep", 1, "--force")
+    check(not exists(99) and exists(42), "--force deletes it")
+    cli.fails("gc", root, "--keep", 0)
+    check(exists(42), "--keep 0 is refused")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("case", choices=["list", "inspect", "verify_damage", "gc"])
+    parser.add_argument("--mhckpt", required=True)
+    parser.add_argument("--fixture", required=True)
+    parser.add_argument("--work", required=True)
+    parser.add_argument("--mpiexec", default="")
+    args = parser.parse_args()
+    os.makedirs(args.work, exist_ok=True)
+    cli = Cli(args.mhckpt, args.mpiexec)
+    globals()["case_" + args.case](cli, args.fixture, args.work)
+    print("cli_test %s: passed" % args.case)
+
+
+if __name__ == "__main__":
+    main()

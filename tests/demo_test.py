@@ -1,0 +1,112 @@
+#!/usr/bin/python3
+"""A short run of mhckpt-train-demo: train at 2 ranks, resume at 3, then at 1,
+and check that
+
+  - every restore prints the fingerprint printed when that step committed,
+  - the fingerprint printed for a committed step is the one numpy computes
+    from its data.h5 (demo/fingerprint.h gives the formula),
+  - training resumes where it stopped and the loss falls,
+  - --max-to-keep holds.
+
+    demo_test.py --demo BIN --dir DIR --mpiexec "mpiexec --oversubscribe ..."
+"""
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+
+import h5py
+import numpy as np
+
+FINGERPRINT = re.compile(r"^fingerprint step=(\d+) ([0-9a-f]{16})$", re.M)
+LOSS = re.compile(r"^step (\d+) loss ([0-9.]+)$", re.M)
+MASK = (1 << 64) - 1
+
+
+def check(condition, what):
+    if not condition:
+        raise AssertionError(what)
+
+
+def splitmix64(x):
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def fnv1a64(s):
+    h = 0xCBF29CE484222325
+    for c in s.encode():
+        h = ((h ^ c) * 0x100000001B3) & MASK
+    return h
+
+
+def file_fingerprint(step_dir):
+    """demo/fingerprint.h, from the HDF5 file alone."""
+    with open(os.path.join(step_dir, "commit.json")) as f:
+        marker = json.load(f)
+    total = 0
+    with np.errstate(over="ignore"), h5py.File(os.path.join(step_dir, "data.h5"), "r") as f:
+        for a in marker["arrays"]:
+            data = np.ascontiguousarray(f[a["name"]][()]).reshape(-1)
+            size = data.dtype.itemsize
+            raw = np.zeros((data.size, 8), np.uint8)
+            raw[:, :size] = data.view(np.uint8).reshape(-1, size)
+            values = raw.view("<u8").reshape(-1)
+            index = np.arange(data.size, dtype=np.uint64)
+            terms = splitmix64(np.uint64(fnv1a64(a["name"])) + splitmix64(index + splitmix64(values)))
+            total = (total + int(terms.sum(dtype=np.uint64))) & MASK
+    return "%016x" % total
+
+
+def run(mpiexec, ranks, demo, *args):
+    cmd = shlex.split(mpiexec) + ["-n", str(ranks), demo] + [str(a) for a in args]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    print("$ %s  -> %d\n%s%s" % (" ".join(cmd), p.returncode, p.stdout, p.stderr))
+    check(p.returncode == 0, "demo failed")
+    return p.stdout
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--demo", required=True)
+    parser.add_argument("--dir", required=True)
+    parser.add_argument("--mpiexec", required=True)
+    args = parser.parse_args()
+    shutil.rmtree(args.dir, ignore_errors=True)
+    common = ["--dir", args.dir, "--model-mib", 0.5, "--save-every", 5, "--log-every", 5,
+              "--max-to-keep", 3, "--lr", 0.002]
+
+    first = run(args.mpiexec, 2, args.demo, *common, "--steps", 20)
+    committed = dict(FINGERPRINT.findall(first))
+    check(sorted(map(int, committed)) == [5, 10, 15, 20], "commits of run 1: %s" % committed)
+
+    second = run(args.mpiexec, 3, args.demo, *common, "--steps", 30, "--resume")
+    prints = FINGERPRINT.findall(second)
+    check(prints[0] == ("20", committed["20"]),
+          "restore at 3 ranks printed %s, step 20 committed as %s" % (prints[0], committed["20"]))
+    check([int(s) for s, _ in LOSS.findall(second)] == [25, 30], "training resumed at step 21")
+    committed.update(prints[1:])
+
+    third = run(args.mpiexec, 1, args.demo, *common, "--steps", 30, "--resume")
+    check(FINGERPRINT.findall(third) == [("30", committed["30"])], "restore at 1 rank")
+
+    steps = sorted(int(d[5:]) for d in os.listdir(args.dir) if d.startswith("step_"))
+    check(steps == [20, 25, 30], "--max-to-keep 3 left %s" % steps)
+    for step in steps:
+        computed = file_fingerprint(os.path.join(args.dir, "step_%010d" % step))
+        check(computed == committed[str(step)],
+              "step %d: data.h5 hashes to %s, the demo printed %s" % (step, computed, committed[str(step)]))
+
+    losses = [float(l) for _, l in LOSS.findall(first)] + [float(l) for _, l in LOSS.findall(second)]
+    check(losses[-1] < 0.6 * losses[0], "loss fell from %.4f to %.4f" % (losses[0], losses[-1]))
+    print("demo_test: fingerprints match across 2, 3 and 1 ranks and the files; loss %.4f -> %.4f"
+          % (losses[0], losses[-1]))
+
+
+if __name__ == "__main__":
+    main()
