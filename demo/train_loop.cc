@@ -170,8 +170,12 @@ Status RunTraining(const TrainFlags& flags, MPI_Comm comm) {
       auto t0 = Clock::now();
       Status saved = mgr->Save(step, arrays, metadata);
       p.blocked = Since(t0);
-      if (!saved.ok()) {
-        // The save fails on every rank; WaitUntilFinished says how, everywhere.
+      // Why agree: a local input error on one rank fails the save everywhere,
+      // and no rank may go on training (collectives) while another stops.
+      int local_ok = saved.ok() ? 1 : 0, all_ok = 0;
+      MPI_Allreduce(&local_ok, &all_ok, 1, MPI_INT, MPI_MIN, comm);
+      if (!all_ok) {
+        // WaitUntilFinished returns the same error on every rank.
         Status agreed = mgr->WaitUntilFinished();
         return agreed.ok() ? saved : agreed;
       }
