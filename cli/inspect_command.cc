@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/checksum.h"
 #include "cli/step_info.h"
 #include "cli/text_format.h"
 #include "io/layout.h"
@@ -22,7 +23,10 @@ void PrintJson(const InspectArgs& args, const io::Marker& m, std::FILE* out) {
   for (const io::MarkerArray& a : m.arrays) {
     nlohmann::json boxes = nlohmann::json::array();
     for (const io::MarkerBox& b : a.boxes) {
-      boxes.push_back({{"start", b.box.start}, {"count", b.box.count}, {"writer", b.writer}});
+      boxes.push_back({{"start", b.box.start},
+                       {"count", b.box.count},
+                       {"writer", b.writer},
+                       {"checksum", ChecksumToString(b.checksum)}});
     }
     arrays.push_back({{"name", a.name},
                       {"dtype", std::string(DTypeName(a.dtype))},

@@ -17,7 +17,8 @@ struct InspectArgs {
 };
 
 /// Prints the step's marker to `out`: every array (name, dtype, shape, boxes
-/// and the rank that wrote each) and the user metadata. NotFound if the step
+/// and the rank that wrote each; in JSON also each box's checksum) and the
+/// user metadata. NotFound if the step
 /// is not committed, DataLoss if its marker is damaged.
 Status RunInspect(const InspectArgs& args, std::FILE* out);
 
