@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "base/fault.h"
 #include "coordinator/agree.h"
 #include "coordinator/manager_impl.h"
 #include "io/catalog.h"
@@ -75,6 +76,7 @@ Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(MPI_Comm comm
   MPI_Query_thread(&provided);
   bool async = options.async && provided == MPI_THREAD_MULTIPLE;
   Comm dup = Comm::Duplicate(comm);
+  fault::SetRank(dup.rank());
   Status s;
   if (dup.rank() == 0) {
     s = PrepareRoot(root, options.remove_uncommitted_on_open);
@@ -111,6 +113,8 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() -
       job->timings.budget_wait;
   job->timings.local_bytes = job->snapshot.total_bytes;
+  fault::SetStep(step);
+  if (job->local.ok()) job->local = fault::Hit("after_snapshot");
   Status local = job->local;
   // From here on no caller buffer is read again. The job always runs, even
   // with a local error: the other ranks are waiting for this rank's plan.

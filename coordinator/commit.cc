@@ -12,8 +12,11 @@
 //      barrier of the design: a rank enters it only after its snapshot is
 //      complete, so nobody writes before every snapshot exists.
 //   2. Write. All ranks create the HDF5 file and every dataset collectively;
-//      each rank writes the boxes the plan gives it (fully replicated arrays:
-//      rank 0). A write error is remembered, and the rank keeps taking part.
+//      rank 0 reserves the file's space on disk (posix_fallocate) and all
+//      agree on it, so a full disk fails here and not inside a collective
+//      flush; then each rank writes the boxes the plan gives it (fully
+//      replicated arrays: rank 0). A write error is remembered, and the rank
+//      keeps taking part.
 //   3. Durable. H5Fflush(GLOBAL) syncs the file through MPI-IO; then close.
 //   4. Agree. One gather: every rank's outcome, and the checksums (XXH3) of
 //      the boxes it wrote, which go into the marker.
@@ -35,6 +38,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/checksum.h"
+#include "base/fault.h"
 
 #include "coordinator/agree.h"
 #include "coordinator/manager_impl.h"
@@ -179,18 +183,27 @@ Status CompareReplicas(const io::Marker& plan, const std::vector<std::vector<Box
   return OkStatus();
 }
 
-Status WriteArrays(io::H5File& file, const io::Marker& plan, const Snapshot& snapshot, int rank,
-                   Transfer transfer, uint64_t* written, std::vector<BoxSum>* sums) {
+// Step 2a (collective): every dataset of the plan, in plan order. Stops at
+// the first failure, which every rank meets alike (creation is collective).
+Status CreateDatasets(io::H5File& file, const io::Marker& plan, std::vector<io::Dataset>* out) {
+  for (const io::MarkerArray& a : plan.arrays) {
+    MHCKPT_ASSIGN_OR_RETURN(io::Dataset ds, file.CreateDataset(a.name, a.dtype, a.shape));
+    out->push_back(std::move(ds));
+  }
+  return OkStatus();
+}
+
+// Step 2c: this rank's boxes. Returns the first local error; keeps making
+// every collective call after one.
+Status WriteBoxes(std::vector<io::Dataset>& datasets, const io::Marker& plan,
+                  const Snapshot& snapshot, int rank, Transfer transfer, uint64_t* written,
+                  std::vector<BoxSum>* sums) {
   std::map<std::string_view, const StagedArray*> staged;
   for (const StagedArray& a : snapshot.arrays) staged[a.name] = &a;
   Status local;
   for (size_t ai = 0; ai < plan.arrays.size(); ++ai) {
     const io::MarkerArray& a = plan.arrays[ai];
-    Result<io::Dataset> ds = file.CreateDataset(a.name, a.dtype, a.shape);
-    if (!ds.ok()) {
-      if (local.ok()) local = ds.status();
-      continue;
-    }
+    io::Dataset& ds = datasets[ai];
     // Collective transfers need the same number of calls on every rank.
     std::map<int, int> writes_per_rank;
     for (const io::MarkerBox& b : a.boxes) ++writes_per_rank[b.writer];
@@ -206,17 +219,18 @@ Status WriteArrays(io::H5File& file, const io::Marker& plan, const Snapshot& sna
           local = Internal(fmt::format("array '{}' box {}: planned for rank {}, not staged there",
                                        a.name, BoxToString(b.box), rank));
         }
-        if (transfer == Transfer::kCollective) ds->WriteNothing().IgnoreError();
+        if (transfer == Transfer::kCollective) ds.WriteNothing().IgnoreError();
         continue;
       }
       sums->push_back({static_cast<uint32_t>(ai), static_cast<uint32_t>(bi),
                        Checksum(snapshot.data(*box), box->size)});
-      local = ds->Write(b.box, snapshot.data(*box));
+      local = ds.Write(b.box, snapshot.data(*box));
       *written += box->size;
+      if (local.ok()) local = fault::Hit("mid_write", *written);
     }
     if (transfer == Transfer::kCollective) {
       for (; calls < max_calls; ++calls) {
-        Status s = ds->WriteNothing();
+        Status s = ds.WriteNothing();
         if (local.ok()) local = s;
       }
     }
@@ -229,6 +243,8 @@ Status WriteArrays(io::H5File& file, const io::Marker& plan, const Snapshot& sna
 Status CheckpointManager::Impl::CommitSave(SaveJob& job) {
   const int rank = comm_.rank();
   SaveTimings& t = job.timings;
+  fault::SetStep(job.step);
+  if (job.local.ok()) job.local = fault::Hit("plan");
 
   // 1. Plan: reuse the previous one if every rank holds what it held then.
   auto t0 = Clock::now();
@@ -253,6 +269,10 @@ Status CheckpointManager::Impl::CommitSave(SaveJob& job) {
     if (rank == 0) {
       Result<io::Marker> p = PlanOnRoot(encoded, root_, job.step);
       s = p.status();
+      if (s.code() == StatusCode::kIoError) {
+        s = Status(s.code(), fmt::format("rank 0: {}", s.message()));
+        io::RemoveAll(io::StepDir(root_, job.step)).IgnoreError();
+      }
       if (p.ok()) {
         plan = std::move(p).value();
         plan_json = io::MarkerToJson(plan);
@@ -299,12 +319,33 @@ Status CheckpointManager::Impl::CommitSave(SaveJob& job) {
   if (!file.ok()) {
     local = file.status();
   } else {
-    local =
-        WriteArrays(*file, plan, job.snapshot, rank, options_.transfer, &t.written_bytes, &sums);
+    std::vector<io::Dataset> datasets;
+    local = CreateDatasets(*file, plan, &datasets);
+    // 2b. Reserve the file's space on disk up front (rank 0, agreed), so a
+    // full file system fails here, on every rank alike, and not inside a
+    // collective HDF5 flush where one rank's error can strand the others.
+    bool reserved_everywhere = false;
+    if (local.ok()) {
+      Status reserved;
+      if (rank == 0) {
+        uint64_t end = 0;
+        for (const io::Dataset& d : datasets) end = std::max(end, d.EndInFile());
+        // The slack covers metadata written after the last dataset.
+        reserved = io::Preallocate(io::DataPath(root_, job.step), end + end / 100 + (1u << 20));
+        local = reserved;  // only rank 0 reports it
+      }
+      reserved_everywhere = AgreeAll(reserved, comm_).ok();
+    }
+    if (reserved_everywhere) {
+      local = WriteBoxes(datasets, plan, job.snapshot, rank, options_.transfer, &t.written_bytes,
+                         &sums);
+    }
+    datasets.clear();
     t.write = Since(t0);
     t0 = Clock::now();
     Status closed = file->FlushAndClose();
     if (local.ok()) local = closed;
+    if (local.ok()) local = fault::Hit("after_flush");
     t.flush = Since(t0);
   }
   if (!local.ok()) local = Status(local.code(), fmt::format("rank {}: {}", rank, local.message()));
@@ -322,6 +363,7 @@ Status CheckpointManager::Impl::CommitSave(SaveJob& job) {
     for (const auto& rank_sums : all) {
       for (const BoxSum& b : rank_sums) plan.arrays[b.array].boxes[b.box].checksum = b.sum;
     }
+    if (s.ok()) s = fault::Hit("before_marker");
     if (s.ok()) {
       plan.created_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                                  std::chrono::system_clock::now().time_since_epoch())

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "base/fault.h"
 #include "io/layout.h"
 #include "io/marker.h"
 #include "io/posix_file.h"
@@ -51,6 +52,7 @@ Status DeleteStep(const std::string& root, int64_t step) {
     return IoError(fmt::format("unlink '{}': {}", marker, std::strerror(errno)));
   }
   if (PathExists(StepDir(root, step))) MHCKPT_RETURN_IF_ERROR(FsyncDir(StepDir(root, step)));
+  MHCKPT_RETURN_IF_ERROR(fault::Hit("retention"));  // uncommitted now, files still there
   MHCKPT_RETURN_IF_ERROR(RemoveAll(StepDir(root, step)));
   return FsyncDir(root);
 }

@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include "base/fault.h"
+
 static_assert(sizeof(hid_t) == sizeof(int64_t), "HDF5 1.10+ has 64-bit hid_t");
 
 namespace mhckpt::io {
@@ -147,8 +149,18 @@ Dataset::~Dataset() {
 }
 
 Status Dataset::Write(const Box& box, const void* data) {
+  MHCKPT_RETURN_IF_ERROR(fault::Hit("h5_write"));
   return Transfer(&box, const_cast<void*>(data), true);  // NOLINT: H5Dwrite reads only
 }
+uint64_t Dataset::EndInFile() const {
+  haddr_t offset = H5Dget_offset(id_);
+  if (offset == HADDR_UNDEF) {
+    H5Eclear2(H5E_DEFAULT);
+    return 0;
+  }
+  return static_cast<uint64_t>(offset) + H5Dget_storage_size(id_);
+}
+
 Status Dataset::WriteNothing() { return Transfer(nullptr, nullptr, true); }
 Status Dataset::Read(const Box& box, void* data) { return Transfer(&box, data, false); }
 

@@ -39,6 +39,9 @@ class Dataset {
 
   /// Writes the row-major buffer `data` into `box`.
   Status Write(const Box& box, const void* data);
+  /// Where the dataset's data ends in the file (contiguous layout, allocated
+  /// at creation): offset + size; 0 for a dataset without data.
+  [[nodiscard]] uint64_t EndInFile() const;
   /// Takes part in a collective transfer with nothing to write.
   Status WriteNothing();
   /// Reads `box` into the row-major buffer `data`.

@@ -10,6 +10,8 @@
 
 #include <fmt/format.h>
 
+#include "base/fault.h"
+
 namespace mhckpt::io {
 namespace {
 
@@ -22,11 +24,26 @@ std::string Parent(const std::string& path) {
   return p.has_parent_path() ? p.parent_path().string() : std::string(".");
 }
 
+// The system calls that can lose data, each behind the fault seam
+// (base/fault.h) so a test can make it fail with ENOSPC, EIO or EACCES.
+ssize_t SysWrite(int fd, const void* data, size_t n) {
+  if (int e = fault::Errno("write")) return errno = e, -1;
+  return ::write(fd, data, n);
+}
+int SysFsync(int fd, const char* point) {
+  if (int e = fault::Errno(point)) return errno = e, -1;
+  return ::fsync(fd);
+}
+int SysRename(const char* from, const char* to) {
+  if (int e = fault::Errno("rename")) return errno = e, -1;
+  return ::rename(from, to);
+}
+
 // Writes all of `bytes` to `fd`, retrying short writes and EINTR.
 Status WriteAll(int fd, const std::string& bytes, const std::string& path) {
   size_t done = 0;
   while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    ssize_t n = SysWrite(fd, bytes.data() + done, bytes.size() - done);
     if (n < 0) {
       if (errno == EINTR) continue;
       return Errno("write", path, errno);
@@ -43,9 +60,10 @@ Status WriteFileAtomic(const std::string& path, const std::string& bytes) {
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("open", tmp, errno);
   Status s = WriteAll(fd, bytes, tmp);
-  if (s.ok() && ::fsync(fd) != 0) s = Errno("fsync", tmp, errno);
+  if (s.ok() && SysFsync(fd, "fsync") != 0) s = Errno("fsync", tmp, errno);
   if (::close(fd) != 0 && s.ok()) s = Errno("close", tmp, errno);
-  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) s = Errno("rename", tmp, errno);
+  if (s.ok()) s = fault::Hit("mid_marker");  // a crash here leaves only the temp file
+  if (s.ok() && SysRename(tmp.c_str(), path.c_str()) != 0) s = Errno("rename", tmp, errno);
   if (!s.ok()) {
     ::unlink(tmp.c_str());
     return s;
@@ -84,12 +102,15 @@ Status FsyncDir(const std::string& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return Errno("open directory", dir, errno);
   Status s;
-  if (::fsync(fd) != 0) s = Errno("fsync directory", dir, errno);
+  if (SysFsync(fd, "fsync_dir") != 0) s = Errno("fsync directory", dir, errno);
   ::close(fd);
   return s;
 }
 
 Status MakeDirs(const std::string& dir) {
+  if (int e = fault::Errno("mkdir")) {
+    return IoError(fmt::format("create directory '{}': {}", dir, std::strerror(e)));
+  }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return IoError(fmt::format("create directory '{}': {}", dir, ec.message()));
@@ -111,6 +132,20 @@ Result<std::vector<std::string>> ListDir(const std::string& dir) {
   }
   if (ec) return IoError(fmt::format("list directory '{}': {}", dir, ec.message()));
   return names;
+}
+
+Status Preallocate(const std::string& path, uint64_t bytes) {
+  if (int e = fault::Errno("fallocate")) {
+    return IoError(fmt::format("reserve {} bytes for '{}': {}", bytes, path, std::strerror(e)));
+  }
+  int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return Errno("open", path, errno);
+  int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  ::close(fd);
+  if (rc != 0) {
+    return IoError(fmt::format("reserve {} bytes for '{}': {}", bytes, path, std::strerror(rc)));
+  }
+  return OkStatus();
 }
 
 bool PathExists(const std::string& path) {

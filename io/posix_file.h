@@ -32,6 +32,10 @@ Status RemoveAll(const std::string& path);
 /// The names of the entries of `dir` (no "." or "..").
 Result<std::vector<std::string>> ListDir(const std::string& dir);
 
+/// Allocates the first `bytes` of an existing file on disk (posix_fallocate),
+/// so later writes into that range cannot fail for lack of space.
+Status Preallocate(const std::string& path, uint64_t bytes);
+
 /// True if `path` exists.
 bool PathExists(const std::string& path);
 

@@ -1,0 +1,61 @@
+// Fault injection: a seam through which a test makes one rank fail or die at a
+// named point of the protocol, or makes one of its system calls fail. Unused,
+// it costs one predictable branch per point.
+//
+// Configured by the environment (for real jobs under mpirun):
+//   MHCKPT_FAULT="rank=1,point=mid_write,action=kill[,after_bytes=4096][,step=3]"
+// or by Configure() (for tests inside one process). Several faults are
+// separated by ';'.
+//
+// Points (where the protocol calls Hit):
+//   after_snapshot  Save has copied, before the job is queued (caller thread)
+//   plan            the I/O thread starts the plan round
+//   mid_write       this rank has written at least after_bytes of its boxes
+//   after_flush     the data file is durable and closed on this rank
+//   before_marker   every rank reported; rank 0 is about to write the marker
+//   mid_marker      commit.json.tmp written and fsynced, not yet renamed
+//   retention       a step's marker is unlinked, its files not yet removed
+//   h5_write        a dataset write (use an errno action)
+//   write, fsync (files), fsync_dir, rename, mkdir, fallocate
+//                   POSIX calls of io/posix_file.cc (errno actions)
+// Actions:
+//   exit            _exit(41): the process vanishes, nothing flushed
+//   kill            SIGKILL to itself
+//   enospc, eio, eacces   the call fails with that errno (points that return a Status)
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "base/status.h"
+
+namespace mhckpt::fault {
+
+namespace internal {
+extern std::atomic<bool> g_enabled;
+Status HitSlow(std::string_view point, uint64_t bytes);
+int ErrnoSlow(std::string_view point);
+}  // namespace internal
+
+/// Replaces the configuration (the same syntax as MHCKPT_FAULT); "" clears it.
+/// Returns InvalidArgument for a spec it cannot parse.
+Status Configure(const std::string& spec);
+
+/// This process's rank and the step being saved, for matching `rank=` and `step=`.
+void SetRank(int rank);
+void SetStep(int64_t step);
+
+/// At a named point: dies, or returns the injected error, or OK.
+inline Status Hit(std::string_view point, uint64_t bytes = 0) {
+  return internal::g_enabled.load(std::memory_order_relaxed) ? internal::HitSlow(point, bytes)
+                                                             : OkStatus();
+}
+
+/// For a system call: the errno to fake, or 0.
+inline int Errno(std::string_view point) {
+  return internal::g_enabled.load(std::memory_order_relaxed) ? internal::ErrnoSlow(point) : 0;
+}
+
+}  // namespace mhckpt::fault

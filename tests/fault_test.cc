@@ -1,0 +1,161 @@
+// Agreed errors: a failing system call on one rank, or a genuinely full file
+// system, gives the same Status on every rank, naming the rank and the cause;
+// nothing is committed; nothing hangs; the previous step is intact; the next
+// save succeeds once the cause is gone.
+#include <sys/mount.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "base/fault.h"
+#include "coordinator/checkpoint_manager.h"
+#include "io/layout.h"
+#include "tests/test_util.h"
+
+namespace mhckpt {
+namespace {
+
+using testing::Fill;
+using testing::FreshDir;
+using ::testing::HasSubstr;
+using testing::Rank;
+using testing::SameOnAllRanks;
+using testing::Size;
+using testing::Split;
+
+class Faults : public ::testing::Test {
+ protected:
+  void TearDown() override { ASSERT_TRUE(fault::Configure("").ok()); }
+
+  void Open(const std::string& dir) {
+    dir_ = dir;
+    mgr_ = std::move(CheckpointManager::Open(MPI_COMM_WORLD, dir_).value());
+  }
+
+  // Saves `rows` x 1024 float32 split over the ranks (seeded by the step).
+  Status SaveStep(int64_t step, int64_t rows = 64) {
+    std::vector<int64_t> shape{rows, 1024};
+    auto [b, e] = Split(rows, Size(), Rank());
+    Box box{{b, 0}, {e - b, 1024}};
+    auto data = Fill(DType::kFloat32, shape, box, step);
+    mgr_->Save(step, std::vector<ArrayToSave>{{"w", DType::kFloat32, shape, {{box, data.data()}}}})
+        .IgnoreError();
+    return mgr_->WaitUntilFinished();
+  }
+
+  void ExpectRestores(int64_t step, int64_t rows = 64) {
+    std::vector<int64_t> shape{rows, 1024};
+    std::vector<std::byte> out(static_cast<size_t>(rows) * 1024 * 4);
+    Status s = mgr_->Restore(
+        step, std::vector<ArrayToRestore>{{"w", DType::kFloat32, {{FullBox(shape), out.data()}}}});
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_TRUE(out == Fill(DType::kFloat32, shape, FullBox(shape), step));
+  }
+
+  void ExpectAgreedFailure(const Status& s, int64_t step, const std::string& text) {
+    EXPECT_EQ(s.code(), StatusCode::kIoError) << s.ToString();
+    EXPECT_THAT(s.message(), HasSubstr(text));
+    EXPECT_TRUE(SameOnAllRanks(s)) << s.ToString();
+    EXPECT_FALSE(std::filesystem::exists(io::StepDir(dir_, step)));
+  }
+
+  int Last() const { return Size() - 1; }
+
+  std::string dir_;
+  std::unique_ptr<CheckpointManager> mgr_;
+};
+
+TEST_F(Faults, EnospcOnOneRanksDataWrite) {
+  Open(FreshDir());
+  ASSERT_TRUE(SaveStep(1).ok());
+  ASSERT_TRUE(fault::Configure(fmt::format("rank={},point=h5_write,action=enospc", Last())).ok());
+  ExpectAgreedFailure(
+      SaveStep(2), 2,
+      fmt::format("rank {}: No space left on device (injected at h5_write)", Last()));
+  ASSERT_TRUE(fault::Configure("").ok());
+  EXPECT_EQ(mgr_->CommittedSteps().value(), std::vector<int64_t>{1});
+  ExpectRestores(1);
+  ASSERT_TRUE(SaveStep(3).ok());
+  ExpectRestores(3);
+}
+
+TEST_F(Faults, EioOnTheMarkerFsync) {
+  Open(FreshDir());
+  ASSERT_TRUE(SaveStep(1).ok());
+  ASSERT_TRUE(fault::Configure("rank=0,point=fsync,action=eio").ok());  // files: the marker
+  ExpectAgreedFailure(SaveStep(2), 2, "rank 0: commit marker: fsync");
+  EXPECT_FALSE(std::filesystem::exists(io::MarkerPath(dir_, 2) + ".tmp"));
+  ASSERT_TRUE(fault::Configure("").ok());
+  ExpectRestores(1);
+  ASSERT_TRUE(SaveStep(3).ok());
+}
+
+TEST_F(Faults, RenameAndPermissionErrors) {
+  Open(FreshDir());
+  ASSERT_TRUE(fault::Configure("rank=0,point=rename,action=enospc").ok());
+  ExpectAgreedFailure(SaveStep(1), 1, "rename");
+  ASSERT_TRUE(fault::Configure("rank=0,point=mkdir,action=eacces").ok());
+  ExpectAgreedFailure(SaveStep(2), 2, "Permission denied");
+  ASSERT_TRUE(fault::Configure("rank=0,point=fsync_dir,action=eio").ok());
+  ExpectAgreedFailure(SaveStep(3), 3, "rank 0: fsync directory");
+  ASSERT_TRUE(fault::Configure("rank=0,point=fallocate,action=enospc").ok());
+  ExpectAgreedFailure(SaveStep(4), 4, "rank 0: reserve");
+  ASSERT_TRUE(fault::Configure("").ok());
+  EXPECT_TRUE(mgr_->CommittedSteps().value().empty());
+  ASSERT_TRUE(SaveStep(5).ok());
+  ExpectRestores(5);
+}
+
+TEST_F(Faults, InjectedFailureAtEachPhaseIsAgreed) {
+  Open(FreshDir());
+  ASSERT_TRUE(SaveStep(1).ok());
+  int64_t step = 2;
+  for (const char* point : {"after_snapshot", "plan", "mid_write", "after_flush"}) {
+    ASSERT_TRUE(fault::Configure(fmt::format("rank={},point={},action=error", Last(), point)).ok());
+    Status s = SaveStep(step);
+    EXPECT_THAT(s.message(), HasSubstr(fmt::format("injected failure at {}", point))) << point;
+    EXPECT_TRUE(SameOnAllRanks(s)) << point;
+    EXPECT_FALSE(std::filesystem::exists(io::MarkerPath(dir_, step))) << point;
+    ++step;
+  }
+  ASSERT_TRUE(fault::Configure("").ok());
+  EXPECT_EQ(mgr_->CommittedSteps().value(), std::vector<int64_t>{1});
+  ASSERT_TRUE(SaveStep(step).ok());
+}
+
+TEST_F(Faults, GenuinelyFullFileSystem) {
+  // Outside FreshDir's tree, so a mount left by a killed run cannot block it.
+  const std::string mnt = fmt::format("/tmp/mhckpt-tiny-np{}", Size());
+  int mounted = 0;
+  if (Rank() == 0) {
+    ::umount2(mnt.c_str(), MNT_DETACH);
+    std::filesystem::remove_all(mnt);
+    std::filesystem::create_directories(mnt);
+    mounted = ::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=4m") == 0 ? 1 : 0;
+    if (!mounted) std::fprintf(stderr, "mount tmpfs: %s\n", std::strerror(errno));
+  }
+  MPI_Bcast(&mounted, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (!mounted) GTEST_SKIP() << "cannot mount a small tmpfs here (needs root)";
+  Open(mnt);
+  ASSERT_TRUE(SaveStep(1, 64).ok());  // 256 KiB
+  Status s = SaveStep(2, 2048);       // 8 MiB into what is left of 4 MiB
+  EXPECT_EQ(s.code(), StatusCode::kIoError) << s.ToString();
+  EXPECT_TRUE(SameOnAllRanks(s)) << s.ToString();
+  EXPECT_THAT(s.message(), HasSubstr("rank "));
+  EXPECT_FALSE(std::filesystem::exists(io::MarkerPath(dir_, 2)));
+  ExpectRestores(1, 64);
+  ASSERT_TRUE(SaveStep(3, 64).ok()) << "space is back once the failed step is removed";
+  ExpectRestores(3, 64);
+  mgr_.reset();
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (Rank() == 0) ::umount(mnt.c_str());
+}
+
+}  // namespace
+}  // namespace mhckpt
