@@ -335,9 +335,7 @@ Status RunVerify(const VerifyArgs& args, MPI_Comm comm, std::FILE* out) {
       outcome = DataLoss(fmt::format("{} problem{} in '{}'; first: {}", problems.size(),
                                      problems.size() == 1 ? "" : "s", args.root, problems.front()));
     } else {
-      fmt::print(out,
-                 "verified {} step{} in {}: OK (structure and readability; data checksums "
-                 "are not in the marker yet)\n",
+      fmt::print(out, "verified {} step{} in {}: OK (structure, readability and checksums)\n",
                  steps.size(), steps.size() == 1 ? "" : "s", args.root);
     }
     std::fflush(out);

@@ -150,7 +150,8 @@ def case_inspect(cli, fixture, work):
 def case_verify_damage(cli, fixture, work):
     good = fresh_copy(fixture, work, "good")
     out = cli.ok("verify", good, "--all")
-    check("verified 2 steps" in out and "OK" in out, "a good checkpoint verifies")
+    check("verified 2 steps" in out and "OK (structure, readability and checksums)" in out,
+          "a good checkpoint verifies")
     out = cli.ok("verify", good, mpi=True)
     check("read by 2 ranks" in out, "verify splits the reads under mpiexec")
 
