@@ -128,6 +128,11 @@ Status HitSlow(std::string_view point, uint64_t bytes) {
     kill(getpid(), SIGKILL);
     pause();
   }
+  if (f->action == "hang") {
+    std::fprintf(stderr, "mhckpt: injected hang at %.*s on rank %d\n",
+                 static_cast<int>(point.size()), point.data(), g_rank.load());
+    for (;;) sleep(1000);
+  }
   if (int e = ErrnoOf(f->action)) {
     return IoError(fmt::format("{} (injected at {})", std::strerror(e), point));
   }

@@ -21,6 +21,7 @@
 // Actions:
 //   exit            _exit(41): the process vanishes, nothing flushed
 //   kill            SIGKILL to itself
+//   hang            sleeps forever (a stuck rank; see the watchdog)
 //   enospc, eio, eacces   the call fails with that errno (points that return a Status)
 #pragma once
 

@@ -43,7 +43,8 @@ CheckpointManager::Impl::Impl(Comm comm, std::string root, Options options, bool
       root_(std::move(root)),
       options_(options),
       async_(async),
-      pool_(options.staging_budget_bytes) {
+      pool_(options.staging_budget_bytes),
+      watchdog_(comm_.get(), comm_.rank(), options.collective_timeout_seconds) {
   if (CudaAvailable()) {
     // Pinned once per buffer; buffers are reused, so pinning is not per save.
     pool_.SetHooks(PinHostMemory, UnpinHostMemory);
@@ -151,11 +152,17 @@ Result<std::optional<int64_t>> CheckpointManager::LatestStep() const {
 Status CheckpointManager::Restore(int64_t step, std::span<const ArrayToRestore> arrays,
                                   const RestoreOptions& options) {
   // FIFO on the I/O thread: pending saves finish first.
-  return impl_->RunOnIoThread([&] { return impl_->RunRestore(step, arrays, options); });
+  return impl_->RunOnIoThread([&] {
+    Watchdog::Guard phase(impl_->watchdog_, "restore", step);
+    return impl_->RunRestore(step, arrays, options);
+  });
 }
 
 Status CheckpointManager::Verify(int64_t step, uint64_t* bytes_checked) {
-  return impl_->RunOnIoThread([&] { return impl_->RunVerify(step, bytes_checked); });
+  return impl_->RunOnIoThread([&] {
+    Watchdog::Guard phase(impl_->watchdog_, "verify", step);
+    return impl_->RunVerify(step, bytes_checked);
+  });
 }
 
 SaveTimings CheckpointManager::LastSaveTimings() const {

@@ -56,6 +56,11 @@ struct Options {
   /// (silent corruption, or non-deterministic data-parallel replicas) fails
   /// the save with DataLoss naming the array, the box and both ranks.
   bool verify_replicas = false;
+  /// A collective phase (plan, write, flush, commit, restore, verify) that
+  /// takes longer than this on any rank aborts the job (MPI_Abort) with a
+  /// message naming the phase, the step and the rank, instead of hanging on
+  /// a dead or stuck peer. 0 disables the watchdog.
+  double collective_timeout_seconds = 3600;
   /// Threads copying host boxes into staging (0: up to 4, as the machine has).
   int snapshot_threads = 0;
 };

@@ -243,6 +243,8 @@ Status WriteBoxes(std::vector<io::Dataset>& datasets, const io::Marker& plan,
 Status CheckpointManager::Impl::CommitSave(SaveJob& job) {
   const int rank = comm_.rank();
   SaveTimings& t = job.timings;
+  // Each phase is bounded in time (Options::collective_timeout_seconds).
+  Watchdog::Guard phase(watchdog_, "plan", job.step);
   fault::SetStep(job.step);
   if (job.local.ok()) job.local = fault::Hit("plan");
 
@@ -310,6 +312,7 @@ Status CheckpointManager::Impl::CommitSave(SaveJob& job) {
   t.plan = Since(t0);
 
   // 2. Write, and 3. make durable.
+  watchdog_.Enter("write", job.step);
   t0 = Clock::now();
   Status local;
   std::vector<BoxSum> sums;
@@ -343,6 +346,7 @@ Status CheckpointManager::Impl::CommitSave(SaveJob& job) {
     datasets.clear();
     t.write = Since(t0);
     t0 = Clock::now();
+    watchdog_.Enter("flush", job.step);
     Status closed = file->FlushAndClose();
     if (local.ok()) local = closed;
     if (local.ok()) local = fault::Hit("after_flush");
@@ -350,6 +354,7 @@ Status CheckpointManager::Impl::CommitSave(SaveJob& job) {
   }
   if (!local.ok()) local = Status(local.code(), fmt::format("rank {}: {}", rank, local.message()));
 
+  watchdog_.Enter("commit", job.step);
   // 4. Agree: rank 0 learns every rank's outcome and the checksums of the
   // boxes each wrote (the outcome goes to everyone with step 5's broadcast).
   t0 = Clock::now();

@@ -9,6 +9,7 @@
 #include "coordinator/checkpoint_manager.h"
 #include "coordinator/comm.h"
 #include "coordinator/io_thread.h"
+#include "coordinator/watchdog.h"
 #include "io/marker.h"
 #include "worker/snapshot.h"
 #include "worker/staging_pool.h"
@@ -49,6 +50,7 @@ class CheckpointManager::Impl {
   const bool async_;
 
   StagingPool pool_;
+  Watchdog watchdog_;  // bounds each collective phase of the I/O thread
 
   mutable std::mutex mu_;
   Status first_error_;  // since the last WaitUntilFinished

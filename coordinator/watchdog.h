@@ -1,0 +1,60 @@
+// Bounds every collective phase of the I/O thread in time. A peer that died
+// without taking the job down, or that is stuck (a hung file system, a rank
+// spinning elsewhere), would otherwise leave the other ranks waiting in a
+// collective forever. Past the timeout the watchdog logs which phase of which
+// step did not finish, on which rank, and calls MPI_Abort: a loud failure
+// that a job scheduler sees, instead of a silent hang.
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace mhckpt {
+
+class Watchdog {
+ public:
+  /// `timeout_seconds` <= 0 disables it (no thread is started).
+  Watchdog(MPI_Comm comm, int rank, double timeout_seconds);
+  ~Watchdog();
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+  /// Marks the start of a phase; the previous phase, if any, ends.
+  void Enter(const char* phase, int64_t step);
+  /// No phase is running.
+  void Leave();
+
+  /// Enters a phase for the lifetime of the guard.
+  class Guard {
+   public:
+    Guard(Watchdog& w, const char* phase, int64_t step) : w_(w) { w_.Enter(phase, step); }
+    ~Guard() { w_.Leave(); }
+    Guard(const Guard&) = delete;
+    Guard& operator=(const Guard&) = delete;
+
+   private:
+    Watchdog& w_;
+  };
+
+ private:
+  void Loop();
+
+  MPI_Comm comm_;
+  int rank_;
+  std::chrono::duration<double> timeout_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const char* phase_ = nullptr;
+  int64_t step_ = 0;
+  std::chrono::steady_clock::time_point deadline_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace mhckpt
