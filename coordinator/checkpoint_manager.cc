@@ -149,6 +149,14 @@ Result<std::optional<int64_t>> CheckpointManager::LatestStep() const {
   return std::optional<int64_t>(steps.back());
 }
 
+Result<io::Marker> CheckpointManager::Describe(int64_t step) const {
+  Result<io::Marker> m = io::ReadMarker(io::MarkerPath(impl_->root_, step));
+  if (!m.ok() && m.status().code() == StatusCode::kNotFound) {
+    return NotFound(fmt::format("step {} is not committed in '{}'", step, impl_->root_));
+  }
+  return m;
+}
+
 Status CheckpointManager::Restore(int64_t step, std::span<const ArrayToRestore> arrays,
                                   const RestoreOptions& options) {
   // FIFO on the I/O thread: pending saves finish first.

@@ -25,6 +25,7 @@
 #include "base/status.h"
 #include "base/types.h"
 #include "io/h5_file.h"
+#include "io/marker.h"
 #include "worker/array.h"
 
 namespace mhckpt {
@@ -115,6 +116,13 @@ class CheckpointManager {
   [[nodiscard]] Result<std::vector<int64_t>> CommittedSteps() const;
   /// Local. The newest committed step, or nullopt if none.
   [[nodiscard]] Result<std::optional<int64_t>> LatestStep() const;
+
+  /// Local. What committed step `step` holds, from its commit marker: every
+  /// array's name, dtype, global shape and boxes (with writer and checksum),
+  /// the world size at save, and the user metadata. NotFound if the step is
+  /// not committed; DataLoss if its marker is damaged. Use it to size
+  /// destinations before Restore, or to read metadata saved with the step.
+  [[nodiscard]] Result<io::Marker> Describe(int64_t step) const;
 
   /// Collective. Waits for pending saves, then fills every destination of
   /// `arrays` from committed step `step`. Ranks may ask for different arrays

@@ -264,8 +264,8 @@ Status CheckpointManager::Impl::CommitSave(SaveJob& job) {
     plan.step = job.step;
   } else {
     if (rank == 0 && !changed) io::RemoveAll(io::StepDir(root_, job.step)).IgnoreError();
-    std::vector<std::string> encoded =
-        comm_.GatherBytes(EncodeDescription(Describe(job.step, job.local, job.snapshot)), 0);
+    std::vector<std::string> encoded = comm_.GatherBytes(
+        EncodeDescription(mhckpt::Describe(job.step, job.local, job.snapshot)), 0);
     Status s;
     std::string plan_json;
     if (rank == 0) {

@@ -118,8 +118,9 @@ TEST(SaveRestore, ReplicatedScalarsAndZeroLengthArrays) {
   Status s = mgr->WaitUntilFinished();
   ASSERT_TRUE(s.ok()) << s.ToString();
 
-  auto marker = io::ReadMarker(io::MarkerPath(dir, 1));
+  auto marker = mgr->Describe(1);
   ASSERT_TRUE(marker.ok()) << marker.status().ToString();
+  EXPECT_EQ(mgr->Describe(2).status().code(), StatusCode::kNotFound);
   EXPECT_EQ(marker->world_size, Size());
   EXPECT_EQ(marker->user_metadata.at("note"), "hello");
   const io::MarkerArray* step = marker->Find("step");
