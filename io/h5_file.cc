@@ -230,13 +230,19 @@ Result<H5File> H5File::OpenReadOnly(const std::string& path, MPI_Comm comm, io::
   return f;
 }
 
-Result<Dataset> H5File::CreateDataset(const std::string& name, DType dtype,
-                                      const std::vector<int64_t>& shape) {
+Dataset H5File::NewDataset(const std::string& name, DType dtype,
+                           const std::vector<int64_t>& shape) const {
   Dataset d;
   d.name_ = name;
   d.shape_ = shape;
   d.type_ = H5TypeFor(dtype);
   d.dxpl_ = MakeDxpl(transfer_);
+  return d;
+}
+
+Result<Dataset> H5File::CreateDataset(const std::string& name, DType dtype,
+                                      const std::vector<int64_t>& shape) {
+  Dataset d = NewDataset(name, dtype, shape);
   Handle space(CreateSpace(shape));
   Handle lcpl(H5Pcreate(H5P_LINK_CREATE));
   H5Pset_create_intermediate_group(lcpl.get(), 1);
@@ -262,11 +268,7 @@ Result<Dataset> H5File::CreateDataset(const std::string& name, DType dtype,
 
 Result<Dataset> H5File::OpenDataset(const std::string& name, DType dtype,
                                     const std::vector<int64_t>& shape) {
-  Dataset d;
-  d.name_ = name;
-  d.shape_ = shape;
-  d.type_ = H5TypeFor(dtype);
-  d.dxpl_ = MakeDxpl(transfer_);
+  Dataset d = NewDataset(name, dtype, shape);
   d.id_ = H5Dopen2(id_, ("/" + name).c_str(), H5P_DEFAULT);
   if (d.id_ < 0) {
     H5Eclear2(H5E_DEFAULT);

@@ -87,6 +87,10 @@ class H5File {
   Status Close();
 
  private:
+  // A Dataset with its type and transfer properties, not yet opened.
+  [[nodiscard]] Dataset NewDataset(const std::string& name, DType dtype,
+                                   const std::vector<int64_t>& shape) const;
+
   int64_t id_ = -1;
   io::Transfer transfer_ = io::Transfer::kIndependent;
   std::string path_;
