@@ -1,0 +1,579 @@
+#!/usr/bin/python3
+"""Crash tests with real jobs: mpirun runs tests/crash_job, a rank dies at a
+fault point of the save protocol or at a random moment, and a later job at
+another world size checks what is on disk.
+
+    crash_test.py phases --job BIN --work DIR --mpiexec "mpiexec --oversubscribe ..." [--np 2,3,4]
+    crash_test.py random --job BIN --work DIR --mpiexec "..." [--trials 20] [--seed S]
+
+phases: for every fault point x action (exit, kill) at each world size, job A
+  saves step 1, job B saves step 2 with MHCKPT_FAULT on one rank and must die
+  there, then `crash_job check` at a different world size must find step 2
+  neither listed nor on disk after Open, and step 1 restoring bit-exactly and
+  verifying (retention, with --max-to-keep 1: step 2 committed and intact,
+  step 1 gone). Control cases first show that the checks can fail: a flipped
+  data byte, a forged checksum and a truncated marker must each be caught.
+
+random: `crash_job loop` at a random world size in 2..4, SIGKILL of a random
+  rank (sometimes of every rank) after a random delay, then a check at another
+  world size that restores and verifies every step it has not verified yet,
+  the newest, and three older ones. Counts broken commits (a listed step that
+  does not restore or verify) and lost steps (seen committed, or acknowledged
+  to the job, and gone later, or a gap; retention is off). Both must be 0, no
+  job may hang (mpirun must exit within 60 s of the kill; a hung job's ranks
+  are backtraced with gdb and killed). Every --fresh-root-every trials, a check
+  restores every committed step and the test moves on to a fresh root (this
+  bounds disk use and check time).
+
+  Long run (docs/RELIABILITY.md):
+    crash_test.py random --trials 300 --seed 4 --job build/bin/crash_job \
+        --work /tmp/crash-long --mpiexec "mpiexec --oversubscribe --mca mpi_yield_when_idle 1 \
+        --mca btl_vader_single_copy_mechanism none"
+
+Exit status: 0 if every expectation held, 1 otherwise.
+"""
+import argparse
+import importlib.util
+import json
+import os
+import random
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+# Points of base/fault.h that a crash can hit during a save, with the rank
+# that must carry the fault (None: any rank; the test picks one).
+POINTS = {
+    "after_snapshot": None,
+    "plan": None,
+    "mid_write": None,
+    "after_flush": None,
+    "before_marker": 0,
+    "mid_marker": 0,
+    "retention": 0,
+}
+ACTIONS = ("exit", "kill")
+JOB_TIMEOUT = 60  # seconds; a job that outlives it is hung (a failure)
+
+
+def step_dir(root, step):
+    return os.path.join(root, "step_%010d" % step)
+
+
+def on_disk(root):
+    """{step: set of file names} of every step directory under root."""
+    out = {}
+    if not os.path.isdir(root):
+        return out
+    for name in os.listdir(root):
+        if name.startswith("step_") and len(name) == 15 and name[5:].isdigit():
+            out[int(name[5:])] = set(os.listdir(os.path.join(root, name)))
+    return out
+
+
+def children_of(pid):
+    """Every live descendant of `pid` (mpirun's ranks), from /proc."""
+    parent = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open("/proc/%s/stat" % name) as f:
+                    stat = f.read()
+                parent[int(name)] = int(stat[stat.rindex(")") + 2:].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    out, frontier = [], [pid]
+    while frontier:
+        p = frontier.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out += kids
+        frontier += kids
+    return out
+
+
+def backtraces(pids):
+    """All-thread backtraces of `pids` (gdb), for the report of a hang."""
+    if not shutil.which("gdb"):
+        return "(no gdb for backtraces)"
+    text = []
+    for pid in pids:
+        try:
+            p = subprocess.run(
+                ["gdb", "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt"],
+                capture_output=True, text=True, timeout=60)
+            text.append("--- pid %d ---\n%s" % (pid, "\n".join(
+                l for l in p.stdout.splitlines() if l.startswith(("#", "Thread")))))
+        except (OSError, subprocess.SubprocessError) as e:
+            text.append("--- pid %d: gdb failed: %s" % (pid, e))
+    return "\n".join(text)
+
+
+class Job:
+    """One mpirun, its output going to a file (an orphaned rank holding a pipe
+    can never block the reader)."""
+
+    def __init__(self, proc, log):
+        self.proc, self.log = proc, log
+        self.pid = proc.pid
+
+    def output(self):
+        self.log.seek(0)
+        text = self.log.read()
+        self.log.close()
+        return text
+
+
+class Runner:
+    def __init__(self, args):
+        self.job = args.job
+        self.mpiexec = shlex.split(args.mpiexec)
+        self.np_flag = args.np_flag
+        self.verbose = args.verbose
+        self.hangs = 0
+        self.hang_reports = []
+
+    def command(self, np, *job_args):
+        return self.mpiexec + [self.np_flag, str(np), self.job] + [str(a) for a in job_args]
+
+    def start(self, np, *job_args, fault=None):
+        env = dict(os.environ)
+        env.pop("MHCKPT_FAULT", None)
+        if fault:
+            env["MHCKPT_FAULT"] = fault
+        cmd = self.command(np, *job_args)
+        if self.verbose:
+            print("$ %s%s" % ("MHCKPT_FAULT=%s " % fault if fault else "", " ".join(cmd)))
+        log = tempfile.TemporaryFile(mode="w+")
+        # A session of its own, so that a hung job can be killed as a whole.
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, text=True,
+                                start_new_session=True)
+        return Job(proc, log)
+
+    def finish(self, job, timeout=JOB_TIMEOUT):
+        """(returncode, output); returncode None if the job hung and was killed.
+        A hung job's ranks are backtraced (gdb) into the output, then killed:
+        Open MPI puts each rank in a process group of its own."""
+        try:
+            job.proc.wait(timeout=timeout)
+            return job.proc.returncode, job.output()
+        except subprocess.TimeoutExpired:
+            pass
+        self.hangs += 1
+        ranks = children_of(job.pid)
+        report = "HANG: mpirun pid %d still running after %d s; ranks %s\n%s" % (
+            job.pid, timeout, ranks, backtraces(ranks))
+        for pid in [job.pid] + ranks:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            os.killpg(job.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        job.proc.wait()
+        out = job.output() + "\n" + report
+        self.hang_reports.append(report)
+        print(report)
+        return None, out
+
+    def run(self, np, *job_args, fault=None, timeout=JOB_TIMEOUT):
+        return self.finish(self.start(np, *job_args, fault=fault), timeout)
+
+    def check(self, np, root, steps="all", rows=None, timeout=JOB_TIMEOUT):
+        """Runs `crash_job check`: (returncode, report dict or None, output)."""
+        extra = ["--steps", steps] + (["--rows", rows] if rows else [])
+        rc, out = self.run(np, "check", root, *extra, timeout=timeout)
+        report = None
+        for line in out.splitlines():
+            if line.startswith("CRASHCHECK "):
+                report = json.loads(line[len("CRASHCHECK "):])
+        return rc, report, out
+
+
+# ---------------------------------------------------------------------------
+# Phase matrix
+
+def expect_after_check(rc, report, committed, gone):
+    """Problems with a check's outcome: `committed` must be exactly the listed
+    steps, all restored and verified, nothing failed, steps in `gone` absent
+    from disk after Open."""
+    problems = []
+    if report is None:
+        return ["check printed no report (rc %s)" % rc]
+    if rc != 0:
+        problems.append("check exited %s" % rc)
+    if report["committed"] != committed:
+        problems.append("committed steps %s, expected %s" % (report["committed"], committed))
+    if report["checked_ok"] != committed:
+        problems.append("restored and verified %s, expected %s" % (report["checked_ok"], committed))
+    if report["failed"]:
+        problems.append("failed: %s" % report["failed"])
+    for s in gone:
+        if s in report["dirs_after_open"]:
+            problems.append("step %d still on disk after Open" % s)
+    if report["dirs_after_open"] != committed:
+        problems.append("directories after Open %s, expected %s"
+                        % (report["dirs_after_open"], committed))
+    return problems
+
+
+def debris_problems(point, disk):
+    """What a crash at `point` during step 2 must have left (before any Open):
+    proof that the crash happened where it was meant to."""
+    problems = []
+    if 1 not in disk:
+        problems.append("step 1 directory missing before check")
+    s2 = disk.get(2)
+    if point in ("mid_write", "after_flush", "before_marker"):
+        if s2 is None or "data.h5" not in s2 or "commit.json" in s2:
+            problems.append("expected an uncommitted step 2 with data.h5, found %s" % s2)
+    elif point == "mid_marker":
+        if s2 is None or "commit.json.tmp" not in s2 or "commit.json" in s2:
+            problems.append("expected step 2 with commit.json.tmp and no commit.json, found %s"
+                            % s2)
+    elif point == "retention":
+        if s2 is None or "commit.json" not in s2:
+            problems.append("expected step 2 committed, found %s" % s2)
+        if "commit.json" in disk.get(1, set()):
+            problems.append("expected step 1's marker unlinked, found %s" % disk.get(1))
+    elif s2 is not None and "commit.json" in s2:
+        problems.append("step 2 committed although rank died at %s" % point)
+    return problems
+
+
+def fresh_copy(template, dest):
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(template, dest)
+    return os.path.join(dest, "ckpt")
+
+
+def flip_data_byte(root, step, array="params/w", offset=4097):
+    import h5py  # Debian's /usr/bin/python3 has it (the caller skips without)
+    path = os.path.join(step_dir(root, step), "data.h5")
+    with h5py.File(path, "r") as f:
+        where = f[array].id.get_offset() + offset
+    with open(path, "r+b") as f:
+        f.seek(where)
+        b = f.read(1)
+        f.seek(where)
+        f.write(bytes([b[0] ^ 0x10]))
+
+
+def have_h5py():
+    return importlib.util.find_spec("h5py") is not None
+
+
+def forge_checksum(root, step, array="params/w"):
+    path = os.path.join(step_dir(root, step), "commit.json")
+    with open(path) as f:
+        marker = json.load(f)
+    box = [a for a in marker["arrays"] if a["name"] == array][0]["boxes"][0]
+    digits = box["checksum"]
+    last = digits[-1]
+    box["checksum"] = digits[:-1] + ("0" if last != "0" else "1")
+    with open(path, "w") as f:
+        f.write(json.dumps(marker) + "\n")
+
+
+def truncate_marker(root, step):
+    path = os.path.join(step_dir(root, step), "commit.json")
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.truncate(size // 2)
+
+
+CHECK_NP = {1: 2, 2: 3, 3: 1, 4: 2}  # another world size for the checking job
+
+
+def run_phases(args):
+    runner = Runner(args)
+    failures = []
+    cases = 0
+
+    def fail(case, problems, output=""):
+        if problems:
+            failures.append((case, problems))
+            print("FAIL %s:\n  %s" % (case, "\n  ".join(problems)))
+            if output:
+                tail = output.splitlines()[-40:]
+                print("  --- output ---\n" + "\n".join("  | " + line for line in tail))
+        else:
+            print("ok   %s" % case)
+
+    for np in [int(n) for n in args.np.split(",")]:
+        check_np = CHECK_NP[np]
+        base = os.path.join(args.work, "np%d" % np)
+        shutil.rmtree(base, ignore_errors=True)
+        template = os.path.join(base, "template")
+        rc, out = runner.run(np, "save", os.path.join(template, "ckpt"), 1, 1)
+        if rc != 0:
+            fail("np%d job A (save step 1)" % np, ["exited %s" % rc], out)
+            continue
+
+        # Controls: the checks must see a good step 2, and must catch damage.
+        if not args.no_controls:
+            cases += 1
+            root = fresh_copy(template, os.path.join(base, "control-nofault"))
+            rc, out = runner.run(np, "save", root, 2, 2)
+            problems = [] if rc == 0 else ["job B without a fault exited %s" % rc]
+            crc, report, cout = runner.check(check_np, root)
+            problems += expect_after_check(crc, report, [1, 2], [])
+            fail("np%d control: no fault, step 2 commits" % np, problems, out + cout)
+
+            for name, damage, expect in (
+                    ("flipped data byte", flip_data_byte, "verify"),
+                    ("forged checksum in marker", forge_checksum, "verify")):
+                if damage is flip_data_byte and not have_h5py():
+                    print("skip np%d control: %s (no h5py to find the data)" % (np, name))
+                    continue
+                cases += 1
+                root = fresh_copy(template, os.path.join(base, "control-" + damage.__name__))
+                damage(root, 1)
+                crc, report, cout = runner.check(check_np, root)
+                problems = []
+                if crc == 0:
+                    problems.append("check exited 0 on a damaged step")
+                if report is None or "1" not in report["failed"]:
+                    problems.append("check did not report step 1 as failed")
+                elif expect not in report["failed"]["1"] or "params/w" not in report["failed"]["1"]:
+                    problems.append("failure does not name %s and the array: %s"
+                                    % (expect, report["failed"]["1"]))
+                # The harness's own expectation must reject it too.
+                if not expect_after_check(crc, report, [1], []):
+                    problems.append("expect_after_check accepted a damaged step")
+                fail("np%d control: %s is caught" % (np, name), problems, cout)
+
+            cases += 1
+            root = fresh_copy(template, os.path.join(base, "control-truncated-marker"))
+            truncate_marker(root, 1)
+            crc, report, cout = runner.check(check_np, root)
+            problems = []
+            if report is None or report["committed"] != []:
+                problems.append("a truncated marker still counts as committed")
+            if not expect_after_check(crc, report, [1], []):
+                problems.append("expect_after_check accepted a lost step")
+            fail("np%d control: truncated marker is not committed" % np, problems, cout)
+
+        for point, fixed_rank in POINTS.items():
+            for action in ACTIONS:
+                cases += 1
+                # Rank 0 and the last rank both get faults at the shared points.
+                rank = fixed_rank if fixed_rank is not None else (0 if action == "exit" else np - 1)
+                case = "np%d %s %s rank %d (check at np%d)" % (np, point, action, rank, check_np)
+                root = fresh_copy(template, os.path.join(base, "%s-%s" % (point, action)))
+                fault = "rank=%d,point=%s,action=%s,step=2" % (rank, point, action)
+                if point == "mid_write":
+                    fault += ",after_bytes=65536"
+                keep = ["--max-to-keep", 1] if point == "retention" else []
+                rc, out = runner.run(np, "save", root, 2, 2, *keep, fault=fault)
+                problems = []
+                if rc is None:
+                    problems.append("job B hung")
+                elif rc == 0:
+                    problems.append("job B succeeded although rank %d should have died" % rank)
+                word = "exit" if action == "exit" else "SIGKILL"
+                if "injected %s at %s on rank %d" % (word, point, rank) not in out:
+                    problems.append("the fault did not fire")
+                problems += debris_problems(point, on_disk(root))
+                if point == "retention":
+                    committed, gone = [2], [1]
+                else:
+                    committed, gone = [1], [2]
+                crc, report, cout = runner.check(check_np, root)
+                problems += expect_after_check(crc, report, committed, gone)
+                fail(case, problems, out + cout)
+
+    print("\nphases: %d cases, %d failed, %d hung jobs" % (cases, len(failures), runner.hangs))
+    return 1 if failures or runner.hangs else 0
+
+
+# ---------------------------------------------------------------------------
+# Randomized kills
+
+def wait_for_pids(pid_dir, np, job, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if job.proc.poll() is not None:
+            return None
+        pids = {}
+        for r in range(np):
+            try:
+                with open(os.path.join(pid_dir, "rank%d" % r)) as f:
+                    pids[r] = int(f.read().strip())
+            except (OSError, ValueError):
+                break
+        if len(pids) == np:
+            return pids
+        time.sleep(0.02)
+    return None
+
+
+def run_random(args):
+    rng = random.Random(args.seed)
+    print("random kills: seed %d, %d trials, delay %.1f-%.1f s, rows %d"
+          % (args.seed, args.trials, args.min_delay, args.max_delay, args.rows))
+    runner = Runner(args)
+    work = os.path.join(args.work, "random")
+    shutil.rmtree(work, ignore_errors=True)
+    root = os.path.join(work, "ckpt0")
+    pid_dir = os.path.join(work, "pids")  # crash_job writes DIR/../pids/rank<R>
+    rows = str(args.rows)
+
+    stats = dict(trials=0, kills=0, kills_all_ranks=0, steps_committed=0, acknowledged=0,
+                 broken=0, lost=0, restores_verified=0, uncommitted_cleaned=0,
+                 marker_tmp_seen=0, hangs=0, errors=0, roots=0, max_exit_after_kill_s=0.0)
+    seen = set()       # steps ever seen committed by a check
+    acked = set()      # steps the job was told were committed
+    lost = set()
+    verified = set()
+    broken = set()
+
+    def record_check(np, steps):
+        rc, report, out = runner.check(np, root, steps=steps, rows=rows)
+        if report is None:
+            stats["errors"] += 1
+            print("  check at np%d printed no report (rc %s):\n%s" % (np, rc, out[-3000:]))
+            return
+        committed = report["committed"]
+        for e in report["before_open"]:
+            if not e["committed"]:
+                stats["uncommitted_cleaned"] += 1
+                stats["marker_tmp_seen"] += e["marker_tmp"]
+        now = set(committed)
+        newly_lost = (seen | acked) - now - lost
+        # Steps are saved in order from latest+1: a gap is a lost step too.
+        if committed:
+            newly_lost |= set(range(1, committed[-1] + 1)) - now - lost
+        if newly_lost:
+            print("  LOST steps %s (committed now: %s)" % (sorted(newly_lost), committed))
+            lost.update(newly_lost)
+        for s, why in report["failed"].items():
+            print("  BROKEN step %s: %s" % (s, why))
+            broken.add(int(s))
+        if report["dirs_after_open"] != committed:
+            stats["errors"] += 1
+            print("  directories after Open %s, committed %s"
+                  % (report["dirs_after_open"], committed))
+        if rc != 0 and not report["failed"]:
+            stats["errors"] += 1
+            print("  check exited %s:\n%s" % (rc, out[-3000:]))
+        seen.update(now)
+        verified.update(report["checked_ok"])
+        stats["restores_verified"] += len(report["checked_ok"])
+
+    def rotate():
+        """A full check of the root, then a fresh one (bounds disk and check time)."""
+        nonlocal root
+        record_check(rng.choice([1, 2, 3, 4]), "all")
+        stats["steps_committed"] += len(seen)
+        stats["acknowledged"] += len(acked)
+        stats["broken"] += len(broken)
+        stats["lost"] += len(lost)
+        for s in (seen, acked, lost, verified, broken):
+            s.clear()
+        shutil.rmtree(root, ignore_errors=True)
+        stats["roots"] += 1
+        root = os.path.join(work, "ckpt%d" % stats["roots"])
+
+    for trial in range(1, args.trials + 1):
+        np = rng.choice([2, 3, 4])
+        check_np = rng.choice([n for n in (1, 2, 3, 4) if n != np])
+        delay = rng.uniform(args.min_delay, args.max_delay)
+        kill_all = rng.random() < args.all_ranks_fraction
+        shutil.rmtree(pid_dir, ignore_errors=True)
+        job = runner.start(np, "loop", root, "--rows", rows)
+        pids = wait_for_pids(pid_dir, np, job)
+        victims, exit_after_kill = [], 0.0
+        if pids is None:
+            stats["errors"] += 1
+            rc, out = runner.finish(job, timeout=5)
+            print("trial %d: the loop at np%d never started (rc %s):\n%s"
+                  % (trial, np, rc, out[-3000:]))
+        else:
+            time.sleep(delay)
+            victims = sorted(pids) if kill_all else [rng.randrange(np)]
+            for r in victims:
+                try:
+                    os.kill(pids[r], signal.SIGKILL)
+                    stats["kills"] += 1
+                except ProcessLookupError:
+                    stats["errors"] += 1
+                    print("trial %d: rank %d (pid %d) was already gone" % (trial, r, pids[r]))
+            stats["kills_all_ranks"] += kill_all
+            killed_at = time.time()
+            rc, out = runner.finish(job)
+            exit_after_kill = time.time() - killed_at
+            stats["max_exit_after_kill_s"] = round(max(stats["max_exit_after_kill_s"],
+                                                       exit_after_kill), 2)
+            if rc is None:
+                print("trial %d: mpirun did not exit within %d s of the kill: HANG"
+                      % (trial, JOB_TIMEOUT))
+            elif rc == 0:
+                stats["errors"] += 1
+                print("trial %d: the loop exited 0 after a SIGKILL" % trial)
+            for line in out.splitlines():
+                if line.startswith("committed "):
+                    acked.add(int(line.split()[1]))
+        stats["trials"] += 1
+        # Restore every step not verified yet, the newest, and a few old ones.
+        old = sorted(verified)
+        sample = rng.sample(old, min(3, len(old)))
+        first_new = max(verified) + 1 if verified else 1
+        steps = ",".join(str(s) for s in sample + ["%d-" % first_new])
+        before = len(seen)
+        record_check(check_np, steps)
+        print("trial %3d: loop np%d, killed rank %s after %.2f s, exit %.2f s later, check np%d: "
+              "%d new steps, %d committed in root %d"
+              % (trial, np, "all" if kill_all else victims, delay, exit_after_kill, check_np,
+                 len(seen) - before, len(seen), stats["roots"]))
+        sys.stdout.flush()
+        if trial % args.fresh_root_every == 0 or trial == args.trials:
+            rotate()
+
+    stats["hangs"] = runner.hangs
+    print("\nRANDOM-KILLS " + json.dumps(stats, sort_keys=True))
+    print("trials %(trials)d, kills %(kills)d (all ranks at once: %(kills_all_ranks)d), "
+          "steps committed %(steps_committed)d (acknowledged to the job: %(acknowledged)d), "
+          "broken commits %(broken)d, earlier steps lost %(lost)d, restores verified "
+          "%(restores_verified)d, uncommitted steps cleaned by Open %(uncommitted_cleaned)d "
+          "(with commit.json.tmp: %(marker_tmp_seen)d), hangs %(hangs)d, errors %(errors)d, "
+          "roots %(roots)d, slowest job exit after a kill %(max_exit_after_kill_s).2f s" % stats)
+    bad = stats["broken"] or stats["lost"] or stats["hangs"] or stats["errors"]
+    return 1 if bad else 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("mode", choices=["phases", "random"])
+    ap.add_argument("--job", required=True, help="the crash_job binary")
+    ap.add_argument("--work", required=True, help="a scratch directory (wiped)")
+    ap.add_argument("--mpiexec", default="mpiexec --oversubscribe --mca mpi_yield_when_idle 1",
+                    help="launcher and its flags, without the process count")
+    ap.add_argument("--np-flag", default="-n")
+    ap.add_argument("--np", default="2,3,4", help="phases: world sizes of the crashing jobs")
+    ap.add_argument("--no-controls", action="store_true", help="phases: skip the damage controls")
+    ap.add_argument("--trials", type=int, default=20, help="random: trials")
+    ap.add_argument("--seed", type=int, default=None, help="random: seed (default: from time)")
+    ap.add_argument("--min-delay", type=float, default=0.3)
+    ap.add_argument("--max-delay", type=float, default=3.0)
+    ap.add_argument("--all-ranks-fraction", type=float, default=0.15,
+                    help="random: share of trials that SIGKILL every rank at once")
+    ap.add_argument("--rows", type=int, default=512, help="random: rows of params/w (1 KiB each)")
+    ap.add_argument("--fresh-root-every", type=int, default=25,
+                    help="random: after N trials, restore every committed step, then start a "
+                         "fresh root")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args()
+    if args.seed is None:
+        args.seed = int(time.time() * 1000) % 1000000007
+    os.makedirs(args.work, exist_ok=True)
+    sys.exit(run_phases(args) if args.mode == "phases" else run_random(args))
+
+
+if __name__ == "__main__":
+    main()
