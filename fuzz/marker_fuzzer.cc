@@ -1,0 +1,112 @@
+// libFuzzer target for the commit-marker parser (io::ParseMarker), the gate
+// every committed step passes through. Beyond "no crash, no sanitizer report"
+// it checks what docs/FORMAT.md promises of a marker that parses:
+//   - a refusal is DataLoss and names the marker;
+//   - an accepted marker is valid: version 1, step >= 0, world size >= 1,
+//     names valid, sorted and unique, shapes with fewer than 2^62 elements,
+//     every box inside its shape, writers inside the world size;
+//   - nothing is lost or reinterpreted: every field the parser read has the
+//     same JSON value in the input and in MarkerToJson of the result (so a
+//     float, a boolean or an out-of-range integer cannot pass for an int);
+//   - MarkerToJson of the result parses back to the same text.
+// A violated property aborts with a message, which libFuzzer reports as a
+// crash and saves the input.
+//
+// Known, reported library bugs are tolerated while they are open, so that a
+// fuzz run still finds new ones: MHCKPT_FUZZ_KNOWN_BUGS="lossless" skips the
+// lossless property (fuzz/run.sh sets it, and UBSan suppressions from
+// fuzz/known_bugs.supp, unless run with --strict). See docs/RELIABILITY.md.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status.h"
+#include "base/types.h"
+#include "io/marker.h"
+
+namespace {
+
+using mhckpt::io::Marker;
+using nlohmann::json;
+
+bool Tolerated(const char* bug) {
+  static const std::string known = [] {
+    const char* k = std::getenv("MHCKPT_FUZZ_KNOWN_BUGS");
+    return std::string(k ? k : "");
+  }();
+  return known.find(bug) != std::string::npos;
+}
+
+[[noreturn]] void Fail(const std::string& what, const std::string& input) {
+  std::fprintf(stderr, "marker_fuzzer: property violated: %s\ninput: %.2000s\n", what.c_str(),
+               input.c_str());
+  std::abort();
+}
+
+void CheckValid(const Marker& m, const std::string& input) {
+  if (m.format_version != mhckpt::io::kFormatVersion) Fail("accepted another version", input);
+  if (m.step < 0) Fail("accepted a negative step", input);
+  if (m.world_size < 1) Fail("accepted a world size below 1", input);
+  for (size_t i = 0; i < m.arrays.size(); ++i) {
+    const auto& a = m.arrays[i];
+    if (!mhckpt::CheckArrayName(a.name).empty()) Fail("accepted a bad name", input);
+    if (i > 0 && !(m.arrays[i - 1].name < a.name)) Fail("accepted unsorted arrays", input);
+    if (!mhckpt::IsValidDType(a.dtype)) Fail("accepted an invalid dtype", input);
+    auto volume = mhckpt::Volume(a.shape);
+    if (!volume || *volume >= (int64_t{1} << 62) + 1) Fail("accepted a huge shape", input);
+    if (m.Find(a.name) != &a) Fail("Find does not find an accepted array", input);
+    for (const auto& b : a.boxes) {
+      if (!mhckpt::CheckBoxInShape(b.box, a.shape).empty()) Fail("accepted a box outside", input);
+      if (b.writer < 0 || b.writer >= m.world_size) Fail("accepted a writer outside", input);
+    }
+  }
+}
+
+// The fields ParseMarker reads must come out of MarkerToJson with the same
+// JSON value they went in with.
+void CheckLossless(const json& in, const json& out, const std::string& input) {
+  for (const char* k : {"format", "format_version", "step", "world_size", "created_unix_ms",
+                        "data_file", "total_bytes", "user_metadata"}) {
+    if (in.at(k) != out.at(k)) Fail(std::string("field '") + k + "' changed in parsing", input);
+  }
+  const json& ia = in.at("arrays");
+  const json& oa = out.at("arrays");
+  if (ia.size() != oa.size()) Fail("array count changed", input);
+  for (size_t i = 0; i < ia.size(); ++i) {
+    for (const char* k : {"name", "dtype", "shape", "replicated"}) {
+      if (ia[i].at(k) != oa[i].at(k)) Fail(std::string("array field '") + k + "' changed", input);
+    }
+    const json& ib = ia[i].at("boxes");
+    const json& ob = oa[i].at("boxes");
+    if (ib.size() != ob.size()) Fail("box count changed", input);
+    for (size_t j = 0; j < ib.size(); ++j) {
+      for (const char* k : {"start", "count", "writer"}) {
+        if (ib[j].at(k) != ob[j].at(k)) Fail(std::string("box field '") + k + "' changed", input);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string input(reinterpret_cast<const char*>(data), size);
+  mhckpt::Result<Marker> m = mhckpt::io::ParseMarker(input, "fuzz/commit.json");
+  if (!m.ok()) {
+    if (m.status().code() != mhckpt::StatusCode::kDataLoss) Fail("refusal is not DataLoss", input);
+    if (m.status().message().find("fuzz/commit.json") == std::string::npos) {
+      Fail("refusal does not name the marker", input);
+    }
+    return 0;
+  }
+  CheckValid(*m, input);
+  const std::string text = mhckpt::io::MarkerToJson(*m);
+  if (!Tolerated("lossless")) CheckLossless(json::parse(input), json::parse(text), input);
+  mhckpt::Result<Marker> again = mhckpt::io::ParseMarker(text, "fuzz/again.json");
+  if (!again.ok()) Fail("MarkerToJson output does not parse: " + again.status().ToString(), input);
+  if (mhckpt::io::MarkerToJson(*again) != text) Fail("round trip is not stable", input);
+  return 0;
+}
