@@ -1,10 +1,12 @@
 #include "bench/bench_util.h"
 
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <sstream>
@@ -64,8 +66,26 @@ std::vector<double> AllGather(double v, MPI_Comm comm) {
   return all;
 }
 
+HugePageBuffer::HugePageBuffer(size_t bytes) : bytes_(std::max<size_t>(bytes, 1)) {
+  void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return;
+  madvise(p, bytes_, MADV_HUGEPAGE);
+  std::memset(p, 0x5A, bytes_);
+  data_ = static_cast<std::byte*>(p);
+}
+
+HugePageBuffer::~HugePageBuffer() {
+  if (data_ != nullptr) munmap(data_, bytes_);
+}
+
 ProcMemory ReadProcMemory() {
   return ProcMemory{ProcKiB("/proc/self/status", "VmRSS"), ProcKiB("/proc/self/status", "VmHWM")};
+}
+
+double ProcessCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 double MinorFaults() {

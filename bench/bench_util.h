@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -27,12 +28,32 @@ double MaxOverRanks(double v, MPI_Comm comm = MPI_COMM_WORLD);
 /// Collective: every rank's `v`, in rank order, on every rank.
 std::vector<double> AllGather(double v, MPI_Comm comm = MPI_COMM_WORLD);
 
+/// Anonymous memory asking for transparent huge pages (MADV_HUGEPAGE), as the
+/// staging pool maps its buffers; every page touched once. Unmapped on
+/// destruction. data() is null if the mapping failed.
+class HugePageBuffer {
+ public:
+  explicit HugePageBuffer(size_t bytes);
+  ~HugePageBuffer();
+  HugePageBuffer(const HugePageBuffer&) = delete;
+  HugePageBuffer& operator=(const HugePageBuffer&) = delete;
+  [[nodiscard]] std::byte* data() const { return data_; }
+
+ private:
+  std::byte* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 /// Resident memory of this process, from /proc/self/status.
 struct ProcMemory {
   uint64_t rss_bytes = 0;  ///< VmRSS
   uint64_t hwm_bytes = 0;  ///< VmHWM: the peak of VmRSS since start or the last reset
 };
 ProcMemory ReadProcMemory();
+
+/// CPU time of this process so far, every thread (CLOCK_PROCESS_CPUTIME_ID).
+/// Against the wall time of a step it tells work from waiting.
+double ProcessCpuSeconds();
 
 /// Minor page faults of this process so far (every thread), from getrusage:
 /// a copy into fresh memory faults once per page, into touched memory never.

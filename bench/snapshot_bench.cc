@@ -164,7 +164,9 @@ Model BuildModel(const Flags& f, int rank, int size) {
 }
 
 // A plain memcpy of every local box into `dst` (touched), one thread.
-double TimedMemcpy(const Model& m, std::byte* dst) {
+// `cpu` gets the process CPU time it took.
+double TimedMemcpy(const Model& m, std::byte* dst, double* cpu = nullptr) {
+  const double c0 = ProcessCpuSeconds();
   auto t0 = Clock::now();
   size_t offset = 0;
   for (auto [src, bytes] : m.boxes) {
@@ -172,7 +174,9 @@ double TimedMemcpy(const Model& m, std::byte* dst) {
     offset += bytes;
   }
   asm volatile("" : : "r"(dst) : "memory");  // the copy is not dead
-  return Since(t0);
+  double dt = Since(t0);
+  if (cpu != nullptr) *cpu = ProcessCpuSeconds() - c0;
+  return dt;
 }
 
 // ---------------------------------------------------------------------------
@@ -310,14 +314,16 @@ std::unique_ptr<CheckpointManager> OpenOrDie(const std::string& dir, const Optio
   return std::move(m).value();
 }
 
-// Save's wall time; `faults` gets the minor page faults it took (the I/O
-// thread is idle meanwhile unless a burst is running).
+// Save's wall time; `faults` gets the minor page faults it took and `cpu`
+// the process CPU time, every thread (the I/O thread is idle meanwhile
+// unless a burst is running).
 double TimedSave(CheckpointManager& mgr, int64_t step, std::span<const ArrayToSave> arrays,
-                 double* faults = nullptr) {
-  const double f0 = MinorFaults();
+                 double* faults = nullptr, double* cpu = nullptr) {
+  const double f0 = MinorFaults(), c0 = ProcessCpuSeconds();
   auto t0 = Clock::now();
   Status s = mgr.Save(step, arrays);
   double dt = Since(t0);
+  if (cpu != nullptr) *cpu = ProcessCpuSeconds() - c0;
   if (faults != nullptr) *faults = MinorFaults() - f0;
   CheckOk(s, "save");
   return dt;
@@ -504,23 +510,34 @@ json Run(const Flags& f) {
   mem.peak = ReadProcMemory();
   out["rss"] = MemoryJson(mem, m);
 
-  // 2. Stall in the steady state against memcpy, interleaved.
+  // 2. Stall in the steady state against memcpy, interleaved. Two targets,
+  // both touched before any timing: plain heap memory (the baseline of the
+  // target), and memory mapped as the staging pool maps it (huge pages).
   std::unique_ptr<std::byte[]> ref(new std::byte[std::max<uint64_t>(m.local_bytes, 1)]);
-  std::memset(ref.get(), 0x5A, m.local_bytes);  // touched before any timing
-  TimedMemcpy(m, ref.get());                    // warm-up
-  std::vector<double> copies, stalls, own_copies, own_stalls, faults;
+  std::memset(ref.get(), 0x5A, m.local_bytes);
+  HugePageBuffer ref_huge(m.local_bytes);
+  if (ref_huge.data() == nullptr) CheckOk(IoError("cannot map the huge-page reference"), "mmap");
+  TimedMemcpy(m, ref.get());  // warm-up
+  TimedMemcpy(m, ref_huge.data());
+  std::vector<double> copies, stalls, own_copies, own_stalls, faults, copy_cpu, save_cpu;
+  std::vector<double> copies_huge;
   std::vector<SaveTimings> cached;
   for (int i = 0; i <= f.saves; ++i) {
     Barrier();
-    double c = TimedMemcpy(m, ref.get());
+    double cpu = 0;
+    double c = TimedMemcpy(m, ref.get(), &cpu);
     own_copies.push_back(c);
     copies.push_back(MaxOverRanks(c));
+    copy_cpu.push_back(MaxOverRanks(cpu));
+    Barrier();
+    copies_huge.push_back(MaxOverRanks(TimedMemcpy(m, ref_huge.data())));
     if (i == f.saves) break;
     Barrier();
     double fault_count = 0;
-    double s = TimedSave(*mgr, step++, m.arrays, &fault_count);
+    double s = TimedSave(*mgr, step++, m.arrays, &fault_count, &cpu);
     own_stalls.push_back(s);
     stalls.push_back(MaxOverRanks(s));
+    save_cpu.push_back(MaxOverRanks(cpu));
     faults.push_back(MaxOverRanks(fault_count));
     CheckOk(mgr->WaitUntilFinished(), "commit");
     cached.push_back(SlowestRank(mgr->LastSaveTimings()));
@@ -592,6 +609,9 @@ json Run(const Flags& f) {
   out["memcpy"] = {{"median_s", copy_med},
                    {"min_s", *std::min_element(copies.begin(), copies.end())},
                    {"gibps", GiBps(local, copy_med)},
+                   {"cpu_median_s", Median(copy_cpu)},
+                   {"huge_pages_median_s", Median(copies_huge)},
+                   {"huge_pages_samples_s", copies_huge},
                    {"samples_s", copies}};
   out["stall"] = {{"first_s", first.stall},
                   {"first_ratio", first.stall / copy_med},
@@ -599,6 +619,8 @@ json Run(const Flags& f) {
                   {"first_minor_faults", first.faults},
                   {"steady_minor_faults_median", Median(faults)},
                   {"steady_min_s", *std::min_element(stalls.begin(), stalls.end())},
+                  {"steady_cpu_median_s", Median(save_cpu)},
+                  {"steady_ratio_vs_huge_pages", stall_med / Median(copies_huge)},
                   {"warmup_s", warm.stall},
                   {"steady_median_s", stall_med},
                   {"steady_gibps", GiBps(local, stall_med)},
@@ -658,6 +680,9 @@ void PrintTable(const json& r, bool per_rank) {
              "vs memcpy", "target");
   fmt::print("  {:<44} {:>12} {:8.2f} {:>10}\n", "memcpy into touched memory", Ms(copy),
              GiBps(local, copy), "1.00x");
+  const double huge = r["memcpy"]["huge_pages_median_s"];
+  fmt::print("  {:<44} {:>12} {:8.2f} {:9.2f}x\n", "memcpy into touched huge pages (as staging)",
+             Ms(huge), GiBps(local, huge), huge / copy);
   fmt::print("  {:<44} {:>12} {:8.2f} {:9.2f}x  <= {:.2f}x: {}\n",
              fmt::format("Save, steady state ({} saves)", c["saves"].get<int>()),
              Ms(st["steady_median_s"]), st["steady_gibps"].get<double>(),
@@ -668,6 +693,8 @@ void PrintTable(const json& r, bool per_rank) {
              "  fastest sample", Ms(r["memcpy"]["min_s"]), Ms(st["steady_min_s"]),
              st["first_minor_faults"].get<double>(),
              st["steady_minor_faults_median"].get<double>());
+  fmt::print("  {:<44} memcpy{} Save{} (all threads of the process)\n", "  CPU time, median",
+             Ms(r["memcpy"]["cpu_median_s"]), Ms(st["steady_cpu_median_s"]));
   const json& rss = r["rss"];
   fmt::print("  {:<44} {:9.1f} MiB {:>8} {:9.2f}x  <= 1.00x + 64 MiB: {}\n",
              "extra peak RSS (local bytes: 1.00x)", MiB(rss["extra_bytes"]), "",
