@@ -13,13 +13,15 @@
 #   libgtest-dev                  GoogleTest
 #   python3-h5py-mpi python3-numpy  reading checkpoints without mhckpt (tests)
 #   libcli11-dev                  command-line parsing (mhckpt CLI, mhckpt-train-demo)
+#   slurm-wlm                     Slurm (slurmctld, slurmd, srun): the local cluster of the slurm tests
+#   munge                         Slurm's authentication daemon (slurm/local-cluster.sh starts it)
 #   clang-14 libclang-rt-14-dev   libFuzzer for fuzz/run.sh (ctest label fuzz; skipped without)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(cmake g++ make pkg-config openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
           nlohmann-json3-dev libfmt-dev libspdlog-dev libxxhash-dev libgtest-dev python3-h5py-mpi python3-numpy
-          libcli11-dev clang-14 libclang-rt-14-dev)
+          libcli11-dev clang-14 libclang-rt-14-dev slurm-wlm munge)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -1,0 +1,600 @@
+#!/usr/bin/python3
+"""Node failures during checkpoint writes, on a real (local) Slurm cluster.
+
+Each round runs mhckpt-train-demo (sharded weights and Adam state, an
+asynchronous save every --save-every steps) as a Slurm job on N nodes (one rank
+per node), fails one of its nodes while a save is being written, and has the
+job relaunched on M != N nodes, where it must resume from the latest committed
+step. A round is written KIND:N>M[>...] (several failures in one round):
+
+  loop:3>2     sbatch --no-kill -N 3 slurm/relaunch-loop.sh -- demo ...: the
+               loop notices the failed launch and relaunches by itself on the
+               2 nodes still up (M = N - 1 each time; the loop is under test).
+  sbatch:2>3   sbatch -N 2 slurm/train.sbatch; the node failure ends the job
+               (NODE_FAIL); then sbatch -N 3 slurm/train.sbatch, which resumes
+               because a committed step exists.
+
+A node failure, as a real one looks to Slurm and to the other ranks: SIGKILL of
+the demo's rank on that node (found through the node's UTS namespace), then
+`scontrol update NodeName=nK State=DOWN Reason=stress`. The node is resumed
+(State=RESUME) at the start of the next round.
+
+Checks, for every round:
+  - each relaunch restores the newest step committed when the failed launch
+    ended, and its restore fingerprint equals the one printed when that step
+    committed (and the one numpy computes from its data.h5);
+  - `mhckpt verify ROOT --all` passes, and the fingerprint of every committed
+    step's data.h5 equals the one printed at its commit (a "broken commit"
+    otherwise: a step that counts as committed but is not what was saved);
+  - the last launch trains to the end.
+Prints the counts (saves, failures injected, restores verified, broken
+commits) and exits non-zero unless every check passed.
+
+  slurm/stress.py --up 3 --rounds loop:3>2 --work /tmp/mhckpt-stress   # brings the cluster up and down
+  slurm/stress.py --rounds 'loop:4>3>2,sbatch:2>3' ...                  # on a cluster already up
+"""
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FINGERPRINT = re.compile(r"^fingerprint step=(\d+) ([0-9a-f]{16})$", re.M)
+COMMITTED = re.compile(r"^committed step=(\d+):", re.M)
+RESTORED = re.compile(r"^restored step=(\d+) from .* at (\d+) ranks?:", re.M)
+MODEL = re.compile(r"^model: .*; (\d+) ranks?,", re.M)
+DONE = re.compile(r"^done: step (\d+)", re.M)
+LOOP_ATTEMPT = re.compile(r"^relaunch-loop: attempt (\d+)/\d+: (\d+) nodes \(([^)]*)\)", re.M)
+TERMINAL = {"COMPLETED", "FAILED", "NODE_FAIL", "CANCELLED", "TIMEOUT", "BOOT_FAIL",
+            "OUT_OF_MEMORY", "DEADLINE", "PREEMPTED"}
+MASK = (1 << 64) - 1
+
+
+class StressError(Exception):
+    pass
+
+
+def log(msg):
+    print("stress: " + msg, flush=True)
+
+
+def check(cond, what):
+    if not cond:
+        raise StressError(what)
+
+
+# ---- the demo's fingerprint, from data.h5 alone (demo/fingerprint.h) ----
+
+def splitmix64(x):
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def fnv1a64(s):
+    h = 0xCBF29CE484222325
+    for c in s.encode():
+        h = ((h ^ c) * 0x100000001B3) & MASK
+    return h
+
+
+def file_fingerprint(step_dir):
+    with open(os.path.join(step_dir, "commit.json")) as f:
+        marker = json.load(f)
+    total = 0
+    with np.errstate(over="ignore"), h5py.File(os.path.join(step_dir, "data.h5"), "r") as f:
+        for a in marker["arrays"]:
+            data = np.ascontiguousarray(f[a["name"]][()]).reshape(-1)
+            size = data.dtype.itemsize
+            raw = np.zeros((data.size, 8), np.uint8)
+            raw[:, :size] = data.view(np.uint8).reshape(-1, size)
+            values = raw.view("<u8").reshape(-1)
+            index = np.arange(data.size, dtype=np.uint64)
+            terms = splitmix64(np.uint64(fnv1a64(a["name"])) + splitmix64(index + splitmix64(values)))
+            total = (total + int(terms.sum(dtype=np.uint64))) & MASK
+    return "%016x" % total
+
+
+# ---- Slurm and the local cluster ----
+
+class Cluster:
+    def __init__(self, args):
+        self.args = args
+        self.base = os.environ.get("MHCKPT_SLURM_BASE", "/tmp/mhckpt-slurm")
+        self.env = dict(os.environ)
+        self.env["SLURM_CONF"] = os.path.join(self.base, "slurm.conf")
+        # One rank per node here, but oversubscribed cores: ranks waiting in
+        # MPI yield instead of spinning.
+        self.env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+        self.env.setdefault("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
+        # Every "node" is this machine: MPI's TCP traffic stays on loopback.
+        self.env.setdefault("OMPI_MCA_btl_tcp_if_include", "lo")
+        self.env.setdefault("OMPI_MCA_oob_tcp_if_include", "lo")
+        self.env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
+        self.env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+        self.jobs = set()
+
+    def run(self, *cmd, timeout=30, check_rc=True):
+        try:
+            p = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise StressError("timed out after %d s: %s" % (timeout, " ".join(cmd)))
+        if check_rc and p.returncode != 0:
+            raise StressError("%s -> %d: %s%s" % (" ".join(cmd), p.returncode, p.stdout, p.stderr))
+        return p
+
+    def local_cluster(self, *what, timeout=120):
+        cmd = [os.path.join(HERE, "local-cluster.sh")] + list(what)
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise StressError("'%s' did not finish within %d s" % (" ".join(cmd), timeout))
+        sys.stdout.write(p.stdout)
+        sys.stdout.write(p.stderr)
+        if p.returncode != 0:
+            raise StressError("'%s' failed (status %d): see its messages above"
+                              % (" ".join(cmd), p.returncode))
+
+    def node_states(self):
+        out = self.run("sinfo", "-h", "-N", "-o", "%N %T").stdout
+        return dict(line.split()[:2] for line in out.splitlines() if line.strip())
+
+    def all_nodes(self):
+        return sorted(self.node_states(), key=lambda n: int(re.sub(r"\D", "", n) or 0))
+
+    def restore_nodes(self, timeout=30):
+        """RESUMEs every node down or drained, waits for all to be idle."""
+        states = self.node_states()
+        for node, state in states.items():
+            if state.startswith(("down", "drain", "fail")):
+                self.run("scontrol", "update", "NodeName=" + node, "State=RESUME")
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            states = self.node_states()
+            if all(s == "idle" for s in states.values()):
+                return len(states)
+            time.sleep(0.3)
+        raise StressError("nodes not all idle %d s after RESUME: %s" % (timeout, states))
+
+    def job_state(self, jid):
+        p = self.run("scontrol", "show", "job", "-o", jid, check_rc=False)
+        if p.returncode != 0:
+            return "GONE"
+        m = re.search(r"\bJobState=(\S+)", p.stdout)
+        return m.group(1) if m else "UNKNOWN"
+
+    def job_nodes(self, jid):
+        p = self.run("scontrol", "show", "job", "-o", jid)
+        m = re.search(r"\bNodeList=(\S+)", p.stdout)
+        if not m or m.group(1) == "(null)":
+            return []
+        return self.run("scontrol", "show", "hostnames", m.group(1)).stdout.split()
+
+    def wait_job(self, jid, timeout):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            state = self.job_state(jid)
+            if state in TERMINAL or state == "GONE":
+                self.jobs.discard(jid)
+                return state
+            time.sleep(0.5)
+        raise StressError("job %s still %s after %d s" % (jid, self.job_state(jid), timeout))
+
+    def sbatch(self, *args, extra_env=None):
+        env = dict(self.env)
+        env.update(extra_env or {})
+        try:
+            p = subprocess.run(["sbatch", "--parsable"] + list(args), env=env, capture_output=True,
+                               text=True, timeout=30)
+        except subprocess.TimeoutExpired:
+            raise StressError("sbatch did not answer within 30 s")
+        check(p.returncode == 0, "sbatch %s failed: %s" % (" ".join(args), p.stderr))
+        jid = p.stdout.strip().split(";")[0]
+        self.jobs.add(jid)
+        return jid
+
+    def cancel_all(self):
+        for jid in list(self.jobs):
+            self.run("scancel", jid, check_rc=False)
+        self.jobs.clear()
+
+    def fail_node(self, node, demo):
+        """SIGKILL of the demo's processes on `node`, then the node set DOWN."""
+        pid_file = os.path.join(self.base, "pids", "slurmd-%s.pid" % node)
+        with open(pid_file) as f:
+            slurmd = f.read().strip()
+        uts = os.readlink("/proc/%s/ns/uts" % slurmd)
+        demo_exe = os.path.realpath(demo)
+        killed = []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                if (os.readlink("/proc/%s/ns/uts" % pid) == uts
+                        and os.path.realpath("/proc/%s/exe" % pid) == demo_exe):
+                    os.kill(int(pid), signal.SIGKILL)
+                    killed.append(int(pid))
+            except (OSError, ProcessLookupError):
+                pass
+        self.run("scontrol", "update", "NodeName=" + node, "State=DOWN", "Reason=stress")
+        return killed
+
+
+# ---- checkpoint directory ----
+
+def step_dirs(root):
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return {}
+    return {int(n[5:]): os.path.join(root, n) for n in names
+            if n.startswith("step_") and n[5:].isdigit()}
+
+
+def committed_steps(cluster, root):
+    """{step: world_size} of the committed steps, from `mhckpt list --json`."""
+    if not os.path.isdir(root):
+        return {}
+    out = cluster.run(cluster.args.cli, "list", root, "--json", timeout=120).stdout
+    return {s["step"]: s["world_size"] for s in json.loads(out)["steps"] if s["committed"]}
+
+
+def in_flight(root, after):
+    """The newest step directory above `after` without a commit marker, or None."""
+    steps = step_dirs(root)
+    newer = [s for s in steps if s > after]
+    if not newer:
+        return None
+    s = max(newer)
+    return s if not os.path.exists(os.path.join(steps[s], "commit.json")) else None
+
+
+def read(path):
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
+
+
+# ---- one round ----
+
+class Totals:
+    def __init__(self):
+        self.rounds = 0
+        self.launches = 0
+        self.saves = 0                # committed steps (all kept: --max-to-keep 0)
+        self.failures = 0             # nodes failed
+        self.mid_write = 0            # ... while a save was being written
+        self.restores = 0             # relaunches that restored
+        self.restores_verified = 0    # restore fingerprint == commit fingerprint == data.h5
+        self.restores_file_only = 0   # == data.h5 (the commit line was not printed yet)
+        self.restore_mismatches = 0
+        self.steps_verified = 0       # committed steps through mhckpt verify and numpy
+        self.broken_commits = 0
+        self.errors = []
+
+    def line(self):
+        return ("rounds %d, launches %d, saves committed %d, failures injected %d "
+                "(%d during a write), restores verified %d of %d (%d against data.h5 only), "
+                "committed steps verified %d, broken commits %d, restore mismatches %d"
+                % (self.rounds, self.launches, self.saves, self.failures, self.mid_write,
+                   self.restores_verified, self.restores, self.restores_file_only,
+                   self.steps_verified, self.broken_commits, self.restore_mismatches))
+
+
+def parse_round(text):
+    kind, _, counts = text.partition(":")
+    try:
+        nodes = [int(x) for x in counts.split(">")]
+    except ValueError:
+        nodes = []
+    if kind not in ("loop", "sbatch") or len(nodes) < 2 or min(nodes) < 1:
+        raise SystemExit("bad round '%s': want loop:N>M[>...] or sbatch:N>M[>...]" % text)
+    for a, b in zip(nodes, nodes[1:]):
+        if a == b:
+            raise SystemExit("round '%s': each relaunch must change the node count" % text)
+        if kind == "loop" and b != a - 1:
+            raise SystemExit("round '%s': the loop relaunches on the nodes left (N-1)" % text)
+    if kind == "loop" and nodes[0] < 2:
+        raise SystemExit("round '%s': a loop round needs a node besides the batch host" % text)
+    return kind, nodes
+
+
+def attempt_texts(kind, outputs):
+    """The output of each launch, in order."""
+    if kind == "sbatch":
+        return outputs
+    text = outputs[0]
+    starts = [m.start() for m in LOOP_ATTEMPT.finditer(text)]
+    return [text[a:b] for a, b in zip(starts, starts[1:] + [len(text)])]
+
+
+def wait_for_write(cluster, args, kind, outputs_fn, attempt, root, deadline, jid):
+    """Waits until this launch printed --commits-before commits and a later save is
+    being written. Returns (victim candidates, in-flight step or None)."""
+    nodes = []
+    while time.time() < deadline:
+        texts = attempt_texts(kind, outputs_fn())
+        if len(texts) >= attempt:
+            text = texts[attempt - 1]
+            commits = [int(s) for s in COMMITTED.findall(text)]
+            check(not DONE.search(text),
+                  "launch %d finished before a failure could be injected: raise --steps" % attempt)
+            if len(commits) >= args.commits_before:
+                if kind == "loop":
+                    m = LOOP_ATTEMPT.search(text)
+                    nodes = m.group(3).split(",")
+                else:
+                    nodes = cluster.job_nodes(jid)
+                break
+        state = cluster.job_state(jid)
+        check(state not in TERMINAL and state != "GONE",
+              "job %s ended (%s) before launch %d committed %d steps"
+              % (jid, state, attempt, args.commits_before))
+        time.sleep(0.1)
+    else:
+        raise StressError("launch %d: no %d commits within the time limit" % (attempt, args.commits_before))
+    last = max(commits)
+    # Catch a save in flight: its directory exists, its marker does not.
+    catch_deadline = min(deadline, time.time() + args.catch_seconds)
+    while time.time() < catch_deadline:
+        s = in_flight(root, last)
+        if s is not None:
+            return nodes, s
+        time.sleep(0.02)
+    return nodes, None
+
+
+def run_round(cluster, args, index, spec, totals, rng):
+    kind, counts = spec
+    name = "round%02d_%s_%s" % (index, kind, "-".join(map(str, counts)))
+    work = os.path.join(args.work, name)
+    root = os.path.join(work, "ckpt")
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    t_round = time.time()
+    deadline = t_round + args.round_timeout
+    log("== %s: %s on %s nodes" % (name, "relaunch loop" if kind == "loop" else "sbatch jobs",
+                                   " -> ".join(map(str, counts))))
+    available = cluster.restore_nodes()
+    check(max(counts) <= available, "%s needs %d nodes, the cluster has %d"
+          % (name, max(counts), available))
+
+    demo_args = [args.demo, "--dir", root, "--steps", str(args.steps), "--save-every",
+                 str(args.save_every), "--model-mib", str(args.model_mib), "--max-to-keep", "0",
+                 "--log-every", str(args.save_every)]
+    outs = []
+    jobs = []
+    latest_at_failure = []   # per failed launch: newest committed step once it ended
+    failed_in_flight = []    # per failed launch: the step being written (or None)
+    train_env = {"MHCKPT_CKPT_DIR": root, "MHCKPT_BIN_DIR": os.path.dirname(args.demo),
+                 "MHCKPT_DEMO_STEPS": str(args.steps), "MHCKPT_DEMO_SAVE_EVERY": str(args.save_every),
+                 "MHCKPT_DEMO_MIB": str(args.model_mib), "MHCKPT_DEMO_MAX_TO_KEEP": "0",
+                 "MHCKPT_SLURM_DIR": HERE}
+
+    def submit(n, attempt):
+        out = os.path.join(work, "launch%d.out" % attempt if kind == "sbatch" else "job.out")
+        outs.append(out)
+        if kind == "loop":
+            jid = cluster.sbatch("--no-kill", "-N", str(n), "--ntasks-per-node=1", "-o", out,
+                                 "-D", work, "-J", name,
+                                 os.path.join(HERE, "relaunch-loop.sh"), "--attempts",
+                                 str(len(counts) + 1), "--ckpt-dir", root, "--mhckpt", args.cli,
+                                 "--delay", "2", "--", *demo_args)
+        else:
+            # --no-requeue: the node failure must end the job (NODE_FAIL)
+            # rather than Slurm requeueing it on its own.
+            jid = cluster.sbatch("--no-requeue", "-N", str(n), "--ntasks-per-node=1", "-o", out, "-D", work,
+                                 "-J", name, os.path.join(HERE, "train.sbatch"),
+                                 extra_env=train_env)
+        jobs.append(jid)
+        return jid
+
+    def make_room(n):
+        """Brings failed nodes back (State=RESUME) if fewer than n are up."""
+        up = [s for s in cluster.node_states().values() if s in ("idle", "mixed", "allocated")]
+        if len(up) < n:
+            log("%d nodes up, %d wanted: RESUME of the failed ones" % (len(up), n))
+            cluster.restore_nodes()
+
+    outputs = lambda: [read(o) for o in outs]
+    jid = submit(counts[0], 1)
+    for attempt in range(1, len(counts)):
+        if kind == "sbatch" and attempt > 1:
+            make_room(counts[attempt - 1])
+            jid = submit(counts[attempt - 1], attempt)
+        nodes, flying = wait_for_write(cluster, args, kind, outputs, attempt, root, deadline, jid)
+        candidates = nodes[1:] if kind == "loop" else nodes   # the loop's batch host survives
+        victim = rng.choice(candidates)
+        killed = cluster.fail_node(victim, args.demo)
+        totals.failures += 1
+        log("launch %d on %s: failed node %s (SIGKILL of %d rank(s), State=DOWN) %s"
+            % (attempt, ",".join(nodes), victim, len(killed),
+               "while step %d was being written" % flying if flying is not None
+               else "(no save caught in flight)"))
+        failed_in_flight.append(flying)
+        # The failed launch is over when the loop says so, or the job ended.
+        while True:
+            check(time.time() < deadline, "%s: launch %d did not end after the failure" % (name, attempt))
+            if kind == "sbatch":
+                state = cluster.wait_job(jid, max(1, deadline - time.time()))
+                check(state in ("NODE_FAIL", "FAILED", "GONE"),
+                      "launch %d ended %s after its node failed, expected NODE_FAIL" % (attempt, state))
+                break
+            if re.search(r"^relaunch-loop: attempt %d/\d+: failed" % attempt, outputs()[0], re.M):
+                break
+            check(cluster.job_state(jid) not in TERMINAL, "the relaunch loop's job ended early")
+            time.sleep(0.1)
+        latest_at_failure.append(max(committed_steps(cluster, root) or {None: 0}))
+        totals.launches += 1
+    if kind == "sbatch":
+        make_room(counts[-1])
+        jid = submit(counts[-1], len(counts))
+    state = cluster.wait_job(jid, max(1, deadline - time.time()))
+    totals.launches += 1
+    texts = attempt_texts(kind, outputs())
+    check(state in ("COMPLETED", "GONE") and texts and DONE.search(texts[-1]),
+          "%s: the last launch did not finish (job %s %s); output in %s"
+          % (name, jid, state, ", ".join(outs)))
+    check(len(texts) == len(counts), "%s: %d launches, expected %d" % (name, len(texts), len(counts)))
+
+    # Commit-time fingerprints, by (step, ranks of the launch that printed them).
+    printed = {}
+    for i, text in enumerate(texts):
+        ranks = int(MODEL.search(text).group(1)) if MODEL.search(text) else None
+        check(ranks == counts[i], "%s: launch %d ran %s ranks, expected %d" % (name, i + 1, ranks, counts[i]))
+        restored = RESTORED.search(text)
+        fps = FINGERPRINT.findall(text)
+        if restored:
+            fps = fps[1:]   # the first fingerprint line is the restore's
+        for s in COMMITTED.findall(text):
+            fp = dict(fps).get(s)
+            if fp:
+                printed[(int(s), ranks)] = fp
+
+    # Every committed step: mhckpt verify, and data.h5 against the printed fingerprint.
+    committed = committed_steps(cluster, root)
+    totals.saves += len(committed)
+    p = cluster.run(args.cli, "verify", root, "--all", timeout=300, check_rc=False)
+    verify_failed = p.returncode != 0
+    if verify_failed:
+        log("%s: mhckpt verify --all failed:\n%s%s" % (name, p.stdout, p.stderr))
+    file_fp = {}
+    for step, world in sorted(committed.items()):
+        file_fp[step] = file_fingerprint(step_dirs(root)[step])
+        want = printed.get((step, world))
+        bad = verify_failed and ("step %d" % step) in (p.stdout + p.stderr)
+        if want is not None and want != file_fp[step]:
+            bad = True
+            log("%s: step %d (committed at %d ranks): data.h5 hashes to %s, %s was printed at commit"
+                % (name, step, world, file_fp[step], want))
+        if bad:
+            totals.broken_commits += 1
+        totals.steps_verified += 1
+    if verify_failed and totals.broken_commits == 0:
+        totals.broken_commits += 1   # verify failed on something it did not name by step
+
+    # Each relaunch restored the newest committed step, bit for bit.
+    for i in range(1, len(counts)):
+        text = texts[i]
+        m = RESTORED.search(text)
+        check(m is not None, "%s: launch %d did not restore" % (name, i + 1))
+        step, ranks = int(m.group(1)), int(m.group(2))
+        restore_fp = FINGERPRINT.findall(text)[0]
+        check(restore_fp[0] == str(step), "%s: launch %d: no fingerprint after its restore" % (name, i + 1))
+        totals.restores += 1
+        want_step = latest_at_failure[i - 1]
+        ok = step == want_step and ranks == counts[i]
+        commit_fp = printed.get((step, counts[i - 1]))
+        ok = ok and file_fp.get(step) == restore_fp[1]
+        if commit_fp is not None:
+            ok = ok and commit_fp == restore_fp[1]
+        if ok:
+            totals.restores_verified += 1
+            if commit_fp is None:
+                totals.restores_file_only += 1
+        else:
+            totals.restore_mismatches += 1
+        log("launch %d: %d nodes, restored step %d (newest committed: %s) fingerprint %s; at commit %s, "
+            "data.h5 %s: %s" % (i + 1, counts[i], step, want_step, restore_fp[1], commit_fp or "(not printed)",
+                                file_fp.get(step), "OK" if ok else "MISMATCH"))
+        flying = failed_in_flight[i - 1]
+        # The save being written when the node failed: never committed by the failed launch.
+        if flying is not None:
+            if committed.get(flying) == counts[i - 1] and flying <= step:
+                log("launch %d: step %d committed before the failure took effect" % (i, flying))
+            else:
+                totals.mid_write += 1
+    totals.rounds += 1
+    log("%s: OK in %.0f s (%d committed steps, all verified)" % (name, time.time() - t_round, len(committed)))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    root = os.path.dirname(HERE)
+    parser.add_argument("--rounds", default="loop:3>2",
+                        help="comma-separated KIND:N>M[>...] (default loop:3>2)")
+    parser.add_argument("--repeat", type=int, default=1, help="run the list of rounds this many times")
+    parser.add_argument("--up", type=int, metavar="NODES",
+                        help="bring the local cluster up with NODES nodes first, and down at the end")
+    parser.add_argument("--work", default="/tmp/mhckpt-stress", help="checkpoints and job output")
+    parser.add_argument("--demo", default=os.path.join(root, "build/bin/mhckpt-train-demo"))
+    parser.add_argument("--cli", default=os.path.join(root, "build/bin/mhckpt"))
+    parser.add_argument("--model-mib", type=float, default=8, help="sharded state per save")
+    parser.add_argument("--save-every", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=80, help="each round trains to this step")
+    parser.add_argument("--commits-before", type=int, default=2,
+                        help="commits a launch prints before its node fails")
+    parser.add_argument("--catch-seconds", type=float, default=10,
+                        help="how long to wait for a save in flight before failing the node anyway")
+    parser.add_argument("--round-timeout", type=float, default=150)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", help="write the counts here as JSON")
+    args = parser.parse_args()
+    rounds = [parse_round(r) for r in args.rounds.split(",") if r] * args.repeat
+    for f in (args.demo, args.cli):
+        if not os.access(f, os.X_OK):
+            raise SystemExit("stress: %s is not built (cmake --build build)" % f)
+    args.work = os.path.abspath(args.work)
+    args.demo = os.path.abspath(args.demo)
+    args.cli = os.path.abspath(args.cli)
+    os.makedirs(args.work, exist_ok=True)
+
+    # SIGTERM (ctest's timeout, a person's kill) ends like Ctrl-C: jobs
+    # cancelled, the cluster taken down if this run brought it up.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    cluster = Cluster(args)
+    totals = Totals()
+    rng = random.Random(args.seed)
+    t0 = time.time()
+    status = 1
+    try:
+        if args.up:
+            cluster.local_cluster("up", str(args.up))
+        cluster.run("sinfo", timeout=15)
+        for i, spec in enumerate(rounds, 1):
+            try:
+                run_round(cluster, args, i, spec, totals, rng)
+            except StressError as e:
+                totals.errors.append("round %d: %s" % (i, e))
+                log("round %d FAILED: %s" % (i, e))
+                cluster.cancel_all()
+        ok = (not totals.errors and totals.broken_commits == 0 and totals.restore_mismatches == 0
+              and totals.restores_verified == totals.restores == totals.failures)
+        status = 0 if ok else 1
+    except StressError as e:
+        totals.errors.append(str(e))
+        log("FAILED: %s" % e)
+    except KeyboardInterrupt:
+        totals.errors.append("interrupted")
+        log("interrupted")
+    finally:
+        cluster.cancel_all()
+        if args.up:
+            try:
+                cluster.local_cluster("down", timeout=60)
+            except StressError as e:
+                log("taking the cluster down: %s" % e)
+    elapsed = time.time() - t0
+    log("%s; %.0f s" % (totals.line(), elapsed))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(vars(totals), seconds=round(elapsed, 1), rounds_spec=args.rounds,
+                           repeat=args.repeat, model_mib=args.model_mib, ok=status == 0), f, indent=1)
+    log("PASSED" if status == 0 else "FAILED: " + "; ".join(totals.errors or ["counts above"]))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
