@@ -368,6 +368,8 @@ Status CheckpointManager::Impl::CommitSave(SaveJob& job) {
     for (const auto& rank_sums : all) {
       for (const BoxSum& b : rank_sums) plan.arrays[b.array].boxes[b.box].checksum = b.sum;
     }
+    // The space reserved in step 2 beyond what HDF5 used goes back.
+    if (s.ok()) s = io::TrimToRecordedEnd(io::DataPath(root_, job.step));
     if (s.ok()) s = fault::Hit("before_marker");
     if (s.ok()) {
       plan.created_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(

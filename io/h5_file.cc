@@ -1,6 +1,11 @@
 #include "io/h5_file.h"
 
+#include <fcntl.h>
 #include <hdf5.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <mutex>
 #include <utility>
@@ -127,6 +132,24 @@ int64_t H5TypeFor(DType dtype) {
     case DType::kFloat8E5M2: return H5Tcopy(H5T_STD_U8LE);  // raw bits; see kDTypeAttribute
   }
   return -1;
+}
+
+Status TrimToRecordedEnd(const std::string& path) {
+  SilenceHdf5();
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);  // serial (sec2) driver
+  if (f < 0) return H5Error(fmt::format("open '{}' to trim it", path));
+  haddr_t eoa = 0;
+  herr_t rc = H5Fget_eoa(f, &eoa);
+  H5Fclose(f);
+  if (rc < 0) return H5Error(fmt::format("get end of '{}'", path));
+  int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return IoError(fmt::format("open '{}': {}", path, std::strerror(errno)));
+  Status s;
+  if (::ftruncate(fd, static_cast<off_t>(eoa)) != 0 || ::fsync(fd) != 0) {
+    s = IoError(fmt::format("trim '{}' to {} bytes: {}", path, eoa, std::strerror(errno)));
+  }
+  ::close(fd);
+  return s;
 }
 
 // ---- Dataset ----

@@ -28,6 +28,11 @@ inline constexpr const char* kDTypeAttribute = "mhckpt_dtype";
 /// file and memory type so bytes are copied without conversion.
 int64_t H5TypeFor(DType dtype);
 
+/// Not collective (one rank, after every rank closed the file): cuts the file
+/// back to the end HDF5 recorded for it, dropping space reserved but unused
+/// (see Preallocate in io/posix_file.h), and fsyncs it.
+Status TrimToRecordedEnd(const std::string& path);
+
 class Dataset {
  public:
   Dataset() = default;
