@@ -75,11 +75,16 @@ pid_alive() {
 
 recorded_pid() { cat "$PIDS/$1.pid" 2>/dev/null || true; }
 
-# Waits up to $1 seconds for the command "$2 ..." to succeed.
+# Waits up to $1 seconds for the command "$3 ..." to succeed, and gives up at
+# once if the daemon whose PID file is $PIDS/$2.pid died ("" for none).
 wait_for() {
-  local limit=$1 t0=$SECONDS
-  shift
+  local limit=$1 daemon=$2 t0=$SECONDS
+  shift 2
   until "$@" >/dev/null 2>&1; do
+    if [ -n "$daemon" ] && ! pid_alive "$(recorded_pid "$daemon")"; then
+      echo "local-cluster: $daemon exited" >&2
+      return 1
+    fi
     [ $((SECONDS - t0)) -lt "$limit" ] || return 1
     sleep 0.2
   done
@@ -205,14 +210,22 @@ EOF
 
 # ---- down ------------------------------------------------------------------
 
-# Processes whose environment carries this cluster's marker.
+# Processes whose environment carries this cluster's marker, or that live in
+# one of the UTS namespaces $@ (a node's: its slurmstepd and job tasks, whose
+# environment does not carry the marker).
 owned_pids() {
-  local p
+  local p ns
   for p in /proc/[0-9]*; do
+    [ "${p#/proc/}" != $$ ] || continue
     if grep -qzxF "$OWNER" "$p/environ" 2>/dev/null; then
       echo "${p#/proc/}"
+      continue
     fi
+    [ $# -gt 0 ] || continue
+    ns=$(readlink "$p/ns/uts" 2>/dev/null) || continue
+    if [[ " $* " == *" $ns "* ]]; then echo "${p#/proc/}"; fi
   done
+  return 0
 }
 
 do_down() {
@@ -228,9 +241,17 @@ do_down() {
       sleep 0.3
     done
   fi
+  # The nodes' own UTS namespaces (never this shell's), for the sweep below.
+  local node_ns=() f ns host_ns
+  host_ns=$(readlink /proc/$$/ns/uts)
+  for f in "$PIDS"/slurmd-*.pid "$PIDS/slurmctld.pid"; do
+    [ -f "$f" ] && pid_alive "$(cat "$f")" || continue
+    ns=$(readlink "/proc/$(cat "$f")/ns/uts" 2>/dev/null) || continue
+    [ "$ns" = "$host_ns" ] || node_ns+=("$ns")
+  done
   # Node daemons, then the controller, then munged; each group SIGTERM'd at
   # once, SIGKILL'd after 5 s.
-  local group f pid t0
+  local group pid t0
   for group in slurmd slurmctld munged; do
     local pids=()
     for f in "$PIDS/$group"*.pid; do
@@ -253,7 +274,7 @@ do_down() {
   done
   # Leftovers of this cluster (slurmstepd of a job that did not end).
   local left
-  left=$(owned_pids | tr '\n' ' ')
+  left=$(owned_pids "${node_ns[@]}" | tr '\n' ' ')
   if [ -n "${left// /}" ]; then
     log "down: SIGKILL to leftover processes of this cluster: $left"
     # shellcheck disable=SC2086
@@ -261,6 +282,13 @@ do_down() {
   fi
   echo 0 >"$BASE/nodes"
   log "down: stopped (base $BASE)"
+}
+
+# A failed bring-up: stop what did start, then fail with the message.
+fail_up() {
+  echo "local-cluster: bring-up failed: $*" >&2
+  do_down >&2 || true
+  die "$*"
 }
 
 # ---- up --------------------------------------------------------------------
@@ -284,7 +312,7 @@ start_munged() {
   start_daemon munged "$BASE/log/munged.out" runuser -u munge -- munged --foreground \
     --socket="$m/munge.socket.2" --key-file="$m/munge.key" --pid-file="$m/munged.pid" \
     --log-file="$m/munged.log" --seed-file="$m/munged.seed"
-  if ! wait_for "$TIMEOUT" test -S "$m/munge.socket.2"; then
+  if ! wait_for "$TIMEOUT" munged test -S "$m/munge.socket.2"; then
     tail_log "$BASE/log/munged.out"
     tail_log "$m/munged.log"
     return 1
@@ -319,23 +347,20 @@ do_up() {
   conf_text "$n" >"$CONF"
   echo "export SLURM_CONF=$CONF" >"$BASE/env"
   echo "$n" >"$BASE/nodes"
-  trap 'echo "local-cluster: bring-up failed; taking down what started" >&2; do_down >&2' ERR
-
-  start_munged || die "munged did not create its socket within ${TIMEOUT} s (logs above)"
+  start_munged || fail_up "munged did not create its socket within ${TIMEOUT} s (logs above)"
 
   start_daemon slurmctld "$BASE/log/slurmctld.out" unshare --uts \
     sh -c 'hostname ctl && exec slurmctld -D -i -f "$1"' sh "$CONF"
-  if ! wait_for "$TIMEOUT" sl scontrol ping; then
+  if ! wait_for "$TIMEOUT" slurmctld sl scontrol ping; then
     tail_log "$BASE/log/slurmctld.out"
-    tail_log "$BASE/log/slurmctld.log"
-    die "slurmctld did not answer 'scontrol ping' within ${TIMEOUT} s (logs above)"
+    fail_up "slurmctld did not answer 'scontrol ping' within ${TIMEOUT} s (its log is above; $BASE/log/)"
   fi
 
   for ((k = 1; k <= n; k++)); do
     start_daemon "slurmd-n$k" "$BASE/log/slurmd-n$k.out" unshare --uts \
       sh -c 'hostname "$1" && exec slurmd -D -f "$2" -N "$1"' sh "n$k" "$CONF"
   done
-  if ! wait_for "$TIMEOUT" all_idle "$n"; then
+  if ! wait_for "$TIMEOUT" slurmctld all_idle "$n"; then
     sl sinfo -N >&2 || true
     for ((k = 1; k <= n; k++)); do
       pid_alive "$(recorded_pid "slurmd-n$k")" || echo "slurmd n$k is not running" >&2
@@ -343,9 +368,8 @@ do_up() {
     tail_log "$BASE/log/slurmd-n1.out"
     tail_log "$BASE/log/slurmd-n1.log"
     tail_log "$BASE/log/slurmctld.log"
-    die "the $n nodes were not all idle within ${TIMEOUT} s (logs above)"
+    fail_up "the $n nodes were not all idle within ${TIMEOUT} s (logs above; $BASE/log/)"
   fi
-  trap - ERR
   print_usage_hint
 }
 

@@ -209,25 +209,29 @@ class Cluster:
         self.jobs.clear()
 
     def fail_node(self, node, demo):
-        """SIGKILL of the demo's processes on `node`, then the node set DOWN."""
+        """The node dies: SIGKILL of every process on it (its UTS namespace)
+        but its slurmd — the job's ranks and slurmstepd — then the node is set
+        DOWN. Returns how many of the demo's ranks were killed."""
         pid_file = os.path.join(self.base, "pids", "slurmd-%s.pid" % node)
         with open(pid_file) as f:
             slurmd = f.read().strip()
         uts = os.readlink("/proc/%s/ns/uts" % slurmd)
+        check(uts != os.readlink("/proc/self/ns/uts"), "slurmd of %s is not in its own UTS namespace" % node)
         demo_exe = os.path.realpath(demo)
-        killed = []
+        ranks = 0
         for pid in os.listdir("/proc"):
-            if not pid.isdigit():
+            if not pid.isdigit() or pid == slurmd:
                 continue
             try:
-                if (os.readlink("/proc/%s/ns/uts" % pid) == uts
-                        and os.path.realpath("/proc/%s/exe" % pid) == demo_exe):
-                    os.kill(int(pid), signal.SIGKILL)
-                    killed.append(int(pid))
-            except (OSError, ProcessLookupError):
+                if os.readlink("/proc/%s/ns/uts" % pid) != uts:
+                    continue
+                is_rank = os.path.realpath("/proc/%s/exe" % pid) == demo_exe
+                os.kill(int(pid), signal.SIGKILL)
+                ranks += is_rank
+            except OSError:
                 pass
         self.run("scontrol", "update", "NodeName=" + node, "State=DOWN", "Reason=stress")
-        return killed
+        return ranks
 
 
 # ---- checkpoint directory ----
@@ -419,8 +423,8 @@ def run_round(cluster, args, index, spec, totals, rng):
         victim = rng.choice(candidates)
         killed = cluster.fail_node(victim, args.demo)
         totals.failures += 1
-        log("launch %d on %s: failed node %s (SIGKILL of %d rank(s), State=DOWN) %s"
-            % (attempt, ",".join(nodes), victim, len(killed),
+        log("launch %d on %s: failed node %s (SIGKILL of its processes, %d rank(s); State=DOWN) %s"
+            % (attempt, ",".join(nodes), victim, killed,
                "while step %d was being written" % flying if flying is not None
                else "(no save caught in flight)"))
         failed_in_flight.append(flying)
