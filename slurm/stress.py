@@ -324,9 +324,12 @@ def attempt_texts(kind, outputs):
     return [text[a:b] for a, b in zip(starts, starts[1:] + [len(text)])]
 
 
-def wait_for_write(cluster, args, kind, outputs_fn, attempt, root, deadline, jid):
-    """Waits until this launch printed --commits-before commits and a later save is
-    being written. Returns (victim candidates, in-flight step or None)."""
+def wait_for_write(cluster, args, kind, outputs_fn, attempt, root, deadline, jid, rng):
+    """Waits until this launch printed `want` commits (1 to --commits-before, at
+    random) and a later save is being written, then a random fraction of
+    --kill-delay more, so that failures land in different phases of a save.
+    Returns (victim candidates, in-flight step or None)."""
+    want = rng.randint(1, args.commits_before)
     nodes = []
     while time.time() < deadline:
         texts = attempt_texts(kind, outputs_fn())
@@ -335,7 +338,7 @@ def wait_for_write(cluster, args, kind, outputs_fn, attempt, root, deadline, jid
             commits = [int(s) for s in COMMITTED.findall(text)]
             check(not DONE.search(text),
                   "launch %d finished before a failure could be injected: raise --steps" % attempt)
-            if len(commits) >= args.commits_before:
+            if len(commits) >= want:
                 if kind == "loop":
                     m = LOOP_ATTEMPT.search(text)
                     nodes = m.group(3).split(",")
@@ -345,16 +348,17 @@ def wait_for_write(cluster, args, kind, outputs_fn, attempt, root, deadline, jid
         state = cluster.job_state(jid)
         check(state not in TERMINAL and state != "GONE",
               "job %s ended (%s) before launch %d committed %d steps"
-              % (jid, state, attempt, args.commits_before))
+              % (jid, state, attempt, want))
         time.sleep(0.1)
     else:
-        raise StressError("launch %d: no %d commits within the time limit" % (attempt, args.commits_before))
+        raise StressError("launch %d: no %d commits within the time limit" % (attempt, want))
     last = max(commits)
     # Catch a save in flight: its directory exists, its marker does not.
     catch_deadline = min(deadline, time.time() + args.catch_seconds)
     while time.time() < catch_deadline:
         s = in_flight(root, last)
         if s is not None:
+            time.sleep(rng.uniform(0, args.kill_delay))
             return nodes, s
         time.sleep(0.02)
     return nodes, None
@@ -375,9 +379,9 @@ def run_round(cluster, args, index, spec, totals, rng):
     check(max(counts) <= available, "%s needs %d nodes, the cluster has %d"
           % (name, max(counts), available))
 
+    more = ["--log-every", str(args.save_every), "--seed", str(rng.randint(1, 1 << 30))]
     demo_args = [args.demo, "--dir", root, "--steps", str(args.steps), "--save-every",
-                 str(args.save_every), "--model-mib", str(args.model_mib), "--max-to-keep", "0",
-                 "--log-every", str(args.save_every)]
+                 str(args.save_every), "--model-mib", str(args.model_mib), "--max-to-keep", "0"] + more
     outs = []
     jobs = []
     latest_at_failure = []   # per failed launch: newest committed step once it ended
@@ -385,6 +389,7 @@ def run_round(cluster, args, index, spec, totals, rng):
     train_env = {"MHCKPT_CKPT_DIR": root, "MHCKPT_BIN_DIR": os.path.dirname(args.demo),
                  "MHCKPT_DEMO_STEPS": str(args.steps), "MHCKPT_DEMO_SAVE_EVERY": str(args.save_every),
                  "MHCKPT_DEMO_MIB": str(args.model_mib), "MHCKPT_DEMO_MAX_TO_KEEP": "0",
+                 "MHCKPT_DEMO_ARGS": " ".join(more),
                  "MHCKPT_SLURM_DIR": HERE}
 
     def submit(n, attempt):
@@ -418,7 +423,7 @@ def run_round(cluster, args, index, spec, totals, rng):
         if kind == "sbatch" and attempt > 1:
             make_room(counts[attempt - 1])
             jid = submit(counts[attempt - 1], attempt)
-        nodes, flying = wait_for_write(cluster, args, kind, outputs, attempt, root, deadline, jid)
+        nodes, flying = wait_for_write(cluster, args, kind, outputs, attempt, root, deadline, jid, rng)
         candidates = nodes[1:] if kind == "loop" else nodes   # the loop's batch host survives
         victim = rng.choice(candidates)
         killed = cluster.fail_node(victim, args.demo)
@@ -539,7 +544,9 @@ def main():
     parser.add_argument("--save-every", type=int, default=5)
     parser.add_argument("--steps", type=int, default=80, help="each round trains to this step")
     parser.add_argument("--commits-before", type=int, default=2,
-                        help="commits a launch prints before its node fails")
+                        help="a launch prints 1 to this many commits (at random) before its node fails")
+    parser.add_argument("--kill-delay", type=float, default=0.3,
+                        help="seconds (at most, at random) between seeing a save in flight and the failure")
     parser.add_argument("--catch-seconds", type=float, default=10,
                         help="how long to wait for a save in flight before failing the node anyway")
     parser.add_argument("--round-timeout", type=float, default=150)
