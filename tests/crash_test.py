@@ -21,9 +21,9 @@ random: `crash_job loop` at a random world size in 2..4, SIGKILL of a random
   does not restore or verify) and lost steps (seen committed, or acknowledged
   to the job, and gone later, or a gap; retention is off). Both must be 0, no
   job may hang (mpirun must exit within 60 s of the kill; a hung job's ranks
-  are backtraced with gdb and killed). Every --fresh-root-every trials, a check
-  restores every committed step and the test moves on to a fresh root (this
-  bounds disk use and check time).
+  are backtraced with gdb and killed). Every --fresh-root-every trials (or
+  --max-steps-per-root committed steps), a check restores every committed step
+  and the test moves on to a fresh root (this bounds disk use and check time).
 
   Long run (docs/RELIABILITY.md):
     crash_test.py random --trials 300 --seed 4 --job build/bin/crash_job \
@@ -434,7 +434,9 @@ def run_random(args):
     broken = set()
 
     def record_check(np, steps):
-        rc, report, out = runner.check(np, root, steps=steps, rows=rows)
+        # Restore and Verify take ~10-20 ms a step at 4 ranks on 2 busy cores.
+        timeout = JOB_TIMEOUT + 0.1 * (len(seen) + 1000)
+        rc, report, out = runner.check(np, root, steps=steps, rows=rows, timeout=timeout)
         if report is None:
             stats["errors"] += 1
             print("  check at np%d printed no report (rc %s):\n%s" % (np, rc, out[-3000:]))
@@ -532,7 +534,8 @@ def run_random(args):
               % (trial, np, "all" if kill_all else victims, delay, exit_after_kill, check_np,
                  len(seen) - before, len(seen), stats["roots"]))
         sys.stdout.flush()
-        if trial % args.fresh_root_every == 0 or trial == args.trials:
+        if (trial % args.fresh_root_every == 0 or len(seen) >= args.max_steps_per_root
+                or trial == args.trials):
             rotate()
 
     stats["hangs"] = runner.hangs
@@ -563,10 +566,13 @@ def main():
     ap.add_argument("--max-delay", type=float, default=3.0)
     ap.add_argument("--all-ranks-fraction", type=float, default=0.15,
                     help="random: share of trials that SIGKILL every rank at once")
-    ap.add_argument("--rows", type=int, default=512, help="random: rows of params/w (1 KiB each)")
+    ap.add_argument("--rows", type=int, default=1024,
+                    help="random: rows of params/w (1 KiB each; the state is ~1.2 KiB per row)")
     ap.add_argument("--fresh-root-every", type=int, default=25,
                     help="random: after N trials, restore every committed step, then start a "
                          "fresh root")
+    ap.add_argument("--max-steps-per-root", type=int, default=600,
+                    help="random: also start a fresh root once this many steps are committed")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
     if args.seed is None:
