@@ -11,7 +11,7 @@
 #   SKIP_BUILD [0]             1: use the binary already in BUILD_DIR
 #   NPS ["1 2 4"]              world sizes
 #   SIZES ["64 256 1024"]      sharded state in MiB, all ranks together (= local at np=1)
-#   SAVES [7]                  steady-state saves per run (medians)
+#   SAVES [11]                 steady-state saves per run (medians)
 #   CKPT_DIR [$TMPDIR or /tmp] where checkpoints go (a fresh subdirectory, removed after)
 #   OUT [bench/results/snapshot-<UTC date>.json]
 #   BENCH_ARGS []              more flags for mhckpt-snapshot-bench
@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 NPS=${NPS:-1 2 4}
 SIZES=${SIZES:-64 256 1024}
-SAVES=${SAVES:-7}
+SAVES=${SAVES:-11}
 CKPT_DIR=${CKPT_DIR:-${TMPDIR:-/tmp}}
 OUT=${OUT:-bench/results/snapshot-$(date -u +%Y-%m-%d).json}
 BENCH_ARGS=${BENCH_ARGS:-}

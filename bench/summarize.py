@@ -51,12 +51,17 @@ def main(path):
         local = c["local_bytes_max"]
         rows.append([c["np"], f"{c['global_bytes'] / MIB:.0f}", mib(local),
                      f"{ms(mc['median_s'])} ({mc['gibps']:.1f} GiB/s)",
+                     ms(mc.get("huge_pages_median_s")),
                      f"{ms(s['steady_median_s'])} ({s['steady_gibps']:.1f} GiB/s)",
-                     f"{s['steady_ratio']:.2f}x", met(s["met"]),
+                     f"**{s['steady_ratio']:.2f}x**", met(s["met"]),
+                     f"{ms(mc.get('cpu_median_s'))} / {ms(s.get('steady_cpu_median_s'))}",
+                     ms(s.get("steady_outside_snapshot_median_s")),
                      f"{ms(s['first_s'])} ({s['first_ratio']:.1f}x)",
+                     f"{s['first_minor_faults']:.0f} / {s['steady_minor_faults_median']:.0f}",
                      f"{r['machine']['loadavg_before'].split()[0]}"])
-    print(table(["np", "global MiB", "local MiB/rank", "memcpy ms", "Save ms", "Save/memcpy",
-                 "<= 1.1x", "first Save ms (x memcpy)", "load"], rows))
+    print(table(["np", "global MiB", "local MiB/rank", "memcpy ms", "memcpy, huge pages ms",
+                 "Save ms", "Save / memcpy", "<= 1.1x", "CPU ms memcpy / Save", "Save outside the copy ms",
+                 "first Save ms (x memcpy)", "page faults first / steady", "load"], rows))
 
     print("\n**Extra peak RSS** (VmHWM during the first save, a warm-up save and "
           "back-to-back bursts, minus VmRSS before; worst rank)\n")
