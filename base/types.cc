@@ -59,7 +59,12 @@ std::string BoxToString(const Box& box) {
     int64_t s = d < box.start.size() ? box.start[d] : 0;
     int64_t c = d < box.count.size() ? box.count[d] : 0;
     if (d) out += ", ";
-    out += fmt::format("{}:{}", s, s + c);
+    int64_t end = 0;
+    if (__builtin_add_overflow(s, c, &end)) {
+      out += fmt::format("{}:{}+{}", s, s, c);  // a forged box: say it, do not overflow
+    } else {
+      out += fmt::format("{}:{}", s, end);
+    }
   }
   return out + "]";
 }
@@ -96,8 +101,11 @@ std::string CheckBoxInShape(const Box& box, const std::vector<int64_t>& shape) {
     if (box.start[d] < 0 || box.count[d] < 0)
       return fmt::format("negative value in dimension {}", d);
     if (box.start[d] > shape[d] || box.count[d] > shape[d] - box.start[d]) {
-      return fmt::format("dimension {} ends at {}, past the extent {}", d,
-                         box.start[d] + std::min(box.count[d], kMaxVolume), shape[d]);
+      int64_t end = 0;
+      if (__builtin_add_overflow(box.start[d], box.count[d], &end)) {
+        return fmt::format("dimension {} ends past 2^63, past the extent {}", d, shape[d]);
+      }
+      return fmt::format("dimension {} ends at {}, past the extent {}", d, end, shape[d]);
     }
   }
   return {};

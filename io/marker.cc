@@ -1,6 +1,7 @@
 #include "io/marker.h"
 
 #include <algorithm>
+#include <limits>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -16,10 +17,32 @@ using nlohmann::json;
 
 json BoxJson(const Box& b) { return json{{"start", b.start}, {"count", b.count}}; }
 
-// Throws json exceptions on wrong types; ParseMarker turns them into DataLoss.
-Box BoxFromJson(const json& j) {
-  return Box{j.at("start").get<std::vector<int64_t>>(), j.at("count").get<std::vector<int64_t>>()};
+// An integer field, refusing what nlohmann would silently convert: floats,
+// booleans, and values outside T. Throws json::type_error (ParseMarker turns
+// it into DataLoss).
+template <typename T>
+T Int(const json& j) {
+  bool fits = false;
+  if (j.is_number_unsigned()) {  // nlohmann keeps every non-negative integer here
+    fits = j.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max());
+  } else if (j.is_number_integer()) {  // negative
+    fits = std::numeric_limits<T>::is_signed &&
+           j.get<int64_t>() >= static_cast<int64_t>(std::numeric_limits<T>::min());
+  }
+  if (!fits)
+    throw json::type_error::create(302, "expected an integer in range, got " + j.dump(), &j);
+  return j.get<T>();
 }
+
+std::vector<int64_t> Ints(const json& j) {
+  if (!j.is_array()) throw json::type_error::create(302, "expected an array of integers", &j);
+  std::vector<int64_t> out;
+  for (const json& e : j) out.push_back(Int<int64_t>(e));
+  return out;
+}
+
+// Throws json exceptions on wrong types; ParseMarker turns them into DataLoss.
+Box BoxFromJson(const json& j) { return Box{Ints(j.at("start")), Ints(j.at("count"))}; }
 
 Status Validate(const Marker& m, const std::string& origin) {
   auto bad = [&](const std::string& what) {
@@ -99,13 +122,13 @@ Result<Marker> ParseMarker(const std::string& text, const std::string& origin) {
     if (j.at("format").get<std::string>() != "mhckpt") {
       return DataLoss(fmt::format("commit marker '{}': not an mhckpt marker", origin));
     }
-    m.format_version = j.at("format_version").get<int>();
+    m.format_version = Int<int>(j.at("format_version"));
     if (m.format_version != kFormatVersion) return Validate(m, origin);
-    m.step = j.at("step").get<int64_t>();
-    m.world_size = j.at("world_size").get<int>();
-    m.created_unix_ms = j.at("created_unix_ms").get<int64_t>();
+    m.step = Int<int64_t>(j.at("step"));
+    m.world_size = Int<int>(j.at("world_size"));
+    m.created_unix_ms = Int<int64_t>(j.at("created_unix_ms"));
     m.data_file = j.at("data_file").get<std::string>();
-    m.total_bytes = j.at("total_bytes").get<uint64_t>();
+    m.total_bytes = Int<uint64_t>(j.at("total_bytes"));
     m.user_metadata = j.at("user_metadata").get<std::map<std::string, std::string>>();
     for (const json& ja : j.at("arrays")) {
       MarkerArray a;
@@ -116,7 +139,7 @@ Result<Marker> ParseMarker(const std::string& text, const std::string& origin) {
                                     a.name, ja.at("dtype").get<std::string>()));
       }
       a.dtype = *dtype;
-      a.shape = ja.at("shape").get<std::vector<int64_t>>();
+      a.shape = Ints(ja.at("shape"));
       a.replicated = ja.at("replicated").get<bool>();
       for (const json& jb : ja.at("boxes")) {
         std::string sum = jb.at("checksum").get<std::string>();
@@ -125,7 +148,7 @@ Result<Marker> ParseMarker(const std::string& text, const std::string& origin) {
           return DataLoss(fmt::format("commit marker '{}': array '{}': bad checksum '{}'", origin,
                                       a.name, sum));
         }
-        a.boxes.push_back(MarkerBox{BoxFromJson(jb), jb.at("writer").get<int>(), *checksum});
+        a.boxes.push_back(MarkerBox{BoxFromJson(jb), Int<int>(jb.at("writer")), *checksum});
       }
       m.arrays.push_back(std::move(a));
     }

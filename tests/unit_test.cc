@@ -37,6 +37,9 @@ TEST(Types, BoxInShape) {
   EXPECT_THAT(CheckBoxInShape(Box{{-1}, {1}}, {4}), HasSubstr("negative"));
   EXPECT_NE(CheckBoxInShape(Box{{1}, {INT64_MAX}}, {4}), "");  // no overflow
   EXPECT_EQ(BoxToString(Box{{0, 3}, {5, 4}}), "[0:5, 3:7]");
+  // Found by fuzzing: forged boxes near INT64_MAX must not overflow.
+  EXPECT_EQ(BoxToString(Box{{INT64_MAX}, {2}}), "[9223372036854775807:9223372036854775807+2]");
+  EXPECT_THAT(CheckBoxInShape(Box{{INT64_MAX - 1}, {5}}, {4}), HasSubstr("past 2^63"));
 }
 
 TEST(Types, ArrayNames) {
@@ -120,6 +123,16 @@ TEST(Marker, RejectsDamage) {
   EXPECT_THAT(fails(edit([](auto& j) { j["arrays"][0]["name"] = "../x"; }), "name"),
               HasSubstr("bad name"));
   EXPECT_THAT(fails(edit([](auto& j) { j["arrays"][0]["shape"] = "oops"; }), "type"),
+              HasSubstr("malformed"));
+  // Found by fuzzing: numbers that nlohmann would convert silently.
+  EXPECT_THAT(fails(edit([](auto& j) { j["format_version"] = 4294967297ULL; }), "wide"),
+              HasSubstr("malformed"));
+  EXPECT_THAT(fails(edit([](auto& j) { j["format_version"] = true; }), "bool"),
+              HasSubstr("malformed"));
+  EXPECT_THAT(fails(edit([](auto& j) { j["step"] = 7.9; }), "float"), HasSubstr("malformed"));
+  EXPECT_THAT(fails(edit([](auto& j) { j["step"] = 1e300; }), "huge float"),
+              HasSubstr("malformed"));
+  EXPECT_THAT(fails(edit([](auto& j) { j["arrays"][0]["boxes"][1]["writer"] = true; }), "writer"),
               HasSubstr("malformed"));
 }
 
