@@ -12,10 +12,10 @@
 // A violated property aborts with a message, which libFuzzer reports as a
 // crash and saves the input.
 //
-// Known, reported library bugs are tolerated while they are open, so that a
+// Known, reported library bugs can be tolerated while they are open, so that a
 // fuzz run still finds new ones: MHCKPT_FUZZ_KNOWN_BUGS="lossless" skips the
-// lossless property (fuzz/run.sh sets it, and UBSan suppressions from
-// fuzz/known_bugs.supp, unless run with --strict). See docs/RELIABILITY.md.
+// lossless property (and fuzz/known_bugs.supp holds UBSan suppressions; both
+// are empty now, see fuzz/run.sh and docs/RELIABILITY.md).
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
