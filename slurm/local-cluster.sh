@@ -199,6 +199,7 @@ local-cluster: up: $(recorded_nodes) nodes (n1..n$(recorded_nodes)) on 127.0.0.1
 To use it:
   export SLURM_CONF=$CONF
   export OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo   # MPI over loopback only
+  export OMPI_MCA_pmix_base_async_modex=1 OMPI_MCA_pmix_base_collect_data=0  # see docs/SLURM.md
   sinfo
   srun -N $(recorded_nodes) --mpi=pmix hostname
   sbatch -N 2 slurm/train.sbatch

@@ -33,8 +33,9 @@
 #   3. srun --mpi=pmix --kill-on-bad-exit=1 -N <nodes> -n <nodes * tasks per
 #      node> --nodelist=<nodes> PROGRAM ARGS [RESUME ARGS]
 #   4. exit status 0: done. Otherwise wait --delay seconds and go again —
-#      unless the launch lost no node and committed no new step (a bug or a
-#      bad input, which a relaunch repeats): then stop, unless --retry-any.
+#      unless two launches in a row lost no node and committed no new step (a
+#      bug or a bad input, which a relaunch repeats; one such launch may be a
+#      transient crash and is retried): then stop, unless --retry-any.
 # Every decision is one line starting with "relaunch-loop:" (parsed by
 # slurm/stress.py).
 #
@@ -130,6 +131,7 @@ print(max(steps) if steps else "")' 2>/dev/null
 
 say "job $SLURM_JOB_ID: up to $ATTEMPTS launches of: $*"
 rc=1
+futile=0   # launches in a row that lost no node and committed nothing
 for ((attempt = 1; attempt <= ATTEMPTS; attempt++)); do
   mapfile -t nodes < <(healthy_nodes)
   if [ "$MAX_NODES" -gt 0 ] && [ ${#nodes[@]} -gt "$MAX_NODES" ]; then
@@ -173,8 +175,13 @@ for ((attempt = 1; attempt <= ATTEMPTS; attempt++)); do
       [[ " ${now[*]} " == *" $node "* ]] || lost=$((lost + 1))
     done
     if [ "$lost" -eq 0 ] && [ "$(latest_committed)" = "$latest" ]; then
-      say "attempt $attempt/$ATTEMPTS: no node lost and no new committed step: not relaunching (--retry-any would)"
-      exit "$rc"
+      futile=$((futile + 1))
+      if [ "$futile" -ge 2 ]; then
+        say "attempt $attempt/$ATTEMPTS: twice in a row no node lost and no new committed step: not relaunching (--retry-any would)"
+        exit "$rc"
+      fi
+    else
+      futile=0
     fi
   fi
 done
