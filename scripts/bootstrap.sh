@@ -16,8 +16,7 @@
 #   slurm-wlm                     Slurm (slurmctld, slurmd, srun): the local cluster of the slurm tests
 #   munge                         Slurm's authentication daemon (slurm/local-cluster.sh starts it)
 #   clang-14 libclang-rt-14-dev   libFuzzer for fuzz/run.sh (ctest label fuzz; skipped without)
-# With MHCKPT_BENCH=1 (bench/run.sh sets it), also the benchmark's:
-#   fio                           the disk's own fsync'd write and read speed
+# With MHCKPT_BENCH=1 (bench/run.sh sets it), also the benchmark's (the disk's own speed is measured with dd):
 #   python3-matplotlib            the plot of docs/PERFORMANCE.md
 #   python3-mpi4py                the plain h5py collective write (bench/peers/h5py_bench.py)
 #   python3-venv                  the virtualenv bench/.venv for the PyPI peers (Orbax, PyTorch DCP)
@@ -27,7 +26,7 @@ cd "$(dirname "$0")/.."
 PACKAGES=(cmake g++ make pkg-config openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
           nlohmann-json3-dev libfmt-dev libspdlog-dev libxxhash-dev libgtest-dev python3-h5py-mpi python3-numpy
           libcli11-dev clang-14 libclang-rt-14-dev slurm-wlm munge)
-[ "${MHCKPT_BENCH:-0}" = 1 ] && PACKAGES+=(fio python3-matplotlib python3-mpi4py python3-venv)
+[ "${MHCKPT_BENCH:-0}" = 1 ] && PACKAGES+=(python3-matplotlib python3-mpi4py python3-venv)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
