@@ -1,0 +1,344 @@
+#!/usr/bin/env python3
+"""Combines the records of bench/run.sh into one JSON file, prints the tables of
+docs/PERFORMANCE.md (Markdown) with every target of issue 7 marked met or
+missed, and draws the plot.
+
+    bench/report.py --out results.json --plot bench.png RECORDS.json...
+    bench/report.py --from results.json            # the tables again, from a combined file
+
+A record is one JSON object (see bench/ckpt_bench.cc and bench/peers/): system,
+case, np, mib, and the medians stall_s, commit_s, restore_s, ... Every ratio
+below comes from figures of the same run.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+
+MiB = 1 << 20
+PEERS = ("orbax", "dcp", "h5py")
+
+
+def load_records(paths):
+    records = []
+    for p in paths:
+        with open(p) as f:
+            doc = json.load(f)
+        if isinstance(doc, dict) and "records" in doc:
+            doc = doc["records"]
+        records.extend(doc if isinstance(doc, list) else [doc])
+    return records
+
+
+def machine():
+    info = {"kernel": platform.release(), "cores": os.cpu_count()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            info["cpu"] = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+        with open("/proc/meminfo") as f:
+            info["mem_gib"] = round(int(f.readline().split()[1]) / (1 << 20), 1)
+    except (OSError, StopIteration):
+        pass
+    return info
+
+
+def restore_kind(r):
+    """'save', 'restore' (same world size as the save) or 'reshard', for mhckpt's sharded records."""
+    if r.get("mode") in ("save", "restore", "reshard"):
+        mode = r["mode"]
+        if mode == "restore" and r.get("saved_np") not in (None, r["np"]):
+            return "reshard"
+        return mode
+    if r.get("stall_s") is not None:
+        return "save"
+    return "reshard" if r.get("saved_np") not in (None, r["np"]) else "restore"
+
+
+class Index:
+    def __init__(self, records):
+        self.raw, self.save, self.restore, self.reshard = {}, {}, {}, {}
+        self.many, self.repl, self.peer = {}, {}, {}
+        for r in records:
+            sysname, case = r.get("system"), r.get("case")
+            if sysname == "dd":
+                self.raw[r["mib"]] = r
+            elif sysname == "mhckpt" and case == "sharded":
+                kind = restore_kind(r)
+                if kind == "save":
+                    self.save[(r["np"], r["mib"])] = r
+                elif kind == "restore":
+                    self.restore[(r["np"], r["mib"])] = r
+                else:
+                    self.reshard[(r["saved_np"], r["np"], r["mib"])] = r
+            elif sysname == "mhckpt" and case in ("many_small", "one_array"):
+                self.many[(r["np"], case)] = r
+            elif sysname == "mhckpt" and case == "replicated":
+                self.repl[(r["np"], r["mib"], int(r.get("replica_split_bytes", 0)))] = r
+            elif sysname in PEERS:
+                self.peer[(sysname, r["np"], r["mib"])] = r
+
+
+def fmt_s(x):
+    if x is None:
+        return "—"
+    return f"{x * 1000:.1f} ms" if x < 1 else f"{x:.2f} s"
+
+
+def gbps(nbytes, s):
+    return f"{nbytes / s / 1e9:.2f} GB/s" if s else "—"
+
+
+def verdict(ok):
+    return "met" if ok else "**missed**"
+
+
+class Report:
+    def __init__(self):
+        self.lines, self.targets = [], []
+
+    def p(self, s=""):
+        self.lines.append(s)
+
+    def table(self, header, rows):
+        if self.lines and self.lines[-1]:
+            self.p()
+        self.p("| " + " | ".join(header) + " |")
+        self.p("|" + "---|" * len(header))
+        for row in rows:
+            self.p("| " + " | ".join(str(c) for c in row) + " |")
+        self.p()
+
+    def target(self, name, where, ratio, limit, ok):
+        self.targets.append({"target": name, "where": where, "ratio": round(ratio, 3),
+                             "limit": limit, "met": bool(ok)})
+        return verdict(ok)
+
+
+def build(ix, rep):
+    # --- stall
+    rep.p("**Stall per save** (the time `Save` blocks the training loop; steady state) "
+          "against a `memcpy` of the same local bytes into touched memory. Target ≤ 1.1×.")
+    rows = []
+    for (np_, mib), r in sorted(ix.save.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        ratio = r["stall_s"] / r["memcpy_s"] if r.get("memcpy_s") else float("nan")
+        v = rep.target("stall <= 1.1x memcpy", f"np={np_} {mib} MiB", ratio, 1.1, ratio <= 1.1)
+        rows.append([np_, mib, f"{r['local_bytes_max'] / MiB:.0f}", fmt_s(r["memcpy_s"]),
+                     fmt_s(r["stall_s"]), f"**{ratio:.2f}×**", v, fmt_s(r.get("first_stall_s"))])
+    rep.table(["np", "MiB", "local MiB", "memcpy", "Save stall", "stall / memcpy", "≤ 1.1×",
+               "first Save (staging untouched)"], rows)
+
+    # --- commit and restore against dd
+    rep.p("**Save to commit and restore** against the disk: `dd` writing the same bytes with "
+          "`conv=fsync`, and reading them back" + (" after dropping the page cache" if any(
+              r.get("cold_read") for r in ix.raw.values()) else " (page cache warm)") +
+          ". Commit = `Save` start until `WaitUntilFinished` returns (data fsync'd, marker "
+          "renamed and its directory fsync'd). Targets: commit ≥ 0.9× and restore ≥ 0.9× the "
+          "disk's throughput (ratio = dd time / mhckpt time).")
+    rows = []
+    for (np_, mib), r in sorted(ix.save.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        raw = ix.raw.get(mib)
+        res = ix.restore.get((np_, mib))
+        if not raw:
+            continue
+        cw = raw["commit_s"] / r["commit_s"]
+        vw = rep.target("commit >= 0.9x dd write+fsync", f"np={np_} {mib} MiB", cw, 0.9, cw >= 0.9)
+        row = [np_, mib, fmt_s(raw["commit_s"]), fmt_s(r["commit_s"]), gbps(r["global_bytes"], r["commit_s"]),
+               f"**{cw:.2f}×**", vw]
+        if res:
+            cr = raw["restore_s"] / res["restore_s"]
+            vr = rep.target("restore >= 0.9x dd read", f"np={np_} {mib} MiB", cr, 0.9, cr >= 0.9)
+            row += [fmt_s(raw["restore_s"]), fmt_s(res["restore_s"]), gbps(r["global_bytes"], res["restore_s"]),
+                    f"**{cr:.2f}×**", vr]
+        else:
+            row += ["—"] * 5
+        rows.append(row)
+    rep.table(["np", "MiB", "dd write+fsync", "mhckpt commit", "mhckpt GB/s", "dd / commit", "≥ 0.9×",
+               "dd read", "mhckpt restore", "GB/s", "dd / restore", "≥ 0.9×"], rows)
+
+    # --- reshard
+    rep.p("**Restore on another world size**: a checkpoint saved at N ranks restored at M, "
+          "against restoring at M one that was saved at M. Target ≤ 1.1×.")
+    rows = []
+    for (n, m, mib), r in sorted(ix.reshard.items(), key=lambda kv: (kv[0][2], kv[0][0])):
+        plain = ix.restore.get((m, mib))
+        if not plain:
+            continue
+        ratio = r["restore_s"] / plain["restore_s"]
+        v = rep.target("reshard <= 1.1x plain restore", f"{n}->{m} {mib} MiB", ratio, 1.1, ratio <= 1.1)
+        rows.append([f"{n} → {m}", mib, fmt_s(plain["restore_s"]), fmt_s(r["restore_s"]),
+                     f"**{ratio:.2f}×**", v, "yes" if r.get("verified") else "**no**"])
+    rep.table(["N → M", "MiB", "restore at M (saved at M)", "restore at M (saved at N)", "ratio",
+               "≤ 1.1×", "bytes equal"], rows)
+
+    # --- many small arrays
+    rep.p("**10,000 arrays** (a transformer-like mix) against one array of the same bytes. "
+          "Target ≤ 1.5× (commit and restore).")
+    rows = []
+    for np_ in sorted({k[0] for k in ix.many}):
+        many, one = ix.many.get((np_, "many_small")), ix.many.get((np_, "one_array"))
+        if not (many and one):
+            continue
+        row = [np_, f"{many['global_bytes'] / MiB:.0f}", many.get("arrays", "10000")]
+        for key in ("stall_s", "commit_s", "restore_s"):
+            ratio = many[key] / one[key] if one.get(key) else float("nan")
+            row += [fmt_s(one.get(key)), fmt_s(many.get(key)), f"**{ratio:.2f}×**"]
+            if key != "stall_s":
+                row.append(rep.target(f"10k arrays {key[:-2]} <= 1.5x one array", f"np={np_}", ratio, 1.5,
+                                      ratio <= 1.5))
+        rows.append(row)
+    rep.table(["np", "MiB", "arrays", "stall one", "stall many", "ratio", "commit one", "commit many", "ratio",
+               "≤ 1.5×", "restore one", "restore many", "ratio", "≤ 1.5×"], rows)
+
+    # --- memory
+    rep.p("**Extra peak RSS** during saves (VmHWM − VmRSS before, worst rank) against the local "
+          "checkpoint bytes. Target ≤ 1.0× local bytes + 64 MiB.")
+    rows = []
+    for (np_, mib), r in sorted(ix.save.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        extra, local = r.get("peak_rss_extra_bytes"), r["local_bytes_max"]
+        if extra is None:
+            continue
+        ok = extra <= local + 64 * MiB
+        v = rep.target("extra RSS <= local + 64 MiB", f"np={np_} {mib} MiB", extra / (local + 64 * MiB), 1.0, ok)
+        rows.append([np_, mib, f"{local / MiB:.0f}", f"{extra / MiB:.0f}", f"{extra / local:.2f}×", v])
+    rep.table(["np", "MiB", "local MiB", "extra peak MiB", "extra / local", "≤ local + 64 MiB"], rows)
+
+    # --- replicated
+    rep.p("**Pure data parallel** (every array on every rank): rank 0 writes everything (the "
+          "default) against splitting each large replicated array among its holders "
+          "(`Options::replica_parallel_min_bytes`).")
+    rows = []
+    for (np_, mib, split), r in sorted(ix.repl.items()):
+        if split == 0:
+            continue
+        base = ix.repl.get((np_, mib, 0))
+        if not base:
+            continue
+        rows.append([np_, mib, fmt_s(base["stall_s"]), fmt_s(r["stall_s"]), fmt_s(base["commit_s"]),
+                     fmt_s(r["commit_s"]), f"**{base['commit_s'] / r['commit_s']:.2f}×**",
+                     fmt_s(base.get("restore_s")), fmt_s(r.get("restore_s"))])
+    rep.table(["np", "MiB per rank", "stall rank 0", "stall split", "commit rank 0", "commit split",
+               "speed-up of split", "restore (rank-0 file)", "restore (split file)"], rows)
+
+    # --- peers
+    rep.p("**Against the peers**, same model, same machine, same file system. Targets: mhckpt's "
+          "stall ≤ 0.5× the peer's; save to commit and restore ≥ 2× faster (ratio = peer time / "
+          "mhckpt time). h5py is shown for reference (synchronous: its stall is its commit).")
+    rows = []
+    for (peer, np_, mib), r in sorted(ix.peer.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0])):
+        ours = ix.save.get((np_, mib))
+        ours_r = ix.restore.get((np_, mib))
+        if not ours:
+            continue
+        row = [peer, r.get("version", ""), np_, mib, "yes" if r.get("fsync") else "**no**"]
+        st = ours["stall_s"] / r["stall_s"] if r.get("stall_s") else float("nan")
+        cm = r["commit_s"] / ours["commit_s"] if r.get("commit_s") else float("nan")
+        rs = r["restore_s"] / ours_r["restore_s"] if (ours_r and r.get("restore_s")) else float("nan")
+        where = f"{peer} np={np_} {mib} MiB"
+        if peer == "h5py":
+            vs = vc = vr = "ref."
+        else:
+            vs = rep.target("stall <= 0.5x peer", where, st, 0.5, st <= 0.5)
+            vc = rep.target("commit >= 2x faster than peer", where, cm, 2.0, cm >= 2.0)
+            vr = rep.target("restore >= 2x faster than peer", where, rs, 2.0, rs >= 2.0) if rs == rs else "—"
+        row += [fmt_s(r.get("stall_s")), f"{st:.2f}×", vs, fmt_s(r.get("commit_s")), f"{cm:.2f}×", vc,
+                fmt_s(r.get("restore_s")), f"{rs:.2f}×", vr, "yes" if r.get("verified") else "**no**"]
+        rows.append(row)
+    rep.table(["peer", "version", "np", "MiB", "fsync", "peer stall", "ours / peer", "≤ 0.5×",
+               "peer commit", "peer / ours", "≥ 2×", "peer restore", "peer / ours", "≥ 2×", "bytes equal"], rows)
+
+    met = sum(t["met"] for t in rep.targets)
+    rep.lines.insert(0, f"Targets met: **{met} of {len(rep.targets)}** points.\n")
+    missed = sorted({t["target"] for t in rep.targets if not t["met"]})
+    if missed:
+        rep.lines.insert(1, "Missed somewhere: " + "; ".join(missed) + ".\n")
+
+
+def plot(ix, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    nps = sorted({k[0] for k in ix.save})
+    fig, axes = plt.subplots(len(nps), 3, figsize=(14, 3.6 * len(nps)), squeeze=False)
+    styles = {"mhckpt": "o-", "orbax": "s--", "dcp": "^--", "h5py": "v:", "dd": "k-", "memcpy": "k:"}
+    for i, np_ in enumerate(nps):
+        ax_stall, ax_commit, ax_restore = axes[i]
+        sizes = sorted(m for (n, m) in ix.save if n == np_)
+        ours = [ix.save[(np_, m)] for m in sizes]
+        ax_stall.plot(sizes, [r["stall_s"] * 1e3 for r in ours], styles["mhckpt"], label="mhckpt")
+        ax_stall.plot(sizes, [r.get("memcpy_s", 0) * 1e3 for r in ours], styles["memcpy"], label="memcpy")
+        for peer in PEERS:
+            pts = [(m, ix.peer[(peer, np_, m)]) for m in sizes if (peer, np_, m) in ix.peer]
+            if pts:
+                ax_stall.plot([m for m, _ in pts], [r["stall_s"] * 1e3 for _, r in pts], styles[peer], label=peer)
+        ax_stall.set_ylabel(f"np = {np_}\nstall per save (ms, log)")
+        ax_stall.set_yscale("log")
+
+        def throughput(ax, key, raw_label):
+            raw = [(m, ix.raw[m]) for m in sizes if m in ix.raw]
+            if raw:
+                ax.plot([m for m, _ in raw], [m * MiB / r[key] / 1e9 for m, r in raw], styles["dd"], label=raw_label)
+            src = ix.save if key == "commit_s" else ix.restore
+            pts = [(m, src[(np_, m)]) for m in sizes if (np_, m) in src]
+            ax.plot([m for m, _ in pts], [r["global_bytes"] / r[key] / 1e9 for _, r in pts], styles["mhckpt"],
+                    label="mhckpt")
+            for peer in PEERS:
+                pts = [(m, ix.peer[(peer, np_, m)]) for m in sizes if (peer, np_, m) in ix.peer]
+                pts = [(m, r) for m, r in pts if r.get(key)]
+                if pts:
+                    ax.plot([m for m, _ in pts], [r["global_bytes"] / r[key] / 1e9 for _, r in pts], styles[peer],
+                            label=peer)
+
+        throughput(ax_commit, "commit_s", "dd write + fsync")
+        ax_commit.set_ylabel("save to commit (GB/s)")
+        throughput(ax_restore, "restore_s", "dd read")
+        ax_restore.set_ylabel("restore (GB/s)")
+        for ax in axes[i]:
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sizes, [str(s) for s in sizes])
+            ax.set_xlabel("checkpoint MiB (all ranks)")
+            ax.grid(alpha=0.3)
+            if ax is not ax_stall:
+                ax.set_ylim(bottom=0)
+        if i == 0:
+            for ax in axes[i]:
+                ax.legend(fontsize=8)
+    fig.suptitle("mhckpt against memcpy, dd and its peers (medians; higher is better for GB/s)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("records", nargs="*")
+    ap.add_argument("--from", dest="combined", help="a combined results file written by --out")
+    ap.add_argument("--out")
+    ap.add_argument("--plot")
+    ap.add_argument("--note", default="")
+    args = ap.parse_args()
+
+    if args.combined:
+        with open(args.combined) as f:
+            doc = json.load(f)
+    else:
+        doc = {"bench": "run", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "note": args.note, "machine": machine(), "records": load_records(args.records)}
+    ix = Index(doc["records"])
+    rep = Report()
+    build(ix, rep)
+    doc["targets"] = rep.targets
+    print(f"Results of {doc['date']} ({doc.get('note', '')}; machine: {doc.get('machine')})\n")
+    print("\n".join(rep.lines))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=1)
+            f.write("\n")
+    if args.plot:
+        plot(ix, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
