@@ -64,6 +64,13 @@ struct Options {
   double collective_timeout_seconds = 3600;
   /// Threads copying host boxes into staging (0: up to 4, as the machine has).
   int snapshot_threads = 0;
+  /// Replica-parallel saving: a box that several ranks hold (e.g. a fully
+  /// replicated array) of at least this many bytes is split along its first
+  /// dimension into contiguous slices, one per holder, each written by a
+  /// different rank (Orbax calls this replica-parallel saving). Smaller
+  /// replicated boxes stay whole, written by rank 0 (or their lowest holder)
+  /// as before. 0 = off.
+  uint64_t replica_parallel_min_bytes = 0;
 };
 
 struct RestoreOptions {
