@@ -44,8 +44,8 @@ import subprocess
 import sys
 import time
 
-import h5py
-import numpy as np
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "demo"))
+from fingerprint import file_fingerprint  # noqa: E402  (demo/fingerprint.py)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FINGERPRINT = re.compile(r"^fingerprint step=(\d+) ([0-9a-f]{16})$", re.M)
@@ -56,7 +56,6 @@ DONE = re.compile(r"^done: step (\d+)", re.M)
 LOOP_ATTEMPT = re.compile(r"^relaunch-loop: attempt (\d+)/\d+: (\d+) nodes \(([^)]*)\)", re.M)
 TERMINAL = {"COMPLETED", "FAILED", "NODE_FAIL", "CANCELLED", "TIMEOUT", "BOOT_FAIL",
             "OUT_OF_MEMORY", "DEADLINE", "PREEMPTED"}
-MASK = (1 << 64) - 1
 
 
 class StressError(Exception):
@@ -73,36 +72,6 @@ def check(cond, what):
 
 
 # ---- the demo's fingerprint, from data.h5 alone (demo/fingerprint.h) ----
-
-def splitmix64(x):
-    x = x + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
-def fnv1a64(s):
-    h = 0xCBF29CE484222325
-    for c in s.encode():
-        h = ((h ^ c) * 0x100000001B3) & MASK
-    return h
-
-
-def file_fingerprint(step_dir):
-    with open(os.path.join(step_dir, "commit.json")) as f:
-        marker = json.load(f)
-    total = 0
-    with np.errstate(over="ignore"), h5py.File(os.path.join(step_dir, "data.h5"), "r") as f:
-        for a in marker["arrays"]:
-            data = np.ascontiguousarray(f[a["name"]][()]).reshape(-1)
-            size = data.dtype.itemsize
-            raw = np.zeros((data.size, 8), np.uint8)
-            raw[:, :size] = data.view(np.uint8).reshape(-1, size)
-            values = raw.view("<u8").reshape(-1)
-            index = np.arange(data.size, dtype=np.uint64)
-            terms = splitmix64(np.uint64(fnv1a64(a["name"])) + splitmix64(index + splitmix64(values)))
-            total = (total + int(terms.sum(dtype=np.uint64))) & MASK
-    return "%016x" % total
 
 
 # ---- Slurm and the local cluster ----
