@@ -79,7 +79,7 @@ def restore(comm, h5py, path, rows, begin, end):
     with h5py.File(path, "r", driver="mpio", comm=comm) as f:
         for name, dt in model.LARGE:
             d = f[name]
-            a = np.empty((end - begin, model.COLS), dtype=d.dtype)
+            a = np.zeros((end - begin, model.COLS), dtype=d.dtype)
             with d.collective:
                 d.read_direct(a, np.s_[begin:end], np.s_[0:end - begin])
             out[name] = a.view(model.numpy_dtype(dt))
