@@ -103,6 +103,10 @@ def build_local(mib, np_, rank, layout="floor"):
     return out
 
 
+def small_bytes():
+    return sum(int(np.prod(s, dtype=np.int64)) * ITEMSIZE[dt] for _, dt, s in SMALL)
+
+
 def global_bytes(mib, np_):
     rows = num_rows(mib, np_)
     large = sum(rows * COLS * ITEMSIZE[dt] for _, dt in LARGE)
