@@ -38,6 +38,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench_util.h"
+#include "bench/model.h"
 #include "coordinator/checkpoint_manager.h"
 
 namespace mhckpt::bench {
@@ -80,88 +81,8 @@ int Size() {
 void Barrier() { MPI_Barrier(MPI_COMM_WORLD); }
 
 // ---------------------------------------------------------------------------
-// The model: a mixed-precision training state sharded by rows, plus small
-// arrays every rank holds whole (replicas).
-
-struct Model {
-  std::vector<ArrayToSave> arrays;
-  std::vector<ArrayToSave> arrays_with_extra;  // one more tiny array: a new plan
-  std::vector<std::unique_ptr<std::byte[]>> buffers;
-  std::vector<std::pair<const std::byte*, size_t>> boxes;  // every local box, in order
-  uint64_t local_bytes = 0;
-  uint64_t replicated_bytes = 0;  // of local_bytes
-  uint64_t global_bytes = 0;
-  int large_arrays = 0;
-  int small_arrays = 0;
-};
-
-// Pseudo-random bytes (splitmix64), so that every page is written once.
-void Fill(std::byte* p, size_t n, uint64_t seed) {
-  uint64_t x = seed * 0x9E3779B97F4A7C15ULL;
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t z = (x += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    z ^= z >> 31;
-    std::memcpy(p + i, &z, 8);
-  }
-  for (; i < n; ++i) p[i] = static_cast<std::byte>(i * 131 + seed);
-}
-
-Model BuildModel(const Flags& f, int rank, int size) {
-  constexpr int64_t kCols = 4096;
-  // bf16 parameters, fp32 master weights and Adam moments: 14 bytes per parameter.
-  struct Kind {
-    const char* prefix;
-    DType dtype;
-  };
-  constexpr Kind kKinds[] = {{"params", DType::kBFloat16},
-                             {"master", DType::kFloat32},
-                             {"adam_m", DType::kFloat32},
-                             {"adam_v", DType::kFloat32}};
-  constexpr const char* kTensors[] = {"embedding", "mlp"};
-  const double params = f.mib * 1024 * 1024 / 14.0;
-  const int64_t rows = std::max<int64_t>(size, std::llround(params / 2 / kCols));
-
-  Model m;
-  uint64_t seed = 1;
-  auto add = [&](std::vector<ArrayToSave>& to, const std::string& name, DType dtype,
-                 const std::vector<int64_t>& shape, const Box& box) {
-    const size_t bytes = static_cast<size_t>(*Volume(box.count)) * DTypeSize(dtype);
-    // new[] without "()": no zeroing pass; Fill touches every page once.
-    m.buffers.emplace_back(new std::byte[std::max<size_t>(bytes, 1)]);
-    Fill(m.buffers.back().get(), bytes, seed++ + 1000 * static_cast<uint64_t>(rank));
-    to.push_back(ArrayToSave{name, dtype, shape, {Shard{box, m.buffers.back().get()}}});
-    if (&to == &m.arrays) {
-      m.boxes.emplace_back(m.buffers.back().get(), bytes);
-      m.local_bytes += bytes;
-      m.global_bytes += static_cast<uint64_t>(*Volume(shape)) * DTypeSize(dtype);
-    }
-    return bytes;
-  };
-
-  for (const Kind& k : kKinds) {
-    for (const char* t : kTensors) {
-      const int64_t begin = rows * rank / size, end = rows * (rank + 1) / size;
-      add(m.arrays, fmt::format("{}/{}", k.prefix, t), k.dtype, {rows, kCols},
-          Box{{begin, 0}, {end - begin, kCols}});
-      ++m.large_arrays;
-    }
-  }
-  for (int i = 0; i < f.small; ++i) {
-    m.replicated_bytes +=
-        add(m.arrays, fmt::format("norms/{:03d}", i), DType::kFloat32, {kCols}, FullBox({kCols}));
-    ++m.small_arrays;
-  }
-  m.replicated_bytes += add(m.arrays, "step", DType::kInt64, {}, Box{});
-  m.replicated_bytes += add(m.arrays, "rng_state", DType::kUInt32, {624}, FullBox({624}));
-  m.small_arrays += 2;
-
-  m.arrays_with_extra = m.arrays;
-  add(m.arrays_with_extra, "bench/plan_tag", DType::kInt32, {1}, FullBox({1}));
-  return m;
-}
+// The model (bench/model.h): a mixed-precision training state sharded by rows,
+// plus small arrays every rank holds whole (replicas).
 
 // A plain memcpy of every local box into `dst` (touched), one thread.
 // `cpu` gets the process CPU time it took.
@@ -494,7 +415,7 @@ json Run(const Flags& f) {
   json out;
   const std::string load_before = LoadAverage();
 
-  Model m = BuildModel(f, rank, size);
+  Model m = BuildModel(TrainingStateConfig{f.mib, f.small, false}, rank, size);
   const double local = static_cast<double>(m.local_bytes);
 
   // 1. Memory, the first save, and bursts with the default budget (one copy).

@@ -1,0 +1,248 @@
+#include "bench/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace mhckpt::bench {
+namespace {
+
+constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ULL;
+
+// Word `k` of the stream `seed` (splitmix64: the state after k + 1 steps, mixed).
+inline uint64_t Word(uint64_t seed, uint64_t k) {
+  uint64_t z = seed * kGolden + (k + 1) * kGolden;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+void Fill(std::byte* p, size_t n, uint64_t seed, uint64_t offset) {
+  uint64_t k = offset / 8;
+  size_t i = 0;
+  if (const size_t skip = offset % 8; skip != 0 && n > 0) {  // an unaligned head
+    const uint64_t z = Word(seed, k++);
+    i = std::min(n, 8 - skip);
+    std::memcpy(p, reinterpret_cast<const std::byte*>(&z) + skip, i);
+  }
+  for (; i + 8 <= n; i += 8) {
+    const uint64_t z = Word(seed, k++);
+    std::memcpy(p + i, &z, 8);
+  }
+  if (i < n) {
+    const uint64_t z = Word(seed, k);
+    std::memcpy(p + i, &z, n - i);
+  }
+}
+
+bool CheckFill(const std::byte* p, size_t n, uint64_t seed, uint64_t offset) {
+  constexpr size_t kChunk = size_t{64} << 10;
+  std::vector<std::byte> expected(std::min(n, kChunk));
+  for (size_t done = 0; done < n; done += kChunk) {
+    const size_t len = std::min(kChunk, n - done);
+    Fill(expected.data(), len, seed, offset + done);
+    if (std::memcmp(expected.data(), p + done, len) != 0) return false;
+  }
+  return true;
+}
+
+uint64_t NameSeed(const std::string& name) {
+  uint64_t h = 0xCBF29CE484222325ULL;  // FNV-1a
+  for (char c : name) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 0x100000001B3ULL;
+  }
+  return h;
+}
+
+bool IsSharded(const ArraySpec& a, int size) {
+  return a.shard && !a.shape.empty() && a.shape[0] >= size;
+}
+
+Box LocalBox(const ArraySpec& a, int rank, int size) {
+  Box box = FullBox(a.shape);
+  if (IsSharded(a, size)) {
+    const int64_t rows = a.shape[0];
+    const int64_t begin = rows * rank / size, end = rows * (rank + 1) / size;
+    box.start[0] = begin;
+    box.count[0] = end - begin;
+  }
+  return box;
+}
+
+uint64_t RowBytes(const ArraySpec& a) {
+  std::vector<int64_t> row(a.shape.begin() + (a.shape.empty() ? 0 : 1), a.shape.end());
+  return static_cast<uint64_t>(*Volume(row)) * DTypeSize(a.dtype);
+}
+
+uint64_t ArrayBytes(const ArraySpec& a) {
+  return static_cast<uint64_t>(*Volume(a.shape)) * DTypeSize(a.dtype);
+}
+
+namespace {
+
+// The byte offset of `box` (a row range, or the whole array) in its array.
+uint64_t BoxOffset(const ArraySpec& a, const Box& box) {
+  return box.start.empty() ? 0 : static_cast<uint64_t>(box.start[0]) * RowBytes(a);
+}
+
+size_t BoxBytes(const ArraySpec& a, const Box& box) {
+  return static_cast<size_t>(*Volume(box.count)) * DTypeSize(a.dtype);
+}
+
+// bf16 parameters, fp32 master weights and Adam moments: 14 bytes per parameter.
+struct Kind {
+  const char* prefix;
+  DType dtype;
+};
+constexpr Kind kKinds[] = {{"params", DType::kBFloat16},
+                           {"master", DType::kFloat32},
+                           {"adam_m", DType::kFloat32},
+                           {"adam_v", DType::kFloat32}};
+constexpr double kBytesPerParam = 14.0;
+
+}  // namespace
+
+std::vector<ArraySpec> TrainingStateSpecs(const TrainingStateConfig& c, int size) {
+  constexpr int64_t kCols = 4096;
+  constexpr const char* kTensors[] = {"embedding", "mlp"};
+  const double params = c.mib * 1024 * 1024 / kBytesPerParam;
+  const int64_t rows = std::max<int64_t>(size, std::llround(params / 2 / kCols));
+  const bool shard = !c.replicate_all;
+  std::vector<ArraySpec> out;
+  for (const Kind& k : kKinds) {
+    for (const char* t : kTensors) {
+      out.push_back({fmt::format("{}/{}", k.prefix, t), k.dtype, {rows, kCols}, shard});
+    }
+  }
+  for (int i = 0; i < c.small; ++i) {
+    out.push_back({fmt::format("norms/{:03d}", i), DType::kFloat32, {kCols}, false});
+  }
+  out.push_back({"step", DType::kInt64, {}, false});
+  out.push_back({"rng_state", DType::kUInt32, {624}, false});
+  return out;
+}
+
+std::vector<ArraySpec> ManySmallSpecs(double mib, int arrays) {
+  // Layers x 16 tensors + 4 more, each in 4 kinds: 156 layers for 10,000 arrays.
+  static_assert((156 * 16 + 4) * 4 == kManySmallArrays);
+  const int kLayers = std::max(1, (arrays / 4 - 4) / 16);
+  const double params = mib * 1024 * 1024 / kBytesPerParam;
+  // The layers get about 70% of the parameters: kLayers * (12 d^2 + 13 d).
+  const double per_layer = 0.7 * params / kLayers;
+  const auto d =
+      std::max<int64_t>(4, static_cast<int64_t>((-13 + std::sqrt(169 + 48 * per_layer)) / 24));
+  const double rest = std::max(0.0, params - static_cast<double>(kLayers * (12 * d * d + 13 * d)) -
+                                        2.0 * static_cast<double>(d));
+  const int64_t vocab = std::max<int64_t>(1, std::llround(rest * 0.8 / static_cast<double>(d)));
+  const int64_t positions = std::max<int64_t>(1, std::llround(rest * 0.2 / static_cast<double>(d)));
+
+  struct Tensor {
+    std::string name;
+    std::vector<int64_t> shape;
+  };
+  std::vector<Tensor> tensors;
+  tensors.push_back({"token_embedding", {vocab, d}});
+  tensors.push_back({"position_embedding", {positions, d}});
+  for (int l = 0; l < kLayers; ++l) {
+    const std::string p = fmt::format("layers/{:03d}/", l);
+    tensors.push_back({p + "ln1/w", {d}});
+    tensors.push_back({p + "ln1/b", {d}});
+    for (const char* m : {"q", "k", "v", "o"}) {
+      tensors.push_back({p + "attn/" + m + "/w", {d, d}});
+      tensors.push_back({p + "attn/" + m + "/b", {d}});
+    }
+    tensors.push_back({p + "ln2/w", {d}});
+    tensors.push_back({p + "ln2/b", {d}});
+    tensors.push_back({p + "mlp/up/w", {4 * d, d}});
+    tensors.push_back({p + "mlp/up/b", {4 * d}});
+    tensors.push_back({p + "mlp/down/w", {d, 4 * d}});
+    tensors.push_back({p + "mlp/down/b", {d}});
+  }
+  tensors.push_back({"final_norm/w", {d}});
+  tensors.push_back({"final_norm/b", {d}});
+
+  std::vector<ArraySpec> out;
+  out.reserve(tensors.size() * 4);
+  for (const Kind& k : kKinds) {
+    for (const Tensor& t : tensors) {
+      out.push_back({fmt::format("{}/{}", k.prefix, t.name), k.dtype, t.shape, true});
+    }
+  }
+  return out;
+}
+
+std::vector<ArraySpec> OneArraySpecs(uint64_t bytes) {
+  return {{"one_array", DType::kUInt8, {static_cast<int64_t>(bytes)}, true}};
+}
+
+Model Materialize(std::vector<ArraySpec> specs, int rank, int size) {
+  Model m;
+  m.specs = std::move(specs);
+  auto add = [&](std::vector<ArrayToSave>& to, const ArraySpec& a) {
+    const Box box = LocalBox(a, rank, size);
+    const size_t bytes = BoxBytes(a, box);
+    // new[] without "()": no zeroing pass; Fill touches every page once.
+    m.buffers.emplace_back(new std::byte[std::max<size_t>(bytes, 1)]);
+    Fill(m.buffers.back().get(), bytes, NameSeed(a.name), BoxOffset(a, box));
+    to.push_back(ArrayToSave{a.name, a.dtype, a.shape, {Shard{box, m.buffers.back().get()}}});
+    return bytes;
+  };
+  m.arrays.reserve(m.specs.size());
+  for (const ArraySpec& a : m.specs) {
+    const size_t bytes = add(m.arrays, a);
+    m.boxes.emplace_back(m.buffers.back().get(), bytes);
+    m.local_bytes += bytes;
+    m.global_bytes += ArrayBytes(a);
+    if (IsSharded(a, size)) {
+      ++m.large_arrays;
+    } else {
+      m.replicated_bytes += bytes;
+      ++m.small_arrays;
+    }
+  }
+  m.arrays_with_extra = m.arrays;
+  add(m.arrays_with_extra, ArraySpec{"bench/plan_tag", DType::kInt32, {1}, false});
+  return m;
+}
+
+Model BuildModel(const TrainingStateConfig& c, int rank, int size) {
+  return Materialize(TrainingStateSpecs(c, size), rank, size);
+}
+
+void Destinations::Scrub(std::byte value) {
+  for (size_t i = 0; i < buffers.size(); ++i)
+    std::memset(buffers[i].get(), static_cast<int>(value), bytes[i]);
+}
+
+int Destinations::Verify(std::string* first_bad) const {
+  int bad = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const ArraySpec& a = specs[i];
+    if (CheckFill(buffers[i].get(), bytes[i], NameSeed(a.name), BoxOffset(a, boxes[i]))) continue;
+    if (bad++ == 0 && first_bad != nullptr) *first_bad = a.name + " " + BoxToString(boxes[i]);
+  }
+  return bad;
+}
+
+Destinations AllocateDestinations(std::vector<ArraySpec> specs, int rank, int size) {
+  Destinations d;
+  d.specs = std::move(specs);
+  for (const ArraySpec& a : d.specs) {
+    Box box = LocalBox(a, rank, size);
+    const size_t bytes = BoxBytes(a, box);
+    d.buffers.emplace_back(new std::byte[std::max<size_t>(bytes, 1)]);
+    std::memset(d.buffers.back().get(), 0, bytes);
+    d.arrays.push_back(ArrayToRestore{a.name, a.dtype, {Destination{box, d.buffers.back().get()}}});
+    d.boxes.push_back(std::move(box));
+    d.bytes.push_back(bytes);
+    d.local_bytes += bytes;
+  }
+  return d;
+}
+
+}  // namespace mhckpt::bench
