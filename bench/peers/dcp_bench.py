@@ -198,8 +198,9 @@ def main():
     notes = (f"torch {r['torch']} (PyPI wheel, CPU only), gloo, N worker processes. DTensor [Shard(0)] "
              "over a CPU DeviceMesh (chunked rows: ceil(rows/np) per rank), small arrays as plain "
              "tensors. dcp.async_save (thread, default stager copies into CPU memory) with the default "
-             "FileSystemWriter, sync_files=True: os.fsync on every data file it writes; the .metadata "
-             "file is written by rank 0 and is not fsynced, nor is the directory. stall = async_save "
+             "FileSystemWriter, sync_files=True: os.fsync on every .distcp data file and on .metadata.tmp "
+             "before its rename to .metadata (strace); the step directory is never fsynced, so the "
+             "rename is not itself durable. stall = async_save "
              "call, commit = until its future is done. Restore and reshard: dcp.load into new "
              "DTensors; reshard is a separate launch at restore_np."
              + (" Page cache dropped before each restore." if args.drop_caches else

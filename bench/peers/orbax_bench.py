@@ -215,8 +215,9 @@ def main():
              f"Async CheckpointManager (max_to_keep=2, OCDBT defaults), StandardSave/StandardRestore. "
              f"Rows padded {rows0} -> {r['rows']} (+{pad} rows, jax needs even sharding over "
              f"lcm(np, restore_np)); byte counts are those saved. Durability: TensorStore's file "
-             f"kvstore fsyncs what it writes (context file_io_sync, default true); see fsync evidence "
-             f"in bench/peers/README.md. Reshard: separate launch at restore_np."
+             f"kvstore fsyncs the data files, manifests and its directories (context file_io_sync, "
+             f"default true; strace); Orbax's own _CHECKPOINT_METADATA and the final rename of "
+             f"<step>.orbax-checkpoint-tmp are not fsynced (bench/peers/README.md). Reshard: separate launch at restore_np."
              + (" Page cache dropped before each restore." if args.drop_caches else
                 " Page cache NOT dropped: restores may read from memory."))
     rec = model.record("orbax", f"orbax-checkpoint {v['orbax-checkpoint']} / jax {v['jax']}", args.mib, args.np_,
