@@ -27,7 +27,10 @@ struct Fault {
 std::mutex g_mu;
 std::vector<Fault> g_faults;
 std::atomic<int> g_rank{-1};
-std::atomic<int64_t> g_step{-1};
+// Per thread: the caller's thread and the I/O thread each set the step they are
+// working on, so that with asynchronous saves a `step=` filter matches the
+// save that reaches the point, not the one most recently started.
+thread_local int64_t g_step = -1;
 
 Result<std::vector<Fault>> Parse(const std::string& spec) {
   std::vector<Fault> out;
@@ -88,7 +91,7 @@ const Fault* Match(std::string_view point, uint64_t bytes) {
   for (const Fault& f : g_faults) {
     if (f.point != point) continue;
     if (f.rank >= 0 && f.rank != g_rank.load()) continue;
-    if (f.step >= 0 && f.step != g_step.load()) continue;
+    if (f.step >= 0 && f.step != g_step) continue;
     if (bytes < f.after_bytes) continue;
     return &f;
   }

@@ -44,8 +44,10 @@ int ErrnoSlow(std::string_view point);
 /// Returns InvalidArgument for a spec it cannot parse.
 Status Configure(const std::string& spec);
 
-/// This process's rank and the step being saved, for matching `rank=` and `step=`.
+/// This process's rank, for matching `rank=`.
 void SetRank(int rank);
+/// The step the calling thread is working on, for matching `step=` (per thread:
+/// Save's caller and the I/O thread each set their own).
 void SetStep(int64_t step);
 
 /// At a named point: dies, or returns the injected error, or OK.
