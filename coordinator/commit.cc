@@ -15,7 +15,9 @@
 //      rank 0 reserves the file's space on disk (posix_fallocate) and all
 //      agree on it, so a full disk fails here and not inside a collective
 //      flush; then each rank writes the boxes the plan gives it (fully
-//      replicated arrays: rank 0). A write error is remembered, and the rank
+//      replicated arrays: rank 0; with Options::replica_parallel_min_bytes,
+//      big shared boxes as row slices, one per holder, each from the
+//      holder's own staged copy). A write error is remembered, and the rank
 //      keeps taking part.
 //   3. Durable. H5Fflush(GLOBAL) syncs the file through MPI-IO; then close.
 //   4. Agree. One gather: every rank's outcome, and the checksums (XXH3) of
@@ -29,8 +31,10 @@
 //
 // A crash anywhere before step 5 leaves a directory without a marker, which
 // is never listed and is removed by the next Open.
+#include <algorithm>
 #include <chrono>
 #include <map>
+#include <span>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -70,14 +74,16 @@ Status PrepareStepDir(const std::string& root, int64_t step) {
 }
 
 // Rank 0's part of the plan round.
+// The plan uses rank 0's Options::replica_parallel_min_bytes: the plan is
+// made here and broadcast, so a different value on another rank is ignored.
 Result<io::Marker> PlanOnRoot(const std::vector<std::string>& encoded, const std::string& root,
-                              int64_t step) {
+                              int64_t step, uint64_t replica_parallel_min_bytes) {
   std::vector<RankDescription> ranks;
   for (const std::string& e : encoded) {
     MHCKPT_ASSIGN_OR_RETURN(RankDescription d, DecodeDescription(e));
     ranks.push_back(std::move(d));
   }
-  MHCKPT_ASSIGN_OR_RETURN(io::Marker plan, BuildPlan(ranks));
+  MHCKPT_ASSIGN_OR_RETURN(io::Marker plan, BuildPlan(ranks, replica_parallel_min_bytes));
   MHCKPT_RETURN_IF_ERROR(PrepareStepDir(root, step));
   return plan;
 }
@@ -138,17 +144,36 @@ Status CollectReports(const std::vector<std::string>& reports,
   return first;
 }
 
-// Index of the staged box equal to `box` in `a`, or nullptr.
-const StagedBox* FindStaged(const StagedArray* a, const Box& box) {
-  if (a == nullptr) return nullptr;
+// The staged bytes of planned box `box` of `a`: a staged box equal to it, or
+// (replica-parallel saving, plan.h) a staged box of which `box` is a slice of
+// whole rows (same extent in every dimension but the first), whose bytes are
+// contiguous in row-major order. Empty if this rank holds no such box.
+std::span<const std::byte> FindStaged(const Snapshot& snapshot, const StagedArray* a,
+                                      const Box& box) {
+  if (a == nullptr) return {};
   for (const StagedBox& sb : a->boxes) {
-    if (sb.box == box) return &sb;
+    if (sb.box == box) return {snapshot.data(sb), sb.size};
   }
-  return nullptr;
+  for (const StagedBox& sb : a->boxes) {
+    const size_t dims = sb.box.count.size();
+    if (dims == 0 || box.count.size() != dims || sb.box.count[0] == 0) continue;
+    if (!std::equal(sb.box.start.begin() + 1, sb.box.start.end(), box.start.begin() + 1) ||
+        !std::equal(sb.box.count.begin() + 1, sb.box.count.end(), box.count.begin() + 1) ||
+        box.start[0] < sb.box.start[0] ||
+        box.start[0] + box.count[0] > sb.box.start[0] + sb.box.count[0]) {
+      continue;
+    }
+    const size_t row_bytes = sb.size / static_cast<size_t>(sb.box.count[0]);
+    return {snapshot.data(sb) + static_cast<size_t>(box.start[0] - sb.box.start[0]) * row_bytes,
+            static_cast<size_t>(box.count[0]) * row_bytes};
+  }
+  return {};
 }
 
 // Checksums of every planned box this rank holds, written by it or not
-// (Options::verify_replicas).
+// (Options::verify_replicas). A box split into row slices (replica-parallel
+// saving) is compared slice by slice: every holder of the box holds every
+// slice, so all of the box is compared across all of its holders.
 std::vector<BoxSum> HoldingChecksums(const io::Marker& plan, const Snapshot& snapshot) {
   std::map<std::string_view, const StagedArray*> staged;
   for (const StagedArray& a : snapshot.arrays) staged[a.name] = &a;
@@ -156,9 +181,11 @@ std::vector<BoxSum> HoldingChecksums(const io::Marker& plan, const Snapshot& sna
   for (size_t i = 0; i < plan.arrays.size(); ++i) {
     auto it = staged.find(plan.arrays[i].name);
     for (size_t k = 0; it != staged.end() && k < plan.arrays[i].boxes.size(); ++k) {
-      if (const StagedBox* sb = FindStaged(it->second, plan.arrays[i].boxes[k].box)) {
+      std::span<const std::byte> bytes =
+          FindStaged(snapshot, it->second, plan.arrays[i].boxes[k].box);
+      if (bytes.data() != nullptr) {
         sums.push_back({static_cast<uint32_t>(i), static_cast<uint32_t>(k),
-                        Checksum(snapshot.data(*sb), sb->size)});
+                        Checksum(bytes.data(), bytes.size())});
       }
     }
   }
@@ -213,8 +240,8 @@ Status WriteBoxes(std::vector<io::Dataset>& datasets, const io::Marker& plan,
       const io::MarkerBox& b = a.boxes[bi];
       if (b.writer != rank) continue;
       ++calls;
-      const StagedBox* box = FindStaged(staged[a.name], b.box);
-      if (!local.ok() || box == nullptr) {
+      std::span<const std::byte> box = FindStaged(snapshot, staged[a.name], b.box);
+      if (!local.ok() || box.data() == nullptr) {
         if (local.ok()) {
           local = Internal(fmt::format("array '{}' box {}: planned for rank {}, not staged there",
                                        a.name, BoxToString(b.box), rank));
@@ -222,10 +249,10 @@ Status WriteBoxes(std::vector<io::Dataset>& datasets, const io::Marker& plan,
         if (transfer == Transfer::kCollective) ds.WriteNothing().IgnoreError();
         continue;
       }
-      sums->push_back({static_cast<uint32_t>(ai), static_cast<uint32_t>(bi),
-                       Checksum(snapshot.data(*box), box->size)});
-      local = ds.Write(b.box, snapshot.data(*box));
-      *written += box->size;
+      sums->push_back(
+          {static_cast<uint32_t>(ai), static_cast<uint32_t>(bi), Checksum(box.data(), box.size())});
+      local = ds.Write(b.box, box.data());
+      *written += box.size();
       if (local.ok()) local = fault::Hit("mid_write", *written);
     }
     if (transfer == Transfer::kCollective) {
@@ -269,7 +296,8 @@ Status CheckpointManager::Impl::CommitSave(SaveJob& job) {
     Status s;
     std::string plan_json;
     if (rank == 0) {
-      Result<io::Marker> p = PlanOnRoot(encoded, root_, job.step);
+      Result<io::Marker> p =
+          PlanOnRoot(encoded, root_, job.step, options_.replica_parallel_min_bytes);
       s = p.status();
       if (s.code() == StatusCode::kIoError) {
         s = Status(s.code(), fmt::format("rank 0: {}", s.message()));

@@ -99,7 +99,24 @@ Result<RankDescription> DecodeDescription(const std::string& bytes) {
   }
 }
 
-Result<io::Marker> BuildPlan(const std::vector<RankDescription>& ranks) {
+std::vector<Box> SplitRows(const Box& box, int parts) {
+  const int64_t rows = box.count.empty() ? 0 : box.count[0];
+  const int64_t n = std::min<int64_t>(parts, rows);
+  if (n < 2) return {box};
+  std::vector<Box> slices;
+  int64_t start = box.start[0];
+  for (int64_t i = 0; i < n; ++i) {
+    Box slice = box;
+    slice.start[0] = start;
+    slice.count[0] = rows / n + (i < rows % n ? 1 : 0);
+    start += slice.count[0];
+    slices.push_back(std::move(slice));
+  }
+  return slices;
+}
+
+Result<io::Marker> BuildPlan(const std::vector<RankDescription>& ranks,
+                             uint64_t replica_parallel_min_bytes) {
   const int world = static_cast<int>(ranks.size());
   for (const RankDescription& r : ranks) {
     if (!r.status.ok()) return r.status;
@@ -183,6 +200,21 @@ Result<io::Marker> BuildPlan(const std::vector<RankDescription>& ranks) {
     const std::vector<Holding>& hs = holdings[name];
     ma.replicated = hs.size() == 1 && hs[0].box == FullBox(ref->shape);
     for (const Holding& h : hs) {
+      // Replica-parallel: a big shared box goes out in row slices, one per
+      // holder in rank order (every holder staged the whole box).
+      if (replica_parallel_min_bytes > 0 && h.holders.size() > 1 &&
+          static_cast<uint64_t>(h.bytes) >= replica_parallel_min_bytes && !h.box.count.empty() &&
+          h.box.count[0] >= 2) {
+        const std::vector<Box> slices = SplitRows(h.box, static_cast<int>(h.holders.size()));
+        const int64_t row_bytes = h.bytes / h.box.count[0];
+        for (size_t i = 0; i < slices.size(); ++i) {
+          const int writer = h.holders[i];
+          load[static_cast<size_t>(writer)] += slices[i].count[0] * row_bytes;
+          ma.boxes.push_back(io::MarkerBox{slices[i], writer});
+        }
+        plan.total_bytes += static_cast<uint64_t>(h.bytes);
+        continue;
+      }
       int writer = h.holders[0];
       if (h.holders.size() > 1) {
         if (!(ma.replicated && writer == 0)) {

@@ -42,6 +42,20 @@ Result<RankDescription> DecodeDescription(const std::string& bytes);
 /// written by rank 0 if it holds it; any other box held by several ranks goes
 /// to the holder with the fewest bytes assigned so far (lowest rank on ties),
 /// after every single-holder box is counted.
-Result<io::Marker> BuildPlan(const std::vector<RankDescription>& ranks);
+///
+/// Replica-parallel saving (`replica_parallel_min_bytes` > 0): a box held by
+/// k >= 2 ranks, of at least that many bytes and with at least 2 rows (first
+/// dimension), is planned as min(k, rows) contiguous row slices of near-equal
+/// size (the first ones one row longer), slice i written by the i-th holder in
+/// rank order. Each slice is a box of its own in the plan (and the marker).
+/// The array's `replicated` flag still says whether every holder held the
+/// whole array.
+Result<io::Marker> BuildPlan(const std::vector<RankDescription>& ranks,
+                             uint64_t replica_parallel_min_bytes = 0);
+
+/// `box` cut along dimension 0 into min(parts, rows) contiguous slices of
+/// near-equal row counts, in order (the first `rows % n` one row longer).
+/// Fewer than 2 slices: `box` itself.
+std::vector<Box> SplitRows(const Box& box, int parts);
 
 }  // namespace mhckpt

@@ -9,11 +9,13 @@
 //      rank reads its boxes as hyperslabs (independent transfers), so any
 //      sharding on any world size is a plain read. A replicated array that
 //      every rank wants whole is read once by rank 0 and broadcast.
-//      Where a read covers a whole stored box, its checksum is checked.
+//      Where a read covers a whole stored box (the box itself, or a slice of
+//      whole rows of it), its checksum is checked.
 //   4. Close; one agreement.
 //
 // Verify (below) is the same walk over every stored box, split over the
 // ranks, read in bounded slabs and checked against the marker's checksums.
+#include <algorithm>
 #include <memory>
 #include <set>
 
@@ -131,13 +133,32 @@ Status CheckBox(const io::MarkerArray& a, const io::MarkerBox& b, uint64_t actua
       a.name, BoxToString(b.box), ChecksumToString(b.checksum), ChecksumToString(actual)));
 }
 
-// The stored box of `a` equal to `box`, or nullptr (a read of part of a box,
-// or of several boxes, cannot be checked against one checksum).
-const io::MarkerBox* StoredBox(const io::MarkerArray& a, const Box& box) {
+// Checks every stored box of `a` whose bytes all lie, contiguously, in the
+// `bytes` read for `box` at `host`: the box itself, or a slice of whole rows
+// of it (row shards, or the slices of replica-parallel saving, read whole). A
+// read of part of a stored box cannot be checked against its checksum.
+Status CheckStoredBoxes(const io::MarkerArray& a, const Box& box, const std::byte* host,
+                        size_t bytes) {
+  const size_t dims = box.count.size();
   for (const io::MarkerBox& b : a.boxes) {
-    if (b.box == box) return &b;
+    if (b.box == box) {
+      MHCKPT_RETURN_IF_ERROR(CheckBox(a, b, Checksum(host, bytes)));
+      continue;
+    }
+    if (dims == 0 || box.count[0] <= 0 || b.box.count.size() != dims ||
+        !std::equal(box.start.begin() + 1, box.start.end(), b.box.start.begin() + 1) ||
+        !std::equal(box.count.begin() + 1, box.count.end(), b.box.count.begin() + 1) ||
+        b.box.start[0] < box.start[0] ||
+        b.box.start[0] + b.box.count[0] > box.start[0] + box.count[0]) {
+      continue;
+    }
+    const size_t row_bytes = bytes / static_cast<size_t>(box.count[0]);
+    MHCKPT_RETURN_IF_ERROR(
+        CheckBox(a, b,
+                 Checksum(host + static_cast<size_t>(b.box.start[0] - box.start[0]) * row_bytes,
+                          static_cast<size_t>(b.box.count[0]) * row_bytes)));
   }
-  return nullptr;
+  return OkStatus();
 }
 
 }  // namespace
@@ -185,8 +206,9 @@ Status CheckpointManager::Impl::RunRestore(int64_t step, std::span<const ArrayTo
         // (Seam: device destinations could be broadcast with NCCL instead.)
         Landing land(it->second->shards[0], a.dtype);
         if (rank == 0 && local.ok()) local = ds->Read(it->second->shards[0].box, land.host());
-        if (rank == 0 && local.ok() && a.boxes.size() == 1) {
-          local = CheckBox(a, a.boxes[0], Checksum(land.host(), land.bytes()));
+        if (rank == 0 && local.ok()) {
+          local = CheckStoredBoxes(a, it->second->shards[0].box,
+                                   static_cast<const std::byte*>(land.host()), land.bytes());
         }
         comm_.BroadcastBuffer(land.host(), land.bytes(), 0);
         if (local.ok()) local = land.Finish();
@@ -197,8 +219,10 @@ Status CheckpointManager::Impl::RunRestore(int64_t step, std::span<const ArrayTo
         if (Volume(d.box.count).value_or(0) == 0) continue;
         Landing land(d, a.dtype);
         local = ds->Read(d.box, land.host());
-        const io::MarkerBox* stored = StoredBox(a, d.box);
-        if (local.ok() && stored) local = CheckBox(a, *stored, Checksum(land.host(), land.bytes()));
+        if (local.ok()) {
+          local =
+              CheckStoredBoxes(a, d.box, static_cast<const std::byte*>(land.host()), land.bytes());
+        }
         if (local.ok()) local = land.Finish();
         if (!local.ok()) break;
       }

@@ -1,7 +1,10 @@
 // The N-to-M matrix, across real jobs:
 //   mpiexec -n N reshard_test save DIR       saves a checkpoint at N ranks
 //   mpiexec -n M reshard_test restore DIR    restores it at M ranks, checks every byte
-// ctest runs every (N, M) in 1..4 x 1..4 (tests/CMakeLists.txt).
+// ctest runs every (N, M) in 1..4 x 1..4 (tests/CMakeLists.txt). With a last
+// argument `rp`, the save uses replica-parallel saving
+// (Options::replica_parallel_min_bytes) and both sides add arrays that it
+// splits: a big replicated one, and one sharded over pairs of ranks.
 #include <mpi.h>
 
 #include <cstdio>
@@ -27,13 +30,28 @@ struct Spec {
   uint64_t seed;
 };
 
+bool replica_parallel = false;  // the `rp` argument
+
 const std::vector<Spec>& Specs() {
+  static const std::vector<Spec> rp_specs = {
+      {"rp/big", DType::kFloat32, {1001, 33}, 6},  // replicated: split among all ranks
+      {"rp/pairs", DType::kFloat32, {100, 6}, 7},  // rows in halves, each held by two ranks
+      {"rp/small", DType::kFloat32, {3}, 8},       // replicated, under the threshold
+  };
   static const std::vector<Spec> specs = {
       {"uneven/rows", DType::kFloat32, {1001, 7}, 1},  // rows split unevenly
       {"block/2d", DType::kInt32, {64, 45}, 2},        // 2-D block grid
       {"opt/bf16", DType::kBFloat16, {333}, 3},       {"replicated/bias", DType::kFloat64, {17}, 4},
       {"replicated/step", DType::kInt64, {}, 5},
   };
+  if (replica_parallel) {
+    static const std::vector<Spec> all = [] {
+      std::vector<Spec> v = specs;
+      v.insert(v.end(), rp_specs.begin(), rp_specs.end());
+      return v;
+    }();
+    return all;
+  }
   return specs;
 }
 
@@ -47,7 +65,14 @@ std::pair<int, int> Grid(int p, bool transpose) {
 // different layout from the save's).
 std::vector<Box> BoxesOf(const Spec& s, int p, int r, bool other) {
   std::string n = s.name;
-  if (n == "uneven/rows" || n == "opt/bf16") {
+  if (n == "rp/pairs" && !other) {  // ranks 2k and 2k+1 hold shard k
+    auto [b, e] = Split(s.shape[0], (p + 1) / 2, r / 2);
+    Box box = FullBox(s.shape);
+    box.start[0] = b;
+    box.count[0] = e - b;
+    return {box};
+  }
+  if (n == "uneven/rows" || n == "opt/bf16" || (n == "rp/big" && other) || n == "rp/pairs") {
     int part = other ? p - 1 - r : r;
     auto [b, e] = Split(s.shape[0], p, part);
     Box box = FullBox(s.shape);
@@ -67,7 +92,9 @@ std::vector<Box> BoxesOf(const Spec& s, int p, int r, bool other) {
 int Save(const std::string& dir, int p, int r) {
   if (r == 0) std::filesystem::remove_all(dir);  // a fresh checkpoint every run
   MPI_Barrier(MPI_COMM_WORLD);
-  auto mgr = CheckpointManager::Open(MPI_COMM_WORLD, dir);
+  Options o;
+  if (replica_parallel) o.replica_parallel_min_bytes = 64;  // rp/small (12 bytes) stays whole
+  auto mgr = CheckpointManager::Open(MPI_COMM_WORLD, dir, o);
   if (!mgr.ok()) return fmt::print(stderr, "open: {}\n", mgr.status().ToString()), 1;
   std::vector<std::vector<std::byte>> bufs;
   std::vector<ArrayToSave> arrays;
@@ -140,12 +167,16 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &p);
   MPI_Comm_rank(MPI_COMM_WORLD, &r);
   int rc = 2;
+  if (argc == 4 && std::strcmp(argv[3], "rp") == 0) {
+    mhckpt::replica_parallel = true;
+    --argc;
+  }
   if (argc == 3 && std::strcmp(argv[1], "save") == 0)
     rc = mhckpt::Save(argv[2], p, r);
   else if (argc == 3 && std::strcmp(argv[1], "restore") == 0)
     rc = mhckpt::Restore(argv[2], p, r);
   else if (r == 0)
-    std::fprintf(stderr, "usage: reshard_test save|restore DIR\n");
+    std::fprintf(stderr, "usage: reshard_test save|restore DIR [rp]\n");
   int any = 0;
   MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   MPI_Finalize();

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <functional>
 #include <thread>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -167,6 +168,76 @@ TEST(Plan, ReplicatedArraysAreWrittenByRankZero) {
   ASSERT_TRUE(plan.ok());
   EXPECT_TRUE(plan->arrays[0].replicated);
   EXPECT_EQ(plan->arrays[0].boxes[0].writer, 0);
+}
+
+// (start[0], count[0], writer) of each planned box of array `i`.
+std::vector<std::tuple<int64_t, int64_t, int>> Rows(const io::Marker& plan, size_t i) {
+  std::vector<std::tuple<int64_t, int64_t, int>> out;
+  for (const io::MarkerBox& b : plan.arrays[i].boxes) {
+    out.emplace_back(b.box.start.at(0), b.box.count.at(0), b.writer);
+  }
+  return out;
+}
+
+TEST(Plan, SplitRowsNearEqualInOrder) {
+  Box b{{10, 0}, {7, 3}};
+  std::vector<Box> s = SplitRows(b, 3);
+  ASSERT_EQ(s.size(), 3u);
+  EXPECT_EQ(s[0], (Box{{10, 0}, {3, 3}}));
+  EXPECT_EQ(s[1], (Box{{13, 0}, {2, 3}}));
+  EXPECT_EQ(s[2], (Box{{15, 0}, {2, 3}}));
+  EXPECT_EQ(SplitRows(b, 1), std::vector<Box>{b});
+  EXPECT_EQ(SplitRows(Box{{0}, {2}}, 4).size(), 2u);  // at most one slice per row
+  EXPECT_EQ(SplitRows(Box{{0}, {1}}, 4), (std::vector<Box>{Box{{0}, {1}}}));
+  EXPECT_EQ(SplitRows(Box{}, 4), std::vector<Box>{Box{}});  // a scalar stays whole
+}
+
+TEST(Plan, ReplicaParallelSplitsBigReplicatedBoxesAmongHolders) {
+  // Shape {8} float32: 32 bytes. Three holders of the whole array.
+  Box all{{0}, {8}};
+  std::vector<RankDescription> ranks = {Holder(1, {{"r", {all}}, {"s", {all}}}),
+                                        Holder(1, {{"r", {all}}, {"s", {all}}}),
+                                        Holder(1, {{"r", {all}}, {"s", {all}}})};
+  auto plan = BuildPlan(ranks, 32);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  using R = std::vector<std::tuple<int64_t, int64_t, int>>;
+  EXPECT_EQ(Rows(*plan, 0), (R{{0, 3, 0}, {3, 3, 1}, {6, 2, 2}}));
+  EXPECT_TRUE(plan->arrays[0].replicated);  // every holder had the whole array
+  EXPECT_EQ(plan->total_bytes, 2u * 32);    // each byte counted once
+  // Identical on every call (every rank follows rank 0's plan; cached plans too).
+  EXPECT_EQ(MarkerToJson(*plan), MarkerToJson(BuildPlan(ranks, 32).value()));
+  // Under the threshold, or off: one box, written by rank 0.
+  for (uint64_t threshold : {uint64_t{0}, uint64_t{33}}) {
+    auto whole = BuildPlan(ranks, threshold);
+    ASSERT_TRUE(whole.ok());
+    EXPECT_EQ(Rows(*whole, 0), (R{{0, 8, 0}})) << threshold;
+  }
+  // A box held by one rank is never split.
+  auto single = BuildPlan({Holder(1, {{"r", {all}}})}, 1);
+  EXPECT_EQ(Rows(single.value(), 0), (R{{0, 8, 0}}));
+  // Fewer rows than holders: one row each, to the first holders.
+  auto short_rows =
+      BuildPlan({Holder(1, {{"r", {Box{{0}, {2}}}}}, {2}), Holder(1, {{"r", {Box{{0}, {2}}}}}, {2}),
+                 Holder(1, {{"r", {Box{{0}, {2}}}}}, {2})},
+                1);
+  EXPECT_EQ(Rows(short_rows.value(), 0), (R{{0, 1, 0}, {1, 1, 1}}));
+}
+
+TEST(Plan, ReplicaParallelSplitsEachShardAmongItsHolders) {
+  // Rows [0,4) held by ranks 0 and 1, rows [4,8) by ranks 2 and 3.
+  Box lo{{0}, {4}}, hi{{4}, {4}};
+  auto plan = BuildPlan({Holder(1, {{"x", {lo}}}), Holder(1, {{"x", {lo}}}),
+                         Holder(1, {{"x", {hi}}}), Holder(1, {{"x", {hi}}})},
+                        16);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  using R = std::vector<std::tuple<int64_t, int64_t, int>>;
+  EXPECT_EQ(Rows(*plan, 0), (R{{0, 2, 0}, {2, 2, 1}, {4, 2, 2}, {6, 2, 3}}));
+  EXPECT_FALSE(plan->arrays[0].replicated);
+  // Holders in rank order, whatever order the ranks hold them in: ranks 1, 3.
+  auto odd = BuildPlan({Holder(1, {{"x", {hi}}}), Holder(1, {{"x", {lo}}}),
+                        Holder(1, {{"x", {hi}}}), Holder(1, {{"x", {lo}}})},
+                       16);
+  EXPECT_EQ(Rows(odd.value(), 0), (R{{0, 2, 1}, {2, 2, 3}, {4, 2, 0}, {6, 2, 2}}));
 }
 
 TEST(Plan, Errors) {
