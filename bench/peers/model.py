@@ -26,6 +26,7 @@ Both hold the same global bytes; only which rank holds a boundary row differs.
 Works with Debian's numpy 1.24 (h5py peer, no ml_dtypes) and the venv's numpy 2.
 """
 import json
+import math
 import os
 import statistics
 import time
@@ -57,7 +58,8 @@ def numpy_dtype(name):
 
 
 def num_rows(mib, np_):
-    return max(np_, round(mib * 2**20 / 14 / 2 / COLS))
+    # floor(x + 0.5): C's llround for positive x (Python's round() rounds halves to even).
+    return max(np_, int(math.floor(mib * 2**20 / 14 / 2 / COLS + 0.5)))
 
 
 def row_range(rows, rank, np_, layout="floor"):
