@@ -49,9 +49,10 @@ struct Options {
   /// Steps that are multiples of `keep_period` are kept for good (0: none).
   int64_t keep_period = 0;
   /// Most host staging memory held at once, in bytes. 0: one save's worth — a
-  /// save waits (SaveTimings::budget_wait) until the previous save has
-  /// committed and given its buffer back, so host memory grows by at most one
-  /// copy of the local checkpoint. Buffers are kept and reused between saves.
+  /// save waits (SaveTimings::budget_wait) until the previous save has written
+  /// its data and given its buffer back (before its flush and commit), so host
+  /// memory grows by at most one copy of the local checkpoint. Buffers are
+  /// kept and reused between saves.
   size_t staging_budget_bytes = 0;
   /// Before writing, ranks holding the same box compare checksums; a mismatch
   /// (silent corruption, or non-deterministic data-parallel replicas) fails

@@ -18,7 +18,8 @@
 //      replicated arrays: rank 0; with Options::replica_parallel_min_bytes,
 //      big shared boxes as row slices, one per holder, each from the
 //      holder's own staged copy). A write error is remembered, and the rank
-//      keeps taking part.
+//      keeps taking part. The staging buffer goes back to the pool as soon
+//      as the rank's writes are done.
 //   3. Durable. H5Fflush(GLOBAL) syncs the file through MPI-IO; then close.
 //   4. Agree. One gather: every rank's outcome, and the checksums (XXH3) of
 //      the boxes it wrote, which go into the marker.
@@ -373,6 +374,12 @@ Status CheckpointManager::Impl::CommitSave(SaveJob& job) {
     }
     datasets.clear();
     t.write = Since(t0);
+    // Nothing reads the staged bytes after the write phase (the replica check
+    // came before it, the checksums were taken while writing, and H5Dwrite
+    // does not keep the buffer): give the buffer back now, so a save waiting
+    // for staging memory (SaveTimings::budget_wait) need not wait for the
+    // flush and the commit too (docs/PERFORMANCE.md).
+    job.snapshot.buffer = StagingBuffer();
     t0 = Clock::now();
     watchdog_.Enter("flush", job.step);
     Status closed = file->FlushAndClose();
