@@ -281,6 +281,7 @@ struct SaveRun {
   SaveSample first;
   std::vector<double> stall, commit, gc, memcpy;
   std::vector<std::vector<double>> phases;  // [phase][rep]
+  std::vector<double> written_bytes;        // [rank], the last save
   uint64_t rss_extra = 0;
   bool hwm_reset = false;
   int64_t last_step = -1;
@@ -311,6 +312,7 @@ SaveRun RunSaves(const Flags& f, const Model& m, const std::string& root, const 
   }
   out.rss_extra = ExtraPeakRss(mem);
   out.hwm_reset = mem.hwm_reset;
+  out.written_bytes = AllGather(static_cast<double>(out.mgr->LastSaveTimings().written_bytes));
   out.last_step = step - 1;
   return out;
 }
@@ -364,6 +366,7 @@ void AddSaves(json& r, const SaveRun& s, const Model& m) {
   r["peak_rss_extra_bytes"] = s.rss_extra;
   r["hwm_reset"] = s.hwm_reset;
   r["max_to_keep"] = 2;
+  r["written_bytes_per_rank"] = s.written_bytes;  // who wrote what, the last save
   r["samples"]["stall_s"] = s.stall;
   r["samples"]["commit_s"] = s.commit;
   r["samples"]["memcpy_s"] = s.memcpy;
