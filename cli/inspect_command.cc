@@ -68,8 +68,11 @@ void PrintText(const InspectArgs& args, const io::Marker& m, std::FILE* out) {
              shape_w, "BYTES", "BOXES (writer rank)");
   for (const io::MarkerArray& a : m.arrays) {
     std::string boxes;
-    if (a.replicated) {
+    const bool one_writer = a.replicated && a.boxes.size() <= 1;
+    if (one_writer) {
       boxes = fmt::format("replicated (rank {})", a.boxes.empty() ? 0 : a.boxes[0].writer);
+    } else if (a.replicated) {  // replica-parallel saving: row slices
+      boxes = fmt::format("replicated, {} slices", a.boxes.size());
     } else if (a.boxes.empty()) {
       boxes = "none (empty array)";
     } else {
@@ -77,7 +80,7 @@ void PrintText(const InspectArgs& args, const io::Marker& m, std::FILE* out) {
     }
     fmt::print(out, "  {:<{}}  {:<13}  {:<{}}  {:>10}  {}\n", a.name, name_w, DTypeName(a.dtype),
                ShapeToString(a.shape), shape_w, HumanBytes(ArrayBytes(a)), boxes);
-    if (a.replicated) continue;
+    if (one_writer) continue;
     for (const io::MarkerBox& b : a.boxes) {
       fmt::print(out, "  {:<{}}  {} (rank {})\n", "", name_w + shape_w + 31, BoxToString(b.box),
                  b.writer);

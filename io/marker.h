@@ -27,7 +27,9 @@ struct MarkerArray {
   std::string name;
   DType dtype = DType::kFloat32;
   std::vector<int64_t> shape;
-  bool replicated = false;  ///< one box, the whole array, written by one rank
+  /// Every holder had the whole array. Its boxes: the whole array, or (with
+  /// replica-parallel saving) row slices of it, each by a different writer.
+  bool replicated = false;
   std::vector<MarkerBox> boxes;
 };
 
