@@ -1,6 +1,7 @@
 #include "io/marker.h"
 
 #include <algorithm>
+#include <iterator>
 #include <limits>
 
 #include <fmt/format.h>
@@ -15,34 +16,320 @@ namespace {
 
 using nlohmann::json;
 
-json BoxJson(const Box& b) { return json{{"start", b.start}, {"count", b.count}}; }
+// ---- Parsing ----
+//
+// A marker of 10,000 arrays is ~1.7 MB of JSON, ~150,000 values. Parsed into
+// a nlohmann DOM and then copied into a Marker, it cost ~40 ms alone and
+// 0.1-0.3 s inside a busy process (one std::map node per key, freed again):
+// a quarter of a restore. So the parser below takes nlohmann's SAX events and
+// fills the Marker directly (docs/PERFORMANCE.md, "Many small arrays").
+// It is as strict as the DOM reading it replaces: every field must be present
+// and of its type, integers must be integers in range (no floats, booleans or
+// wider values), unknown keys are ignored, a repeated key counts once (the
+// last). Fields are checked after the parse, in a fixed order, so a damaged
+// marker gives the same error whatever the order of its keys.
 
-// An integer field, refusing what nlohmann would silently convert: floats,
-// booleans, and values outside T. Throws json::type_error (ParseMarker turns
-// it into DataLoss).
+// One field as read: missing, of the right type, or not.
+enum class SlotState : uint8_t { kMissing, kOk, kBad };
+
 template <typename T>
-T Int(const json& j) {
-  bool fits = false;
-  if (j.is_number_unsigned()) {  // nlohmann keeps every non-negative integer here
-    fits = j.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max());
-  } else if (j.is_number_integer()) {  // negative
-    fits = std::numeric_limits<T>::is_signed &&
-           j.get<int64_t>() >= static_cast<int64_t>(std::numeric_limits<T>::min());
+struct Slot {
+  SlotState state = SlotState::kMissing;
+  T value{};
+  void Set(T v) {
+    state = SlotState::kOk;
+    value = std::move(v);
   }
-  if (!fits)
-    throw json::type_error::create(302, "expected an integer in range, got " + j.dump(), &j);
-  return j.get<T>();
+  void Bad() {
+    state = SlotState::kBad;
+    value = T{};
+  }
+  [[nodiscard]] bool ok() const { return state == SlotState::kOk; }
+};
+
+// A JSON number as read; `kind` says which member holds it.
+struct Num {
+  enum Kind : uint8_t { kUnsigned, kNegative } kind = kUnsigned;
+  uint64_t u = 0;
+  int64_t i = 0;
+};
+
+struct BoxSlots {
+  Slot<std::string> checksum;
+  Slot<std::vector<int64_t>> start, count;
+  Slot<Num> writer;
+};
+
+struct ArraySlots {
+  Slot<std::string> name, dtype;
+  Slot<std::vector<int64_t>> shape;
+  Slot<bool> replicated;
+  Slot<std::vector<BoxSlots>> boxes;
+};
+
+struct MarkerSlots {
+  bool is_object = false;
+  Slot<std::string> format, data_file;
+  Slot<Num> format_version, step, world_size, created_unix_ms, total_bytes;
+  Slot<std::map<std::string, std::string>> user_metadata;
+  Slot<std::vector<ArraySlots>> arrays;
+};
+
+// Thrown (and caught in ParseMarker) for a field missing or of a wrong type.
+struct Malformed {
+  std::string why;
+};
+
+template <typename T>
+const T& Need(const Slot<T>& s, const char* field) {
+  if (s.state == SlotState::kMissing) throw Malformed{fmt::format("missing field '{}'", field)};
+  if (s.state == SlotState::kBad)
+    throw Malformed{fmt::format("field '{}' has a wrong type", field)};
+  return s.value;
 }
 
-std::vector<int64_t> Ints(const json& j) {
-  if (!j.is_array()) throw json::type_error::create(302, "expected an array of integers", &j);
-  std::vector<int64_t> out;
-  for (const json& e : j) out.push_back(Int<int64_t>(e));
-  return out;
+// An integer of type T, refusing values outside it.
+template <typename T>
+T NeedInt(const Slot<Num>& s, const char* field) {
+  const Num& n = Need(s, field);
+  bool fits = n.kind == Num::kUnsigned
+                  ? n.u <= static_cast<uint64_t>(std::numeric_limits<T>::max())
+                  : std::numeric_limits<T>::is_signed &&
+                        n.i >= static_cast<int64_t>(std::numeric_limits<T>::min());
+  if (!fits) throw Malformed{fmt::format("field '{}': integer out of range", field)};
+  return n.kind == Num::kUnsigned ? static_cast<T>(n.u) : static_cast<T>(n.i);
 }
 
-// Throws json exceptions on wrong types; ParseMarker turns them into DataLoss.
-Box BoxFromJson(const json& j) { return Box{Ints(j.at("start")), Ints(j.at("count"))}; }
+class MarkerSax final : public nlohmann::json_sax<json> {
+ public:
+  explicit MarkerSax(MarkerSlots* out) : out_(out) {}
+
+  bool null() override { return Scalar(Value::kOther); }
+  bool boolean(bool v) override {
+    bool_ = v;
+    return Scalar(Value::kBool);
+  }
+  bool number_integer(number_integer_t v) override {
+    num_ = Num{Num::kNegative, 0, v};
+    return Scalar(Value::kNumber);
+  }
+  bool number_unsigned(number_unsigned_t v) override {
+    num_ = Num{Num::kUnsigned, v, 0};
+    return Scalar(Value::kNumber);
+  }
+  bool number_float(number_float_t /*v*/, const string_t& /*s*/) override {
+    return Scalar(Value::kOther);
+  }
+  bool string(string_t& v) override {
+    str_ = &v;  // moved from by Set: the lexer clears it before the next token
+    return Scalar(Value::kString);
+  }
+  bool binary(binary_t& /*v*/) override { return Scalar(Value::kOther); }
+  bool key(string_t& k) override {
+    key_ = std::move(k);
+    return true;
+  }
+
+  bool start_object(std::size_t /*n*/) override {
+    Frame& f = Top();
+    switch (f.kind) {
+      case Kind::kRoot:
+        out_->is_object = true;
+        Push(Kind::kTop);
+        return true;
+      case Kind::kTop:
+        if (key_ == "user_metadata") {
+          out_->user_metadata.Set({});
+          Push(Kind::kUserMetadata);
+          return true;
+        }
+        break;
+      case Kind::kArrays:
+        out_->arrays.value.emplace_back();
+        array_ = &out_->arrays.value.back();
+        Push(Kind::kArray);
+        return true;
+      case Kind::kBoxes:
+        array_->boxes.value.emplace_back();
+        box_ = &array_->boxes.value.back();
+        Push(Kind::kBox);
+        return true;
+      default: break;
+    }
+    MarkWrong();
+    Push(Kind::kSkip);
+    return true;
+  }
+  bool end_object() override { return Pop(); }
+
+  bool start_array(std::size_t /*n*/) override {
+    Frame& f = Top();
+    if (f.kind == Kind::kTop && key_ == "arrays") {
+      out_->arrays.Set({});
+      Push(Kind::kArrays);
+      return true;
+    }
+    if (f.kind == Kind::kArray && key_ == "boxes") {
+      array_->boxes.Set({});
+      Push(Kind::kBoxes);
+      return true;
+    }
+    if (Slot<std::vector<int64_t>>* ints = IntsSlot()) {
+      ints->Set({});
+      Push(Kind::kInts, ints);
+      return true;
+    }
+    MarkWrong();
+    Push(Kind::kSkip);
+    return true;
+  }
+  bool end_array() override { return Pop(); }
+
+  bool parse_error(std::size_t /*position*/, const std::string& /*last_token*/,
+                   const nlohmann::detail::exception& e) override {
+    error_ = e.what();
+    return false;
+  }
+
+  [[nodiscard]] const std::string& error() const { return error_; }
+
+ private:
+  enum class Kind : uint8_t {
+    kRoot,
+    kTop,
+    kUserMetadata,
+    kArrays,
+    kArray,
+    kBoxes,
+    kBox,
+    kInts,
+    kSkip
+  };
+  enum class Value : uint8_t { kBool, kNumber, kString, kOther };
+  struct Frame {
+    Kind kind;
+    Slot<std::vector<int64_t>>* ints = nullptr;  // kInts
+  };
+
+  Frame& Top() { return stack_.back(); }
+  void Push(Kind k, Slot<std::vector<int64_t>>* ints = nullptr) { stack_.push_back({k, ints}); }
+  bool Pop() {
+    stack_.pop_back();
+    return true;
+  }
+
+  // The integer-list field the current key names, or nullptr.
+  Slot<std::vector<int64_t>>* IntsSlot() {
+    Frame& f = Top();
+    if (f.kind == Kind::kArray && key_ == "shape") return &array_->shape;
+    if (f.kind == Kind::kBox && key_ == "start") return &box_->start;
+    if (f.kind == Kind::kBox && key_ == "count") return &box_->count;
+    return nullptr;
+  }
+
+  // A value of the wrong kind (scalar or container) for the current key:
+  // the field it would fill is bad.
+  void MarkWrong() {
+    Frame& f = Top();
+    switch (f.kind) {
+      case Kind::kTop:
+        if (key_ == "format") out_->format.Bad();
+        if (key_ == "data_file") out_->data_file.Bad();
+        if (key_ == "format_version") out_->format_version.Bad();
+        if (key_ == "step") out_->step.Bad();
+        if (key_ == "world_size") out_->world_size.Bad();
+        if (key_ == "created_unix_ms") out_->created_unix_ms.Bad();
+        if (key_ == "total_bytes") out_->total_bytes.Bad();
+        if (key_ == "user_metadata") out_->user_metadata.Bad();
+        if (key_ == "arrays") out_->arrays.Bad();
+        break;
+      case Kind::kUserMetadata: out_->user_metadata.Bad(); break;
+      case Kind::kArrays: out_->arrays.Bad(); break;
+      case Kind::kArray:
+        if (key_ == "name") array_->name.Bad();
+        if (key_ == "dtype") array_->dtype.Bad();
+        if (key_ == "shape") array_->shape.Bad();
+        if (key_ == "replicated") array_->replicated.Bad();
+        if (key_ == "boxes") array_->boxes.Bad();
+        break;
+      case Kind::kBoxes: array_->boxes.Bad(); break;
+      case Kind::kBox:
+        if (key_ == "checksum") box_->checksum.Bad();
+        if (key_ == "start") box_->start.Bad();
+        if (key_ == "count") box_->count.Bad();
+        if (key_ == "writer") box_->writer.Bad();
+        break;
+      case Kind::kInts: f.ints->Bad(); break;
+      case Kind::kRoot:
+      case Kind::kSkip: break;
+    }
+  }
+
+  bool Scalar(Value v) {
+    Frame& f = Top();
+    switch (f.kind) {
+      case Kind::kTop:
+        if (v == Value::kString && key_ == "format")
+          return out_->format.Set(std::move(*str_)), true;
+        if (v == Value::kString && key_ == "data_file")
+          return out_->data_file.Set(std::move(*str_)), true;
+        if (v == Value::kNumber) {
+          if (key_ == "format_version") return out_->format_version.Set(num_), true;
+          if (key_ == "step") return out_->step.Set(num_), true;
+          if (key_ == "world_size") return out_->world_size.Set(num_), true;
+          if (key_ == "created_unix_ms") return out_->created_unix_ms.Set(num_), true;
+          if (key_ == "total_bytes") return out_->total_bytes.Set(num_), true;
+        }
+        break;
+      case Kind::kUserMetadata:
+        if (v == Value::kString && out_->user_metadata.ok()) {
+          out_->user_metadata.value[key_] = std::move(*str_);
+          return true;
+        }
+        break;
+      case Kind::kArray:
+        if (v == Value::kString && key_ == "name") return array_->name.Set(std::move(*str_)), true;
+        if (v == Value::kString && key_ == "dtype")
+          return array_->dtype.Set(std::move(*str_)), true;
+        if (v == Value::kBool && key_ == "replicated") return array_->replicated.Set(bool_), true;
+        break;
+      case Kind::kBox:
+        if (v == Value::kString && key_ == "checksum")
+          return box_->checksum.Set(std::move(*str_)), true;
+        if (v == Value::kNumber && key_ == "writer") return box_->writer.Set(num_), true;
+        break;
+      case Kind::kInts:
+        if (v == Value::kNumber && f.ints->ok()) {
+          if (num_.kind == Num::kUnsigned &&
+              num_.u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+            f.ints->Bad();
+          } else {
+            f.ints->value.push_back(num_.kind == Num::kUnsigned ? static_cast<int64_t>(num_.u)
+                                                                : num_.i);
+          }
+          return true;
+        }
+        break;
+      case Kind::kRoot:  // a scalar document: not an object
+      case Kind::kArrays:
+      case Kind::kBoxes:
+      case Kind::kSkip: break;
+    }
+    MarkWrong();
+    return true;
+  }
+
+  MarkerSlots* out_;
+  std::vector<Frame> stack_{{Kind::kRoot}};
+  std::string key_;
+  ArraySlots* array_ = nullptr;
+  BoxSlots* box_ = nullptr;
+  // The last scalar.
+  bool bool_ = false;
+  Num num_;
+  std::string* str_ = nullptr;
+  std::string error_;
+};
 
 Status Validate(const Marker& m, const std::string& origin) {
   auto bad = [&](const std::string& what) {
@@ -87,80 +374,129 @@ const MarkerArray* Marker::Find(const std::string& name) const {
   return it != arrays.end() && it->name == name ? &*it : nullptr;
 }
 
-std::string MarkerToJson(const Marker& m) {
-  json arrays = json::array();
-  for (const MarkerArray& a : m.arrays) {
-    json boxes = json::array();
-    for (const MarkerBox& b : a.boxes) {
-      json jb = BoxJson(b.box);
-      jb["writer"] = b.writer;
-      jb["checksum"] = ChecksumToString(b.checksum);
-      boxes.push_back(std::move(jb));
-    }
-    arrays.push_back(json{{"name", a.name},
-                          {"dtype", std::string(DTypeName(a.dtype))},
-                          {"shape", a.shape},
-                          {"replicated", a.replicated},
-                          {"boxes", std::move(boxes)}});
+namespace {
+
+void AppendInts(std::string& out, const std::vector<int64_t>& v) {
+  out += '[';
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i > 0) out += ',';
+    fmt::format_to(std::back_inserter(out), "{}", v[i]);
   }
-  json j{{"format", "mhckpt"},
-         {"format_version", m.format_version},
-         {"step", m.step},
-         {"world_size", m.world_size},
-         {"created_unix_ms", m.created_unix_ms},
-         {"data_file", m.data_file},
-         {"total_bytes", m.total_bytes},
-         {"user_metadata", m.user_metadata},
-         {"arrays", std::move(arrays)}};
-  return j.dump() + "\n";  // one line: markers of 10k arrays stay small
+  out += ']';
+}
+
+// A JSON string, escaped as nlohmann::json::dump escapes it.
+void AppendString(std::string& out, const std::string& s) { out += json(s).dump(); }
+
+}  // namespace
+
+// Written directly rather than through a json DOM: a marker of 10,000 arrays
+// is ~100,000 JSON values, and building, dumping and freeing them cost more
+// than the rest of the commit (docs/PERFORMANCE.md, "Many small arrays"). The
+// text is the one nlohmann::json::dump gives (keys sorted, one line).
+std::string MarkerToJson(const Marker& m) {
+  std::string out;
+  out.reserve(256 + m.arrays.size() * 160);
+  out += "{\"arrays\":[";
+  for (size_t i = 0; i < m.arrays.size(); ++i) {
+    const MarkerArray& a = m.arrays[i];
+    if (i > 0) out += ',';
+    out += "{\"boxes\":[";
+    for (size_t k = 0; k < a.boxes.size(); ++k) {
+      const MarkerBox& b = a.boxes[k];
+      if (k > 0) out += ',';
+      out += "{\"checksum\":";
+      AppendString(out, ChecksumToString(b.checksum));
+      out += ",\"count\":";
+      AppendInts(out, b.box.count);
+      out += ",\"start\":";
+      AppendInts(out, b.box.start);
+      fmt::format_to(std::back_inserter(out), ",\"writer\":{}}}", b.writer);
+    }
+    out += "],\"dtype\":";
+    AppendString(out, std::string(DTypeName(a.dtype)));
+    out += ",\"name\":";
+    AppendString(out, a.name);
+    out += a.replicated ? ",\"replicated\":true,\"shape\":" : ",\"replicated\":false,\"shape\":";
+    AppendInts(out, a.shape);
+    out += '}';
+  }
+  fmt::format_to(std::back_inserter(out),
+                 "],\"created_unix_ms\":{},\"data_file\":", m.created_unix_ms);
+  AppendString(out, m.data_file);
+  fmt::format_to(std::back_inserter(out),
+                 ",\"format\":\"mhckpt\",\"format_version\":{},\"step\":{},\"total_bytes\":{},"
+                 "\"user_metadata\":",
+                 m.format_version, m.step, m.total_bytes);
+  out += json(m.user_metadata).dump();
+  fmt::format_to(std::back_inserter(out), ",\"world_size\":{}}}\n", m.world_size);
+  return out;  // one line: markers of 10k arrays stay small
 }
 
 Result<Marker> ParseMarker(const std::string& text, const std::string& origin) {
+  auto malformed = [&](const std::string& why) {
+    return DataLoss(fmt::format("commit marker '{}' is malformed: {}", origin, why));
+  };
+  MarkerSlots s;
+  MarkerSax sax(&s);
+  if (!json::sax_parse(text, &sax)) return malformed(sax.error());
   Marker m;
   try {
-    json j = json::parse(text);
-    if (j.at("format").get<std::string>() != "mhckpt") {
+    if (!s.is_object) throw Malformed{"not a JSON object"};
+    if (Need(s.format, "format") != "mhckpt") {
       return DataLoss(fmt::format("commit marker '{}': not an mhckpt marker", origin));
     }
-    m.format_version = Int<int>(j.at("format_version"));
+    m.format_version = NeedInt<int>(s.format_version, "format_version");
     if (m.format_version != kFormatVersion) return Validate(m, origin);
-    m.step = Int<int64_t>(j.at("step"));
-    m.world_size = Int<int>(j.at("world_size"));
-    m.created_unix_ms = Int<int64_t>(j.at("created_unix_ms"));
-    m.data_file = j.at("data_file").get<std::string>();
-    m.total_bytes = Int<uint64_t>(j.at("total_bytes"));
-    m.user_metadata = j.at("user_metadata").get<std::map<std::string, std::string>>();
-    for (const json& ja : j.at("arrays")) {
+    m.step = NeedInt<int64_t>(s.step, "step");
+    m.world_size = NeedInt<int>(s.world_size, "world_size");
+    m.created_unix_ms = NeedInt<int64_t>(s.created_unix_ms, "created_unix_ms");
+    m.data_file = Need(s.data_file, "data_file");
+    m.total_bytes = NeedInt<uint64_t>(s.total_bytes, "total_bytes");
+    m.user_metadata = std::move(s.user_metadata.value);
+    Need(s.user_metadata, "user_metadata");
+    m.arrays.reserve(Need(s.arrays, "arrays").size());
+    for (ArraySlots& sa : s.arrays.value) {
       MarkerArray a;
-      a.name = ja.at("name").get<std::string>();
-      auto dtype = DTypeFromName(ja.at("dtype").get<std::string>());
+      a.name = Need(sa.name, "name");
+      const std::string& dtype_name = Need(sa.dtype, "dtype");
+      auto dtype = DTypeFromName(dtype_name);
       if (!dtype) {
         return DataLoss(fmt::format("commit marker '{}': array '{}': unknown dtype '{}'", origin,
-                                    a.name, ja.at("dtype").get<std::string>()));
+                                    a.name, dtype_name));
       }
       a.dtype = *dtype;
-      a.shape = Ints(ja.at("shape"));
-      a.replicated = ja.at("replicated").get<bool>();
-      for (const json& jb : ja.at("boxes")) {
-        std::string sum = jb.at("checksum").get<std::string>();
+      a.shape = std::move(sa.shape.value);
+      Need(sa.shape, "shape");
+      a.replicated = Need(sa.replicated, "replicated");
+      a.boxes.reserve(Need(sa.boxes, "boxes").size());
+      for (BoxSlots& sb : sa.boxes.value) {
+        const std::string& sum = Need(sb.checksum, "checksum");
         auto checksum = ChecksumFromString(sum);
         if (!checksum) {
           return DataLoss(fmt::format("commit marker '{}': array '{}': bad checksum '{}'", origin,
                                       a.name, sum));
         }
-        a.boxes.push_back(MarkerBox{BoxFromJson(jb), Int<int>(jb.at("writer")), *checksum});
+        Need(sb.start, "start");
+        Need(sb.count, "count");
+        a.boxes.push_back(MarkerBox{Box{std::move(sb.start.value), std::move(sb.count.value)},
+                                    NeedInt<int>(sb.writer, "writer"), *checksum});
       }
       m.arrays.push_back(std::move(a));
     }
-  } catch (const json::exception& e) {
-    return DataLoss(fmt::format("commit marker '{}' is malformed: {}", origin, e.what()));
+  } catch (const Malformed& e) {
+    return malformed(e.why);
   }
+  MHCKPT_RETURN_IF_ERROR(CheckMarker(m, origin));
+  return m;
+}
+
+Status CheckMarker(const Marker& m, const std::string& origin) {
   if (m.data_file != kDataFileName) {
     return DataLoss(
         fmt::format("commit marker '{}': unexpected data file '{}'", origin, m.data_file));
   }
-  MHCKPT_RETURN_IF_ERROR(Validate(m, origin));
-  return m;
+  return Validate(m, origin);
 }
 
 Result<Marker> ReadMarker(const std::string& path) {

@@ -55,6 +55,10 @@ std::string MarkerToJson(const Marker& marker);
 /// and name `origin` (a path) and the offending array.
 Result<Marker> ParseMarker(const std::string& json, const std::string& origin);
 
+/// The checks ParseMarker makes of what it parsed (data file, version, names,
+/// shapes, boxes, writers), for a marker built in memory.
+Status CheckMarker(const Marker& marker, const std::string& origin);
+
 /// Reads and parses `path`; NotFound if the file does not exist.
 Result<Marker> ReadMarker(const std::string& path);
 

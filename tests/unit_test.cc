@@ -137,6 +137,53 @@ TEST(Marker, RejectsDamage) {
               HasSubstr("malformed"));
 }
 
+// The parser reads SAX events (io/marker.cc): key order, unknown keys with
+// nested values and repeated keys must not matter, as with a DOM.
+TEST(Marker, ParsesAnyKeyOrderIgnoresUnknownKeysLastRepeatWins) {
+  const std::string good = io::MarkerToJson(SampleMarker());
+  nlohmann::json j = nlohmann::json::parse(good);
+  // Reversed key order everywhere, with unknown keys holding nested values.
+  std::function<nlohmann::ordered_json(const nlohmann::json&)> reverse =
+      [&](const nlohmann::json& v) -> nlohmann::ordered_json {
+    if (v.is_object()) {
+      nlohmann::ordered_json o = nlohmann::ordered_json::object();
+      if (!v.contains("k")) {  // not user_metadata, whose values must be strings
+        o["zz_unknown"] = {{"boxes", {1, {{"x", nullptr}}}}, {"shape", "s"}};
+      }
+      for (auto it = v.rbegin(); it != v.rend(); ++it) o[it.key()] = reverse(it.value());
+      return o;
+    }
+    if (v.is_array()) {
+      nlohmann::ordered_json a = nlohmann::ordered_json::array();
+      for (const auto& e : v) a.push_back(reverse(e));
+      return a;
+    }
+    return nlohmann::ordered_json::parse(v.dump());
+  };
+  auto m = io::ParseMarker(reverse(j).dump(), "x");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(io::MarkerToJson(*m), good);
+  // A repeated key: the last value counts, as nlohmann's DOM keeps it.
+  std::string twice = good;
+  twice.insert(1, "\"step\":\"bad\",\"arrays\":7,");
+  m = io::ParseMarker(twice, "x");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(io::MarkerToJson(*m), good);
+  // Missing or mistyped fields are malformed, wherever they are.
+  j.erase("step");
+  EXPECT_THAT(io::ParseMarker(j.dump(), "x").status().message(), HasSubstr("malformed"));
+  j = nlohmann::json::parse(good);
+  j["arrays"][0]["boxes"][0].erase("start");
+  EXPECT_THAT(io::ParseMarker(j.dump(), "x").status().message(), HasSubstr("malformed"));
+  j = nlohmann::json::parse(good);
+  j["arrays"][1]["shape"] = {{1}};
+  EXPECT_THAT(io::ParseMarker(j.dump(), "x").status().message(), HasSubstr("malformed"));
+  j = nlohmann::json::parse(good);
+  j["user_metadata"]["k"] = 1;
+  EXPECT_THAT(io::ParseMarker(j.dump(), "x").status().message(), HasSubstr("malformed"));
+  EXPECT_THAT(io::ParseMarker("[1, 2]", "x").status().message(), HasSubstr("malformed"));
+}
+
 RankDescription Holder(int64_t step, std::vector<std::pair<std::string, std::vector<Box>>> arrays,
                        std::vector<int64_t> shape = {8}) {
   RankDescription d;
