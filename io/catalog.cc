@@ -1,10 +1,13 @@
 #include "io/catalog.h"
 
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include <fmt/format.h>
 
@@ -15,6 +18,64 @@
 
 namespace mhckpt::io {
 
+namespace {
+
+// Marker texts this process has already parsed and found valid, by path:
+// listing a root after every save (retention) would otherwise parse every
+// kept marker again, ~0.1 s each for 10,000 arrays (docs/PERFORMANCE.md,
+// "Many small arrays"). The file is still read every time, and its bytes are
+// compared (XXH3-128 and length) with those parsed before: any change, in
+// place or by rename, means a new parse. Only valid markers are remembered.
+struct Seen {
+  XXH128_hash_t hash{};
+  size_t size = 0;
+  int64_t step = 0;
+};
+
+struct ValidMarkers {
+  std::mutex mu;
+  std::map<std::string, Seen> by_path;
+};
+
+ValidMarkers& Cache() {
+  static auto* cache = new ValidMarkers;  // never destroyed: may be used at exit
+  return *cache;
+}
+
+void Remember(const std::string& path, const std::string& text, int64_t step) {
+  std::lock_guard<std::mutex> lock(Cache().mu);
+  Cache().by_path[path] = Seen{XXH3_128bits(text.data(), text.size()), text.size(), step};
+}
+
+// The step recorded by the valid marker of `step` under `root`; NotFound if
+// there is none, DataLoss if it is invalid.
+Result<int64_t> MarkerStep(const std::string& root, int64_t step) {
+  const std::string path = MarkerPath(root, step);
+  MHCKPT_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path, kMaxMarkerBytes));
+  {
+    const XXH128_hash_t hash = XXH3_128bits(text.data(), text.size());
+    std::lock_guard<std::mutex> lock(Cache().mu);
+    auto it = Cache().by_path.find(path);
+    if (it != Cache().by_path.end() && it->second.size == text.size() &&
+        XXH128_isEqual(it->second.hash, hash)) {
+      return it->second.step;
+    }
+  }
+  MHCKPT_ASSIGN_OR_RETURN(Marker m, ParseMarker(text, path));
+  Remember(path, text, m.step);
+  return m.step;
+}
+
+}  // namespace
+
+void RememberValidMarker(const std::string& root, const Marker& marker, const std::string& text) {
+  // `text` is MarkerToJson(marker), which parses back to `marker`: valid if
+  // the checks after a parse accept it.
+  if (CheckMarker(marker, MarkerPath(root, marker.step)).ok()) {
+    Remember(MarkerPath(root, marker.step), text, marker.step);
+  }
+}
+
 Result<std::vector<StepEntry>> ListSteps(const std::string& root) {
   MHCKPT_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(root));
   std::vector<StepEntry> steps;
@@ -22,11 +83,11 @@ Result<std::vector<StepEntry>> ListSteps(const std::string& root) {
     auto step = ParseStepDirName(name);
     if (!step) continue;
     StepEntry e{*step, false, OkStatus()};
-    Result<Marker> m = ReadMarker(MarkerPath(root, *step));
-    if (m.ok() && m->step == *step) {
+    Result<int64_t> m = MarkerStep(root, *step);
+    if (m.ok() && *m == *step) {
       e.committed = true;
     } else if (m.ok()) {
-      e.marker = DataLoss(fmt::format("marker of step {} says step {}", *step, m->step));
+      e.marker = DataLoss(fmt::format("marker of step {} says step {}", *step, *m));
     } else if (m.status().code() != StatusCode::kNotFound) {
       e.marker = m.status();
     }

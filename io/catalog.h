@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "io/marker.h"
 
 namespace mhckpt::io {
 
@@ -18,6 +19,16 @@ struct StepEntry {
 
 /// Every step directory under `root`, ascending by step.
 Result<std::vector<StepEntry>> ListSteps(const std::string& root);
+
+/// Listing reads every marker, but parses a marker's text only once per
+/// process: bytes equal (XXH3-128, length) to a text already found valid are
+/// valid.
+///
+/// Records that `text` (MarkerToJson(marker)), the marker of `marker.step`
+/// under `root`, is valid if `marker` passes the checks a parse makes
+/// (CheckMarker): for the rank that has just written it atomically, so that
+/// the listing right after (retention) need not parse it again.
+void RememberValidMarker(const std::string& root, const Marker& marker, const std::string& text);
 
 /// The committed steps under `root`, ascending.
 Result<std::vector<int64_t>> CommittedSteps(const std::string& root);
