@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include <array>
 #include <mutex>
 #include <utility>
 
@@ -97,6 +98,22 @@ hid_t MakeFapl(MPI_Comm comm) {
   return fapl;
 }
 
+// The file access properties of a new file. Many small arrays (10,000 of a
+// few KiB) cost mostly per-object metadata, so (docs/PERFORMANCE.md, "Many
+// small arrays"):
+// - the 1.8 object format: groups keep their links in the object header, not
+//   in a B-tree and local heap of their own, and headers are smaller;
+//   readable by every HDF5 >= 1.8 (h5py included);
+// - metadata and small raw data are allocated from 1 MiB blocks, so they lie
+//   together and reach the file in fewer, larger writes.
+hid_t MakeCreateFapl(MPI_Comm comm) {
+  hid_t fapl = MakeFapl(comm);
+  H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_V18);
+  H5Pset_meta_block_size(fapl, 1u << 20);
+  H5Pset_small_data_block_size(fapl, 1u << 20);
+  return fapl;
+}
+
 }  // namespace
 
 int64_t H5TypeFor(DType dtype) {
@@ -134,6 +151,37 @@ int64_t H5TypeFor(DType dtype) {
   return -1;
 }
 
+// Shared by a file and its datasets; closed when the last of them goes.
+struct H5Shared {
+  explicit H5Shared(Transfer transfer) : dxpl(MakeDxpl(transfer)) {
+    types.fill(-1);
+    H5Pset_create_intermediate_group(lcpl, 1);
+    H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER);
+    H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY);
+  }
+  H5Shared(const H5Shared&) = delete;
+  H5Shared& operator=(const H5Shared&) = delete;
+  ~H5Shared() {
+    for (hid_t t : types) {
+      if (t >= 0) H5Tclose(t);
+    }
+    H5Pclose(dxpl);
+    H5Pclose(lcpl);
+    H5Pclose(dcpl);
+  }
+  // The HDF5 type of `dtype`, made on first use.
+  hid_t Type(DType dtype) {
+    hid_t& t = types.at(static_cast<size_t>(dtype));
+    if (t < 0) t = H5TypeFor(dtype);
+    return t;
+  }
+
+  hid_t dxpl;
+  hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
+  hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  std::array<hid_t, kNumDTypes> types{};
+};
+
 Status TrimToRecordedEnd(const std::string& path) {
   SilenceHdf5();
   hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);  // serial (sec2) driver
@@ -160,6 +208,7 @@ Dataset& Dataset::operator=(Dataset&& o) noexcept {
   std::swap(id_, o.id_);
   std::swap(type_, o.type_);
   std::swap(dxpl_, o.dxpl_);
+  std::swap(shared_, o.shared_);
   std::swap(name_, o.name_);
   std::swap(shape_, o.shape_);
   return *this;
@@ -167,8 +216,6 @@ Dataset& Dataset::operator=(Dataset&& o) noexcept {
 
 Dataset::~Dataset() {
   if (id_ >= 0) H5Dclose(id_);
-  if (type_ >= 0) H5Tclose(type_);
-  if (dxpl_ >= 0) H5Pclose(dxpl_);
 }
 
 Status Dataset::Write(const Box& box, const void* data) {
@@ -223,6 +270,7 @@ H5File::H5File(H5File&& o) noexcept { *this = std::move(o); }
 H5File& H5File::operator=(H5File&& o) noexcept {
   std::swap(id_, o.id_);
   std::swap(transfer_, o.transfer_);
+  std::swap(shared_, o.shared_);
   std::swap(path_, o.path_);
   return *this;
 }
@@ -233,11 +281,12 @@ H5File::~H5File() {
 
 Result<H5File> H5File::Create(const std::string& path, MPI_Comm comm, io::Transfer transfer) {
   SilenceHdf5();
-  Handle fapl(MakeFapl(comm));
+  Handle fapl(MakeCreateFapl(comm));
   H5File f;
   f.id_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get());
   if (f.id_ < 0) return H5Error(fmt::format("create '{}'", path));
   f.transfer_ = transfer;
+  f.shared_ = std::make_shared<H5Shared>(transfer);
   f.path_ = path;
   return f;
 }
@@ -249,6 +298,7 @@ Result<H5File> H5File::OpenReadOnly(const std::string& path, MPI_Comm comm, io::
   f.id_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get());
   if (f.id_ < 0) return H5Error(fmt::format("open '{}'", path));
   f.transfer_ = transfer;
+  f.shared_ = std::make_shared<H5Shared>(transfer);
   f.path_ = path;
   return f;
 }
@@ -258,8 +308,9 @@ Dataset H5File::NewDataset(const std::string& name, DType dtype,
   Dataset d;
   d.name_ = name;
   d.shape_ = shape;
-  d.type_ = H5TypeFor(dtype);
-  d.dxpl_ = MakeDxpl(transfer_);
+  d.shared_ = shared_;
+  d.type_ = shared_->Type(dtype);
+  d.dxpl_ = shared_->dxpl;
   return d;
 }
 
@@ -267,12 +318,7 @@ Result<Dataset> H5File::CreateDataset(const std::string& name, DType dtype,
                                       const std::vector<int64_t>& shape) {
   Dataset d = NewDataset(name, dtype, shape);
   Handle space(CreateSpace(shape));
-  Handle lcpl(H5Pcreate(H5P_LINK_CREATE));
-  H5Pset_create_intermediate_group(lcpl.get(), 1);
-  Handle dcpl(H5Pcreate(H5P_DATASET_CREATE));
-  H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);
-  H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY);
-  d.id_ = H5Dcreate2(id_, ("/" + name).c_str(), d.type_, space.get(), lcpl.get(), dcpl.get(),
+  d.id_ = H5Dcreate2(id_, ("/" + name).c_str(), d.type_, space.get(), shared_->lcpl, shared_->dcpl,
                      H5P_DEFAULT);
   if (d.id_ < 0) return H5Error(fmt::format("create dataset '{}'", name));
   if (dtype == DType::kBFloat16 || dtype == DType::kFloat8E4M3 || dtype == DType::kFloat8E5M2) {

@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,10 @@ int64_t H5TypeFor(DType dtype);
 /// (see Preallocate in io/posix_file.h), and fsyncs it.
 Status TrimToRecordedEnd(const std::string& path);
 
+// Property lists and datatypes one file's datasets share (H5File::Shared in
+// h5_file.cc): made once per file, not once per dataset.
+struct H5Shared;
+
 class Dataset {
  public:
   Dataset() = default;
@@ -56,8 +61,9 @@ class Dataset {
   friend class H5File;
   Status Transfer(const Box* box, void* data, bool write);
   int64_t id_ = -1;
-  int64_t type_ = -1;
-  int64_t dxpl_ = -1;
+  int64_t type_ = -1;  // owned by shared_
+  int64_t dxpl_ = -1;  // owned by shared_
+  std::shared_ptr<H5Shared> shared_;
   std::string name_;
   std::vector<int64_t> shape_;
 };
@@ -97,6 +103,7 @@ class H5File {
                                    const std::vector<int64_t>& shape) const;
 
   int64_t id_ = -1;
+  std::shared_ptr<H5Shared> shared_;
   io::Transfer transfer_ = io::Transfer::kIndependent;
   std::string path_;
 };
