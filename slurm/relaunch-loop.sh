@@ -32,6 +32,12 @@
 #      --resume) are appended to the program's arguments.
 #   3. srun --mpi=pmix --kill-on-bad-exit=1 -N <nodes> -n <nodes * tasks per
 #      node> --nodelist=<nodes> PROGRAM ARGS [RESUME ARGS]
+#      (or, with --launcher mpirun, Open MPI's mpirun --host <node:T,...> -np
+#      <nodes * T> inside the allocation: its daemons start through srun
+#      without the PMIx plugin; --launcher auto uses mpirun only when the nodes
+#      leave a gap in the allocation's node order, n1,n3 of n1-n3, which the
+#      PMIx plugin of Slurm 22.05 cannot wire up on the local cluster of
+#      slurm/local-cluster.sh, docs/SLURM.md)
 #   4. exit status 0: done. Otherwise wait --delay seconds and go again —
 #      unless two launches in a row lost no node and committed no new step (a
 #      bug or a bad input, which a relaunch repeats; one such launch may be a
@@ -48,6 +54,8 @@
 #   --min-nodes M         fewer healthy nodes than M: stop (MHCKPT_MIN_NODES, 1)
 #   --tasks-per-node T    (MHCKPT_TASKS_PER_NODE, else SLURM_NTASKS_PER_NODE, else 1)
 #   --srun-args "ARGS"    more srun arguments (MHCKPT_SRUN_ARGS)
+#   --launcher L          srun, mpirun or auto (MHCKPT_LAUNCHER, default srun)
+#   --mpirun-args "ARGS"  more mpirun arguments (MHCKPT_MPIRUN_ARGS)
 #   --delay S             seconds between launches (MHCKPT_RELAUNCH_DELAY, 3)
 #   --retry-any           relaunch after any failure (MHCKPT_RETRY_ANY=1)
 #   --mhckpt PATH         the mhckpt CLI, to find the latest committed step
@@ -62,6 +70,8 @@ MAX_NODES=${MHCKPT_NODES:-0}
 MIN_NODES=${MHCKPT_MIN_NODES:-1}
 TPN=${MHCKPT_TASKS_PER_NODE:-${SLURM_NTASKS_PER_NODE:-1}}
 SRUN_ARGS=${MHCKPT_SRUN_ARGS:-}
+LAUNCHER=${MHCKPT_LAUNCHER:-srun}
+MPIRUN_ARGS=${MHCKPT_MPIRUN_ARGS:-}
 DELAY=${MHCKPT_RELAUNCH_DELAY:-3}
 CLI=${MHCKPT_CLI:-${SLURM_SUBMIT_DIR:-.}/build/bin/mhckpt}
 RETRY_ANY=${MHCKPT_RETRY_ANY:-0}
@@ -81,6 +91,8 @@ while [ $# -gt 0 ]; do
     --min-nodes) MIN_NODES=$2; shift 2 ;;
     --tasks-per-node) TPN=$2; shift 2 ;;
     --srun-args) SRUN_ARGS=$2; shift 2 ;;
+    --launcher) LAUNCHER=$2; shift 2 ;;
+    --mpirun-args) MPIRUN_ARGS=$2; shift 2 ;;
     --delay) DELAY=$2; shift 2 ;;
     --mhckpt) CLI=$2; shift 2 ;;
     --retry-any) RETRY_ANY=1; shift ;;
@@ -95,6 +107,7 @@ for v in ATTEMPTS MIN_NODES TPN MAX_NODES; do
   [[ "${!v}" =~ ^[0-9]+$ ]] || die "$v must be a number, not '${!v}'"
 done
 [ "$TPN" -ge 1 ] || TPN=1
+case "$LAUNCHER" in srun | mpirun | auto) ;; *) die "--launcher must be srun, mpirun or auto, not '$LAUNCHER'" ;; esac
 if [ "$(id -u)" -eq 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
@@ -112,6 +125,21 @@ healthy_nodes() {
       "" | *down* | *drain* | *drng* | *fail* | *'*'* | *maint* | *unk*) ;;
       *) echo "$node" ;;
     esac
+  done
+}
+
+# Succeeds if the nodes given (in the job's order) are consecutive in the
+# allocation's original node list.
+gap_free() {
+  local all i first=-1 k=0
+  mapfile -t all < <(timeout 30 scontrol show hostnames "$SLURM_JOB_NODELIST")
+  for ((i = 0; i < ${#all[@]}; i++)); do
+    [ "${all[$i]}" = "$1" ] && first=$i
+  done
+  [ "$first" -ge 0 ] || return 1
+  for node in "$@"; do
+    [ "${all[$((first + k))]:-}" = "$node" ] || return 1
+    k=$((k + 1))
   done
 }
 
@@ -152,13 +180,24 @@ for ((attempt = 1; attempt <= ATTEMPTS; attempt++)); do
   else
     from="fresh start"
   fi
-  say "attempt $attempt/$ATTEMPTS: $n nodes ($nodelist), $((n * TPN)) tasks, $from"
+  launcher=$LAUNCHER
+  if [ "$launcher" = auto ]; then
+    launcher=srun
+    gap_free "${nodes[@]}" || launcher=mpirun
+  fi
+  say "attempt $attempt/$ATTEMPTS: $n nodes ($nodelist), $((n * TPN)) tasks, $from, $launcher"
   t0=$SECONDS
-  # The allocation's own counts would contradict -N after a node was dropped.
-  # shellcheck disable=SC2086
-  SLURM_JOB_NUM_NODES=$n SLURM_NNODES=$n srun --mpi=pmix --kill-on-bad-exit=1 \
-    -N "$n" -n $((n * TPN)) --ntasks-per-node="$TPN" --nodelist="$nodelist" \
-    $SRUN_ARGS "$@" "${extra[@]}"
+  if [ "$launcher" = srun ]; then
+    # The allocation's own counts would contradict -N after a node was dropped.
+    # shellcheck disable=SC2086
+    SLURM_JOB_NUM_NODES=$n SLURM_NNODES=$n srun --mpi=pmix --kill-on-bad-exit=1 \
+      -N "$n" -n $((n * TPN)) --ntasks-per-node="$TPN" --nodelist="$nodelist" \
+      $SRUN_ARGS "$@" "${extra[@]}"
+  else
+    hosts=$(printf "%s:$TPN," "${nodes[@]}")
+    # shellcheck disable=SC2086
+    mpirun --host "${hosts%,}" -np $((n * TPN)) $MPIRUN_ARGS "$@" "${extra[@]}"
+  fi
   rc=$?
   if [ "$rc" -eq 0 ]; then
     say "attempt $attempt/$ATTEMPTS: succeeded in $((SECONDS - t0)) s"

@@ -375,7 +375,7 @@ def run_round(cluster, args, index, spec, totals, rng):
                                  "-D", work, "-J", name,
                                  os.path.join(HERE, "relaunch-loop.sh"), "--attempts",
                                  str(len(counts) + 1), "--ckpt-dir", root, "--mhckpt", args.cli,
-                                 "--delay", "2", "--", *demo_args)
+                                 "--delay", "2", "--launcher", args.loop_launcher, "--", *demo_args)
         else:
             # --no-requeue: the node failure must end the job (NODE_FAIL)
             # rather than Slurm requeueing it on its own.
@@ -525,6 +525,10 @@ def main():
     parser.add_argument("--catch-seconds", type=float, default=10,
                         help="how long to wait for a save in flight before failing the node anyway")
     parser.add_argument("--round-timeout", type=float, default=150)
+    parser.add_argument("--loop-launcher", default="auto", choices=["auto", "srun", "mpirun"],
+                        help="relaunch-loop.sh --launcher: auto launches with mpirun when the surviving nodes "
+                             "leave a gap in the allocation (n1,n3 of n1-n3), which Slurm 22.05's PMIx plugin "
+                             "cannot wire up on the local cluster (docs/SLURM.md)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="write the counts here as JSON")
     args = parser.parse_args()
