@@ -15,7 +15,7 @@
 #   SIZES ["256 1024 4096"]      checkpoint size in MiB, all ranks together
 #   REPS [3]                     timed repetitions per figure (medians)
 #   PEERS ["orbax dcp h5py"]     peers to run ("" for none); installed into bench/.venv
-#   PEER_SIZES [$SIZES]          sizes the peers run at
+#   PEER_SIZES [1024]            sizes the peers run at (each peer start costs 10-40 s)
 #   MANY_MIB [1024]              total size of the 10,000-array case
 #   REPL_SIZES ["256 1024"]      per-rank size of the fully replicated case (np >= 2)
 #   SPLIT_BYTES [16777216]       replica_parallel_min_bytes for the split variant
@@ -32,7 +32,7 @@ NPS=${NPS:-1 2 4}
 SIZES=${SIZES:-256 1024 4096}
 REPS=${REPS:-3}
 PEERS=${PEERS-orbax dcp h5py}
-PEER_SIZES=${PEER_SIZES:-$SIZES}
+PEER_SIZES=${PEER_SIZES:-1024}
 MANY_MIB=${MANY_MIB:-1024}
 REPL_SIZES=${REPL_SIZES:-256 1024}
 SPLIT_BYTES=${SPLIT_BYTES:-16777216}
@@ -134,7 +134,9 @@ done
 # ---- Peers on the same model.
 if [ -n "$PEERS" ]; then
   say "peers: $PEERS"
+  # The same world-size changes as mhckpt's reshard restores above.
   PEERS="$PEERS" NPS="$NPS" SIZES="$PEER_SIZES" REPS="$REPS" DIR="$work/peers" OUT="$tmp/peers.json" \
+    RESTORE_NP_1=$(reshard_np 1) RESTORE_NP_2=$(reshard_np 2) RESTORE_NP_4=$(reshard_np 4) \
     bench/peers/run_peers.sh || echo "bench/run.sh: some peers failed (see above); the report shows what ran" >&2
 fi
 
