@@ -248,16 +248,28 @@ def build(ix, rep):
             vc = rep.target("commit >= 2x faster than peer", where, cm, 2.0, cm >= 2.0)
             vr = rep.target("restore >= 2x faster than peer", where, rs, 2.0, rs >= 2.0) if rs == rs else "—"
         row += [fmt_s(r.get("stall_s")), f"{st:.2f}×", vs, fmt_s(r.get("commit_s")), f"{cm:.2f}×", vc,
-                fmt_s(r.get("restore_s")), f"{rs:.2f}×", vr, "yes" if r.get("verified") else "**no**"]
+                fmt_s(r.get("restore_s")), f"{rs:.2f}×", vr, reshard_cell(r, ix),
+                "yes" if r.get("verified") else "**no**"]
         rows.append(row)
     rep.table(["peer", "version", "np", "MiB", "fsync", "peer stall", "ours / peer", "≤ 0.5×",
-               "peer commit", "peer / ours", "≥ 2×", "peer restore", "peer / ours", "≥ 2×", "bytes equal"], rows)
+               "peer commit", "peer / ours", "≥ 2×", "peer restore", "peer / ours", "≥ 2×",
+               "restore at M: peer / ours", "bytes equal"], rows)
 
     met = sum(t["met"] for t in rep.targets)
     rep.lines.insert(0, f"Targets met: **{met} of {len(rep.targets)}** points.\n")
     missed = sorted({t["target"] for t in rep.targets if not t["met"]})
     if missed:
         rep.lines.insert(1, "Missed somewhere: " + "; ".join(missed) + ".\n")
+
+
+def reshard_cell(r, ix):
+    """The peer's restore at another world size against mhckpt's of the same change."""
+    m = r.get("restore_np")
+    ours = ix.reshard.get((r["np"], m, r["mib"])) if m else None
+    if not (ours and r.get("reshard_s")):
+        return "—"
+    return (f"{r['np']} → {m}: {fmt_s(r['reshard_s'])} / {fmt_s(ours['restore_s'])} = "
+            f"{r['reshard_s'] / ours['restore_s']:.2f}×")
 
 
 def plot(ix, path):
