@@ -26,7 +26,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model  # noqa: E402
@@ -184,17 +183,7 @@ def main():
     args = p.parse_args()
     if args.role != "driver":
         return worker(args)
-    os.makedirs(args.dir, exist_ok=True)
-    base = ["--mib", str(args.mib), "--np", str(args.np_), "--dir", args.dir, "--reps", str(args.reps),
-            "--json", args.json] + (["--drop-caches"] if args.drop_caches else [])
-    with tempfile.TemporaryDirectory() as tmp:
-        r = launch(args.np_, base + ["--role", "save"], os.path.join(tmp, "save.json"))
-        verified = r["verified_restore_s"]
-        samples = {k: r[k] for k in ("stall_s", "commit_s", "restore_s")}
-        if args.restore_np:
-            q = launch(args.restore_np, base + ["--role", "reshard"], os.path.join(tmp, "reshard.json"))
-            samples["reshard_s"] = q["reshard_s"]
-            verified = verified and q["verified_reshard_s"]
+    r, samples, verified = model.drive(args, launch)
     notes = (f"torch {r['torch']} (PyPI wheel, CPU only), gloo, N worker processes. DTensor [Shard(0)] "
              "over a CPU DeviceMesh (chunked rows: ceil(rows/np) per rank), small arrays as plain "
              "tensors. dcp.async_save (thread, default stager copies into CPU memory) with the default "
@@ -202,13 +191,10 @@ def main():
              "before its rename to .metadata (strace); the step directory is never fsynced, so the "
              "rename is not itself durable. stall = async_save "
              "call, commit = until its future is done. Restore and reshard: dcp.load into new "
-             "DTensors; reshard is a separate launch at restore_np."
-             + (" Page cache dropped before each restore." if args.drop_caches else
-                " Page cache NOT dropped: restores may read from memory."))
+             "DTensors; reshard is a separate launch at restore_np." + model.cache_note(args))
     rec = model.record("dcp", f"torch {r['torch']}", args.mib, args.np_, args.restore_np, args.reps, samples,
                        r["peak_rss_extra_bytes"], True, verified, "processes", notes, layout="ceil")
-    model.append_record(args.json, rec)
-    print(json.dumps({k: v for k, v in rec.items() if k not in ("notes", "samples")}))
+    model.finish(args, rec)
 
 
 if __name__ == "__main__":

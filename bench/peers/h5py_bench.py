@@ -29,7 +29,6 @@ import os
 import shlex
 import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model  # noqa: E402
@@ -175,29 +174,16 @@ def main():
     args = p.parse_args()
     if args.role != "driver":
         return worker(args)
-    os.makedirs(args.dir, exist_ok=True)
-    base = ["--mib", str(args.mib), "--np", str(args.np_), "--dir", args.dir, "--reps", str(args.reps),
-            "--json", args.json] + (["--drop-caches"] if args.drop_caches else [])
-    with tempfile.TemporaryDirectory() as tmp:
-        r = mpirun(args.np_, base + ["--role", "save"], os.path.join(tmp, "save.json"))
-        verified = r["verified_restore_s"]
-        samples = {k: r[k] for k in ("stall_s", "commit_s", "restore_s")}
-        if args.restore_np:
-            q = mpirun(args.restore_np, base + ["--role", "reshard"], os.path.join(tmp, "reshard.json"))
-            samples["reshard_s"] = q["reshard_s"]
-            verified = verified and q["verified_reshard_s"]
+    r, samples, verified = model.drive(args, mpirun)
     notes = (f"h5py {r['h5py']} on HDF5 {r['hdf5']} (Debian python3-h5py-mpi), driver=mpio, one file "
              "per step, contiguous datasets, large ones written and read collectively, small ones "
              "written by rank 0; durability: the benchmark closes the file, then rank 0 os.fsync()s "
              "the file and its directory (h5py/HDF5 do not fsync by themselves). Synchronous: "
              "stall == commit. bf16 stored as uint16. mhckpt's row layout (floor). Each restore "
-             "opens the last step; reshard is a separate mpirun at restore_np."
-             + (" Page cache dropped before each restore." if args.drop_caches else
-                " Page cache NOT dropped: restores may read from memory."))
+             "opens the last step; reshard is a separate mpirun at restore_np." + model.cache_note(args))
     rec = model.record("h5py", f"h5py {r['h5py']} / HDF5 {r['hdf5']}", args.mib, args.np_, args.restore_np,
                        args.reps, samples, r["peak_rss_extra_bytes"], True, verified, "mpirun", notes)
-    model.append_record(args.json, rec)
-    print(json.dumps({k: v for k, v in rec.items() if k not in ("notes", "samples")}))
+    model.finish(args, rec)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import json
 import math
 import os
 import statistics
+import tempfile
 import time
 import zlib
 
@@ -238,3 +239,35 @@ def common_args(description):
 
 
 now = time.perf_counter
+
+
+def drive(args, launch, extra_args=()):
+    """The driver side every peer shares: one launch of args.np_ workers (role
+    "save": saves, then restores at the same world size) and, with
+    --restore-np, one launch of args.restore_np workers (role "reshard").
+    `launch(n, argv, out_part)` starts n workers and returns the JSON report
+    they left in out_part. Returns (the save launch's report, samples, verified)."""
+    os.makedirs(args.dir, exist_ok=True)
+    base = ["--mib", str(args.mib), "--np", str(args.np_), "--dir", args.dir, "--reps", str(args.reps),
+            "--json", args.json] + (["--drop-caches"] if args.drop_caches else []) + list(extra_args)
+    with tempfile.TemporaryDirectory() as tmp:
+        r = launch(args.np_, base + ["--role", "save"], os.path.join(tmp, "save.json"))
+        verified = r["verified_restore_s"]
+        samples = {k: r[k] for k in ("stall_s", "commit_s", "restore_s")}
+        if args.restore_np:
+            q = launch(args.restore_np, base + ["--role", "reshard"], os.path.join(tmp, "reshard.json"))
+            samples["reshard_s"] = q["reshard_s"]
+            verified = verified and q["verified_reshard_s"]
+    return r, samples, verified
+
+
+def cache_note(args):
+    """The sentence every record's notes end with."""
+    return (" Page cache dropped before each restore." if args.drop_caches else
+            " Page cache NOT dropped: restores may read from memory.")
+
+
+def finish(args, rec):
+    """Appends the record to --json and prints its figures."""
+    append_record(args.json, rec)
+    print(json.dumps({k: v for k, v in rec.items() if k not in ("notes", "samples")}))

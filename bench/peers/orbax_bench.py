@@ -26,7 +26,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model  # noqa: E402
@@ -195,18 +194,8 @@ def main():
     args = p.parse_args()
     if args.role != "driver":
         return worker(args)
-    os.makedirs(args.dir, exist_ok=True)
-    base = ["--mib", str(args.mib), "--np", str(args.np_), "--dir", args.dir, "--reps", str(args.reps),
-            "--json", args.json] + (["--drop-caches"] if args.drop_caches else []) + (
-            ["--restore-np", str(args.restore_np)] if args.restore_np else [])
-    with tempfile.TemporaryDirectory() as tmp:
-        r = launch(args.np_, base + ["--role", "save"], os.path.join(tmp, "save.json"))
-        verified = r["verified_restore_s"]
-        samples = {k: r[k] for k in ("stall_s", "commit_s", "restore_s")}
-        if args.restore_np:
-            q = launch(args.restore_np, base + ["--role", "reshard"], os.path.join(tmp, "reshard.json"))
-            samples["reshard_s"] = q["reshard_s"]
-            verified = verified and q["verified_reshard_s"]
+    r, samples, verified = model.drive(
+        args, launch, ["--restore-np", str(args.restore_np)] if args.restore_np else [])
     v = r["versions"]
     rows0 = model.num_rows(args.mib, args.np_)
     pad = r["rows"] - rows0
@@ -217,9 +206,8 @@ def main():
              f"lcm(np, restore_np)); byte counts are those saved. Durability: TensorStore's file "
              f"kvstore fsyncs the data files, manifests and its directories (context file_io_sync, "
              f"default true; strace); Orbax's own _CHECKPOINT_METADATA and the final rename of "
-             f"<step>.orbax-checkpoint-tmp are not fsynced (bench/peers/README.md). Reshard: separate launch at restore_np."
-             + (" Page cache dropped before each restore." if args.drop_caches else
-                " Page cache NOT dropped: restores may read from memory."))
+             f"<step>.orbax-checkpoint-tmp are not fsynced (bench/peers/README.md). Reshard: separate launch at "
+             f"restore_np." + model.cache_note(args))
     rec = model.record("orbax", f"orbax-checkpoint {v['orbax-checkpoint']} / jax {v['jax']}", args.mib, args.np_,
                        args.restore_np, args.reps, samples, r["peak_rss_extra_bytes"], True, verified,
                        "processes", notes, layout="ceil")
@@ -228,8 +216,7 @@ def main():
     rec["global_bytes"] += extra
     rec["local_bytes_max"] = (r["rows"] // args.np_) * model.COLS * sum(
         model.ITEMSIZE[dt] for _, dt in model.LARGE) + model.small_bytes()
-    model.append_record(args.json, rec)
-    print(json.dumps({k: v for k, v in rec.items() if k not in ("notes", "samples")}))
+    model.finish(args, rec)
 
 
 if __name__ == "__main__":
