@@ -372,27 +372,21 @@ std::optional<Args> ParseArgs(int argc, char** argv) {
 }  // namespace mhckpt
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  int p = 1, r = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &p);
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  int rc = 2;
-  auto args = mhckpt::ParseArgs(argc, argv);
-  if (!args) {
-    if (r == 0) {
-      std::fprintf(stderr,
-                   "usage: crash_job save DIR FIRST LAST [--max-to-keep K] [--rows R]\n"
-                   "       crash_job loop DIR [--rows R] [--max-steps N]\n"
-                   "       crash_job check DIR [--steps all|none|S,S,S-,...] [--rows R]\n");
+  return mhckpt::testing::RunJob(argc, argv, [](int argc, char** argv, int p, int r) {
+    int rc = 2;
+    auto args = mhckpt::ParseArgs(argc, argv);
+    if (!args) {
+      if (r == 0) {
+        std::fprintf(stderr,
+                     "usage: crash_job save DIR FIRST LAST [--max-to-keep K] [--rows R]\n"
+                     "       crash_job loop DIR [--rows R] [--max-steps N]\n"
+                     "       crash_job check DIR [--steps all|none|S,S,S-,...] [--rows R]\n");
+      }
+    } else if (args->mode == "check") {
+      rc = mhckpt::Check(*args, p, r);
+    } else {
+      rc = mhckpt::SaveOrLoop(*args, p, r);
     }
-  } else if (args->mode == "check") {
-    rc = mhckpt::Check(*args, p, r);
-  } else {
-    rc = mhckpt::SaveOrLoop(*args, p, r);
-  }
-  int any = 0;
-  MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return any;
+    return rc;
+  });
 }

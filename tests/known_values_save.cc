@@ -129,19 +129,13 @@ int Run(const std::string& dir, int ranks, int rank) {
 }  // namespace mhckpt
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  int p = 1, r = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &p);
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  int rc = 2;
-  if (argc == 2) {
-    rc = mhckpt::Run(argv[1], p, r);
-  } else if (r == 0) {
-    std::fprintf(stderr, "usage: known_values_save DIR\n");
-  }
-  int any = 0;
-  MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return any;
+  return mhckpt::testing::RunJob(argc, argv, [](int argc, char** argv, int p, int r) {
+    int rc = 2;
+    if (argc == 2) {
+      rc = mhckpt::Run(argv[1], p, r);
+    } else if (r == 0) {
+      std::fprintf(stderr, "usage: known_values_save DIR\n");
+    }
+    return rc;
+  });
 }

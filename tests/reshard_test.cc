@@ -161,24 +161,18 @@ int Restore(const std::string& dir, int p, int r) {
 }  // namespace mhckpt
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  int p = 1, r = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &p);
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  int rc = 2;
-  if (argc == 4 && std::strcmp(argv[3], "rp") == 0) {
-    mhckpt::replica_parallel = true;
-    --argc;
-  }
-  if (argc == 3 && std::strcmp(argv[1], "save") == 0)
-    rc = mhckpt::Save(argv[2], p, r);
-  else if (argc == 3 && std::strcmp(argv[1], "restore") == 0)
-    rc = mhckpt::Restore(argv[2], p, r);
-  else if (r == 0)
-    std::fprintf(stderr, "usage: reshard_test save|restore DIR [rp]\n");
-  int any = 0;
-  MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return any;
+  return mhckpt::testing::RunJob(argc, argv, [](int argc, char** argv, int p, int r) {
+    int rc = 2;
+    if (argc == 4 && std::strcmp(argv[3], "rp") == 0) {
+      mhckpt::replica_parallel = true;
+      --argc;
+    }
+    if (argc == 3 && std::strcmp(argv[1], "save") == 0)
+      rc = mhckpt::Save(argv[2], p, r);
+    else if (argc == 3 && std::strcmp(argv[1], "restore") == 0)
+      rc = mhckpt::Restore(argv[2], p, r);
+    else if (r == 0)
+      std::fprintf(stderr, "usage: reshard_test save|restore DIR [rp]\n");
+    return rc;
+  });
 }

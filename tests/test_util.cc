@@ -86,4 +86,15 @@ uint64_t SumOverRanks(uint64_t v, MPI_Comm comm) {
   return out;
 }
 
+int RunJob(int argc, char** argv,
+           const std::function<int(int argc, char** argv, int size, int rank)>& body) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  const int rc = body(argc, argv, Size(), Rank());
+  int any = 0;
+  MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return any;
+}
+
 }  // namespace mhckpt::testing

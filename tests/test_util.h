@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -34,5 +35,12 @@ bool SameOnAllRanks(const Status& s, MPI_Comm comm = MPI_COMM_WORLD);
 
 /// Collective: the sum of `v` over ranks.
 uint64_t SumOverRanks(uint64_t v, MPI_Comm comm = MPI_COMM_WORLD);
+
+/// The main of a test job run under mpiexec (crash_job, reshard_test, ...):
+/// MPI_Init_thread(MPI_THREAD_MULTIPLE), `body(argc, argv, size, rank)`, then
+/// the largest exit code over the ranks (so every rank exits alike) and
+/// MPI_Finalize.
+int RunJob(int argc, char** argv,
+           const std::function<int(int argc, char** argv, int size, int rank)>& body);
 
 }  // namespace mhckpt::testing
