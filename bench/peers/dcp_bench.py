@@ -23,7 +23,6 @@ launch at M (DCP reshards on load). Two steps are kept; older ones are deleted u
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
@@ -154,14 +153,8 @@ def worker(args):
     dist.destroy_process_group()
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(n, argv, out_part):
-    port = free_port()
+    port = model.free_port()
     procs = []
     cmd = [sys.executable, os.path.abspath(__file__)] + argv + ["--out-part", out_part]
     print(f"dcp_bench: {n} x", " ".join(cmd), flush=True)
@@ -169,17 +162,11 @@ def launch(n, argv, out_part):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
         procs.append(subprocess.Popen(cmd, env=env))
-    rcs = [p.wait() for p in procs]
-    if any(rcs):
-        raise SystemExit(f"dcp_bench: workers failed: exit codes {rcs}")
-    with open(out_part) as f:
-        return json.load(f)
+    return model.spawn("dcp_bench", procs, out_part)
 
 
 def main():
     p = model.common_args(__doc__.splitlines()[0])
-    p.add_argument("--role", choices=["driver", "save", "reshard"], default="driver")
-    p.add_argument("--out-part", default=None)
     args = p.parse_args()
     if args.role != "driver":
         return worker(args)

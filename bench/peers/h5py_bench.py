@@ -169,8 +169,6 @@ def mpirun(n, argv, out_part):
 
 def main():
     p = model.common_args(__doc__.splitlines()[0])
-    p.add_argument("--role", choices=["driver", "save", "reshard"], default="driver")
-    p.add_argument("--out-part", default=None)
     args = p.parse_args()
     if args.role != "driver":
         return worker(args)

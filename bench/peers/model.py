@@ -28,6 +28,7 @@ Works with Debian's numpy 1.24 (h5py peer, no ml_dtypes) and the venv's numpy 2.
 import json
 import math
 import os
+import socket
 import statistics
 import tempfile
 import time
@@ -235,7 +236,27 @@ def common_args(description):
     p.add_argument("--json", required=True, help="JSON list to append the record to")
     p.add_argument("--restore-np", type=int, default=None, help="also restore at this many processes")
     p.add_argument("--drop-caches", action="store_true", help="drop the page cache before each restore (root)")
+    # Set by the driver (drive()) for the worker processes it starts.
+    p.add_argument("--role", choices=["driver", "save", "reshard"], default="driver")
+    p.add_argument("--out-part", default=None)
     return p
+
+
+def free_port():
+    """A TCP port on loopback that is free now (for a rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(name, procs, out_part):
+    """Waits for the worker processes `procs` (subprocess.Popen) and returns
+    the JSON report they left in out_part; exits naming `name` if any failed."""
+    rcs = [p.wait() for p in procs]
+    if any(rcs):
+        raise SystemExit(f"{name}: workers failed: exit codes {rcs}")
+    with open(out_part) as f:
+        return json.load(f)
 
 
 now = time.perf_counter

@@ -23,7 +23,6 @@ launch with an M-process mesh.
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 
@@ -164,30 +163,18 @@ def worker(args):
     barrier("end")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(n, argv, out_part):
-    port = free_port()
+    port = model.free_port()
     cmd = [sys.executable, os.path.abspath(__file__)] + argv + [
         "--out-part", out_part, "--port", str(port), "--world", str(n)]
     print(f"orbax_bench: {n} x", " ".join(cmd), "--rank R", flush=True)
     env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
     procs = [subprocess.Popen(cmd + ["--rank", str(r)], env=env) for r in range(n)]
-    rcs = [p.wait() for p in procs]
-    if any(rcs):
-        raise SystemExit(f"orbax_bench: workers failed: exit codes {rcs}")
-    with open(out_part) as f:
-        return json.load(f)
+    return model.spawn("orbax_bench", procs, out_part)
 
 
 def main():
     p = model.common_args(__doc__.splitlines()[0])
-    p.add_argument("--role", choices=["driver", "save", "reshard"], default="driver")
-    p.add_argument("--out-part", default=None)
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--world", type=int, default=1)
     p.add_argument("--port", type=int, default=0)
