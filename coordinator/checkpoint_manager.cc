@@ -89,8 +89,11 @@ Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(MPI_Comm comm
   }
   // Why: only rank 0 touched the directory; every rank must see its outcome.
   MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, dup));
-  return std::unique_ptr<CheckpointManager>(new CheckpointManager(
-      std::make_unique<Impl>(std::move(dup), std::move(root), options, async)));
+  auto impl = std::make_unique<Impl>(std::move(dup), std::move(root), options, async);
+  // Why a second duplicate: collectives on one communicator must not run on
+  // two threads at once, and the I/O thread owns the first.
+  impl->caller_comm_ = Comm::Duplicate(comm);
+  return std::unique_ptr<CheckpointManager>(new CheckpointManager(std::move(impl)));
 }
 
 Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays,
@@ -171,6 +174,10 @@ Status CheckpointManager::Verify(int64_t step, uint64_t* bytes_checked) {
     Watchdog::Guard phase(impl_->watchdog_, "verify", step);
     return impl_->RunVerify(step, bytes_checked);
   });
+}
+
+Status CheckpointManager::Agree(const Status& local) {
+  return AgreeAll(local, impl_->caller_comm_);
 }
 
 SaveTimings CheckpointManager::LastSaveTimings() const {

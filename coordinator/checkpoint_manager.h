@@ -148,6 +148,12 @@ class CheckpointManager {
   /// `bytes_checked`, if given, gets the bytes read over all ranks.
   Status Verify(int64_t step, uint64_t* bytes_checked = nullptr);
 
+  /// Collective, on the caller's thread. OK on every rank if `local` is OK on
+  /// every rank; otherwise the error of the lowest failing rank, on every
+  /// rank. For layers above this API (the Python package) that find errors of
+  /// their own before a collective call, so that no rank enters it alone.
+  Status Agree(const Status& local);
+
   /// Local. Timings of the last save that finished on this rank.
   [[nodiscard]] SaveTimings LastSaveTimings() const;
   /// Local. Host staging memory held now (kept between saves), in bytes.

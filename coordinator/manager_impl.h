@@ -44,7 +44,8 @@ class CheckpointManager::Impl {
 
   void RecordSave(const Status& s, const SaveTimings& t);
 
-  Comm comm_;
+  Comm comm_;         // the I/O thread's
+  Comm caller_comm_;  // collectives on the caller's thread (Agree)
   const std::string root_;
   const Options options_;
   const bool async_;

@@ -16,6 +16,7 @@
 #   slurm-wlm                     Slurm (slurmctld, slurmd, srun): the local cluster of the slurm tests
 #   munge                         Slurm's authentication daemon (slurm/local-cluster.sh starts it)
 #   clang-14 libclang-rt-14-dev   libFuzzer for fuzz/run.sh (ctest label fuzz; skipped without)
+#   python3-venv python3-dev      the Python package: its venv (python/setup_venv.sh) and headers
 # With MHCKPT_BENCH=1 (bench/run.sh sets it), also the benchmark's (the disk's own speed is measured with dd):
 #   python3-matplotlib            the plot of docs/PERFORMANCE.md
 #   python3-mpi4py                the plain h5py collective write (bench/peers/h5py_bench.py)
@@ -25,8 +26,8 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(cmake g++ make pkg-config openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools
           nlohmann-json3-dev libfmt-dev libspdlog-dev libxxhash-dev libgtest-dev python3-h5py-mpi python3-numpy
-          libcli11-dev clang-14 libclang-rt-14-dev slurm-wlm munge)
-[ "${MHCKPT_BENCH:-0}" = 1 ] && PACKAGES+=(python3-matplotlib python3-mpi4py python3-venv)
+          libcli11-dev clang-14 libclang-rt-14-dev slurm-wlm munge python3-venv python3-dev)
+[ "${MHCKPT_BENCH:-0}" = 1 ] && PACKAGES+=(python3-matplotlib python3-mpi4py)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -1,0 +1,229 @@
+"""Leaves of a state pytree, mapped to mhckpt arrays and boxes, and back.
+
+A leaf is one of
+  - an array: numpy (replicated), ``mhckpt.Shard`` (a numpy box of a global
+    array), ``jax.Array`` (mhckpt/_jax.py), ``torch.Tensor`` / ``DTensor``
+    (mhckpt/_torch.py);
+  - a value: ``None``, ``bool``, ``int``, ``float``, ``str``. Values are taken
+    from rank 0 and stored as JSON in the same commit marker as the arrays.
+
+This module knows numpy; jax and torch are imported only when a leaf of
+theirs shows up (``sys.modules`` is checked first, so neither is imported
+here).
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, List, Sequence, Tuple
+
+import numpy as np
+
+from ._errors import InvalidArgumentError, NotFoundError
+from ._shard import Shard
+
+DTYPES = frozenset(
+    "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 bfloat16 float32 "
+    "float64 float8_e4m3fn float8_e5m2".split()
+)
+VALUE_TYPES = (type(None), bool, int, float, str)
+
+Box = Tuple[List[int], List[int]]  # (start, count)
+
+
+@dataclass
+class SaveArray:
+    """One array as ``_core.Manager.save`` takes it."""
+
+    name: str
+    dtype: str
+    shape: List[int]
+    shards: List[Tuple[List[int], List[int], Any]] = field(default_factory=list)
+
+    def spec(self):
+        return (self.name, self.dtype, self.shape, self.shards)
+
+
+@dataclass
+class RestoreArray:
+    """One array as ``_core.Manager.restore`` takes it, and how to finish the
+    leaf once its buffers are filled."""
+
+    name: str
+    dtype: str
+    shards: List[Tuple[List[int], List[int], Any]]
+    finish: Callable[[], Any]
+
+    def spec(self):
+        return (self.name, self.dtype, self.shards)
+
+
+def is_leaf(x: Any) -> bool:
+    """Stops the pytree walk at leaves that are containers to jax/builtins."""
+    return x is None or isinstance(x, Shard)
+
+
+def is_value(x: Any) -> bool:
+    return isinstance(x, VALUE_TYPES) and not isinstance(x, np.generic)
+
+
+def _module_of(x: Any) -> str:
+    return type(x).__module__.split(".", 1)[0]
+
+
+def is_jax_array(x: Any) -> bool:
+    jax = sys.modules.get("jax")
+    return jax is not None and isinstance(x, jax.Array)
+
+
+def is_jax_struct(x: Any) -> bool:
+    jax = sys.modules.get("jax")
+    return jax is not None and isinstance(x, jax.ShapeDtypeStruct)
+
+
+def is_torch_tensor(x: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def numpy_dtype_name(name: str, dtype: Any) -> str:
+    """The mhckpt name of a numpy dtype, or InvalidArgumentError naming the key."""
+    n = np.dtype(dtype).name
+    if n not in DTYPES:
+        raise InvalidArgumentError(
+            f"array '{name}': dtype {n} is not supported (supported: {', '.join(sorted(DTYPES))})"
+        )
+    return n
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype of an mhckpt dtype name (bfloat16 and float8 via ml_dtypes)."""
+    if name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, name))
+    return np.dtype(name)
+
+
+def host_bytes(a: np.ndarray) -> np.ndarray:
+    """A flat uint8 view of ``a`` for the C++ core: no copy when ``a`` is
+    C-contiguous (a non-contiguous array is copied once, here)."""
+    if not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a)
+    return a.reshape(-1).view(np.uint8)
+
+
+def box_of_slices(index: Sequence[slice], shape: Sequence[int]) -> Box:
+    """(start, count) of a tuple of slices into ``shape`` (step 1 only)."""
+    start, count = [], []
+    for sl, n in zip(index, shape):
+        b, e, step = sl.indices(n)
+        if step != 1:
+            raise InvalidArgumentError(f"a shard index with step {step} is not a box")
+        start.append(b)
+        count.append(max(e - b, 0))
+    return start, count
+
+
+def check_target(name: str, shape, dtype: str, stored: dict) -> None:
+    """A restore target must have the stored global shape and dtype."""
+    if list(shape) != list(stored["shape"]):
+        raise InvalidArgumentError(
+            f"array '{name}': the target's shape {tuple(shape)} is not the stored shape "
+            f"{tuple(stored['shape'])}"
+        )
+    if dtype != stored["dtype"]:
+        raise InvalidArgumentError(
+            f"array '{name}': the target's dtype {dtype} is not the stored dtype {stored['dtype']}"
+        )
+
+
+# ---------------------------------------------------------------- save side
+
+
+def save_array(name: str, leaf: Any) -> SaveArray:
+    """The array (name, dtype, global shape, this rank's boxes) of one leaf."""
+    if isinstance(leaf, Shard):
+        local = np.asarray(leaf.local)
+        if local.ndim != len(leaf.offset) or local.ndim != len(leaf.global_shape):
+            raise InvalidArgumentError(
+                f"array '{name}': Shard has a {local.ndim}-d block, offset {leaf.offset} and "
+                f"global shape {leaf.global_shape}: the three must have the same rank"
+            )
+        a = SaveArray(name, numpy_dtype_name(name, local.dtype), list(leaf.global_shape))
+        a.shards.append((list(leaf.offset), list(local.shape), host_bytes(local)))
+        return a
+    if isinstance(leaf, (np.ndarray, np.generic)):
+        arr = np.asarray(leaf)
+        a = SaveArray(name, numpy_dtype_name(name, arr.dtype), list(arr.shape))
+        a.shards.append(([0] * arr.ndim, list(arr.shape), host_bytes(arr)))
+        return a
+    if is_jax_array(leaf):
+        from . import _jax
+
+        return _jax.save_array(name, leaf)
+    if is_torch_tensor(leaf):
+        from . import _torch
+
+        return _torch.save_array(name, leaf)
+    raise InvalidArgumentError(
+        f"leaf '{name}': {type(leaf).__module__}.{type(leaf).__qualname__} is neither an array "
+        "(numpy, mhckpt.Shard, jax.Array, torch.Tensor) nor a value (None, bool, int, float, str)"
+    )
+
+
+# ------------------------------------------------------------- restore side
+
+
+def restore_array(name: str, target: Any, stored: dict) -> RestoreArray:
+    """How to fill the leaf ``target`` from the stored array ``stored``."""
+    if isinstance(target, Shard):
+        local = target.local
+        if not isinstance(local, np.ndarray):
+            raise InvalidArgumentError(f"array '{name}': a Shard target needs a numpy block")
+        if list(target.global_shape) != list(stored["shape"]):
+            raise InvalidArgumentError(
+                f"array '{name}': the target's global shape {target.global_shape} is not the "
+                f"stored shape {tuple(stored['shape'])}"
+            )
+        check_target(name, stored["shape"], numpy_dtype_name(name, local.dtype), stored)
+        return numpy_into(name, stored["dtype"], local, list(target.offset), lambda: target)
+    if isinstance(target, np.ndarray):
+        check_target(name, target.shape, numpy_dtype_name(name, target.dtype), stored)
+        return numpy_into(name, stored["dtype"], target, [0] * target.ndim, lambda: target)
+    if is_jax_array(target) or is_jax_struct(target):
+        from . import _jax
+
+        return _jax.restore_array(name, target, stored)
+    if is_torch_tensor(target):
+        from . import _torch
+
+        return _torch.restore_array(name, target, stored)
+    # Anything else (None, a value, np.generic) gets a new numpy array.
+    if isinstance(target, np.generic):
+        check_target(name, (), numpy_dtype_name(name, target.dtype), stored)
+    out = np.empty(stored["shape"], dtype=numpy_dtype(stored["dtype"]))
+    return numpy_into(name, stored["dtype"], out, [0] * out.ndim, lambda: out)
+
+
+def numpy_into(name: str, dtype: str, dest: np.ndarray, start: List[int], result) -> RestoreArray:
+    """Fills ``dest`` (the box at ``start``) in place; through a temporary when
+    ``dest`` is not writable C-contiguous memory."""
+    if dest.flags.c_contiguous and dest.flags.writeable:
+        buf, fin = dest, result
+    else:
+        if not dest.flags.writeable:
+            raise InvalidArgumentError(f"array '{name}': the target array is read-only")
+        buf = np.empty(dest.shape, dtype=dest.dtype)
+
+        def fin():
+            dest[...] = buf
+            return result()
+
+    shards = [(start, list(dest.shape), buf.reshape(-1).view(np.uint8))] if buf.size else []
+    return RestoreArray(name, dtype, shards, fin)
+
+
+def not_found(name: str, step: int) -> NotFoundError:
+    return NotFoundError(f"step {step} has no array or value '{name}'")
+

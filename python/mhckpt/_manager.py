@@ -1,0 +1,383 @@
+"""``mhckpt.CheckpointManager``: save and restore pytrees of training state."""
+from __future__ import annotations
+
+import atexit
+import json
+import threading
+import weakref
+from typing import Any, Dict, List, Mapping, Optional
+
+from . import _core, _leaves, _pytree
+from ._errors import Error, FailedPreconditionError, InvalidArgumentError, from_code
+
+# Keys of the commit marker's user metadata that this package owns.
+_VALUES_KEY = "mhckpt.python.values"
+_RESERVED_PREFIX = "mhckpt."
+
+_open_managers: "weakref.WeakSet[CheckpointManager]" = weakref.WeakSet()
+_mpi_owned = False  # this package called MPI_Init_thread, so it calls MPI_Finalize
+_exit_hook = threading.Lock()
+_exit_hook_registered = False
+
+
+def _at_exit() -> None:
+    # Close what the program left open while MPI still runs, then finalize
+    # MPI if this package initialised it. Registered after mpi4py's own hook
+    # (at the first manager), so it runs before mpi4py finalizes.
+    for mgr in list(_open_managers):
+        mgr.close()
+    if _mpi_owned:
+        _core.finalize_mpi()
+
+
+def _ensure_mpi() -> None:
+    global _mpi_owned, _exit_hook_registered
+    with _exit_hook:
+        if _core.init_mpi():
+            _mpi_owned = True
+        if not _exit_hook_registered:
+            atexit.register(_at_exit)
+            _exit_hook_registered = True
+
+
+def _comm_handle(comm: Any) -> Optional[int]:
+    if comm is None:
+        return None
+    handle = getattr(comm, "handle", None)
+    if not isinstance(handle, int):
+        raise TypeError(
+            f"comm must be an mpi4py communicator or None, not {type(comm).__qualname__}"
+        )
+    return handle
+
+
+def _as_error(e: BaseException, rank: int) -> Error:
+    if isinstance(e, Error):
+        return e
+    if isinstance(e, (ValueError, TypeError, KeyError)):
+        return InvalidArgumentError(f"rank {rank}: {e}")
+    return from_code("INTERNAL", f"rank {rank}: {type(e).__name__}: {e}")
+
+
+class CheckpointManager:
+    """Saves and restores pytrees of training state as mhckpt checkpoints.
+
+    Collective: every rank of ``comm`` creates the manager, and calls
+    ``save``, ``wait_until_finished``, ``restore``, ``verify`` and ``close``
+    in the same order. Errors are raised as :class:`mhckpt.Error` subclasses,
+    the same on every rank.
+
+    Args:
+      root: the checkpoint directory, on a file system every rank sees.
+      comm: an mpi4py communicator, or None for MPI's world (initialised here
+        with ``MPI_THREAD_MULTIPLE`` unless someone has initialised MPI).
+      max_to_keep: keep the newest N committed steps (0: all).
+      keep_period: also keep steps that are multiples of this (0: none).
+      async_save: commit on a background thread (needs MPI_THREAD_MULTIPLE;
+        otherwise ``save`` commits before returning).
+      staging_budget_bytes: most host staging memory (0: one save's worth).
+      verify_replicas: ranks holding the same box compare checksums before
+        writing; a mismatch fails the save with DataLossError.
+      replica_parallel_min_bytes: split replicated boxes of at least this
+        many bytes among their holders for writing (0: off).
+      collective_timeout_seconds: abort the job when a collective phase takes
+        longer on any rank (0: never).
+      snapshot_threads: threads copying into staging (0: up to 4).
+      remove_uncommitted_on_open: delete steps that have no commit marker.
+      collective_transfer: HDF5 collective instead of independent transfers.
+
+    Use it as a context manager: leaving the block waits for pending saves
+    and closes the manager (collective).
+    """
+
+    def __init__(
+        self,
+        root: str,
+        comm: Any = None,
+        *,
+        max_to_keep: int = 0,
+        keep_period: int = 0,
+        async_save: bool = True,
+        staging_budget_bytes: int = 0,
+        verify_replicas: bool = False,
+        replica_parallel_min_bytes: int = 0,
+        collective_timeout_seconds: float = 3600.0,
+        snapshot_threads: int = 0,
+        remove_uncommitted_on_open: bool = True,
+        collective_transfer: bool = False,
+    ):
+        handle = _comm_handle(comm)
+        _ensure_mpi()
+        o = _core.Options()
+        o.max_to_keep = max_to_keep
+        o.keep_period = keep_period
+        o.async_save = async_save
+        o.staging_budget_bytes = staging_budget_bytes
+        o.verify_replicas = verify_replicas
+        o.replica_parallel_min_bytes = replica_parallel_min_bytes
+        o.collective_timeout_seconds = collective_timeout_seconds
+        o.snapshot_threads = snapshot_threads
+        o.remove_uncommitted_on_open = remove_uncommitted_on_open
+        o.collective_transfer = collective_transfer
+        self._rank, self._size = _core.rank_and_size(handle)
+        self._root = str(root)
+        self._impl = _core.Manager(handle, self._root, o)
+        _open_managers.add(self)
+
+    # ------------------------------------------------------------ properties
+
+    @property
+    def root(self) -> str:
+        """The checkpoint directory."""
+        return self._root
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the manager's communicator."""
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks of the manager's communicator."""
+        return self._size
+
+    @property
+    def async_save(self) -> bool:
+        """True if saves commit on the background thread."""
+        return self._impl.is_async()
+
+    # ----------------------------------------------------------------- saving
+
+    def save(self, step: int, state: Any, metadata: Optional[Mapping[str, Any]] = None) -> None:
+        """Starts saving ``state`` as step ``step``.
+
+        Returns once every local buffer of ``state`` (shards and replicas, host
+        or device) is copied into mhckpt's memory: the caller may then
+        overwrite, donate, delete or free every array. Planning, writing,
+        fsync and the commit run in the background; their outcome is raised
+        by :meth:`wait_until_finished` (or the next collective call).
+
+        Args:
+          step: a non-negative step number, the same on every rank.
+          state: a pytree (nested dicts, lists, tuples, namedtuples, and with
+            jax imported any registered pytree node) whose leaves are arrays
+            (numpy, :class:`mhckpt.Shard`, ``jax.Array``, ``torch.Tensor`` or
+            ``DTensor``) or values (None, bool, int, float, str). A leaf's
+            name is its key path joined with '/'. Values are rank 0's.
+          metadata: JSON-serializable values by string key, stored in the
+            commit marker (rank 0's); read back with :meth:`describe`.
+
+        Raises (the same on every rank): InvalidArgumentError for a leaf,
+        shape, dtype, box or name that cannot be saved, or a state that
+        differs across ranks.
+        """
+        err: Optional[BaseException] = None
+        specs: List[Any] = []
+        meta: Dict[str, str] = {}
+        keep: List[Any] = []
+        try:
+            leaves, _ = _pytree.flatten(state, _leaves.is_leaf)
+            values: Dict[str, Any] = {}
+            for path, leaf in leaves:
+                name = _pytree.path_name(path)
+                if _leaves.is_value(leaf):
+                    values[name] = leaf
+                    continue
+                a = _leaves.save_array(name, leaf)
+                keep.append(leaf)
+                specs.append(a.spec())
+            meta = _encode_metadata(metadata, values)
+        except Exception as e:  # agreed below, raised on every rank
+            err = e
+        self._agree(err)
+        self._impl.save(int(step), specs, meta)
+
+    def wait_until_finished(self) -> None:
+        """Waits for every save started so far to commit or fail.
+
+        Raises the first failure since the last call, the same on every rank:
+        InvalidArgumentError (inconsistent input across ranks, naming array,
+        rank and box), AlreadyExistsError (the step was committed before),
+        IoError (naming the rank), DataLossError (replicas that differ, with
+        ``verify_replicas``), InternalError.
+        """
+        self._impl.wait()
+
+    # -------------------------------------------------------------- catalogue
+
+    def all_steps(self) -> List[int]:
+        """The committed steps, ascending (local: reads the directory)."""
+        return self._impl.steps()
+
+    def latest_step(self) -> Optional[int]:
+        """The newest committed step, or None (local)."""
+        return self._impl.latest()
+
+    def describe(self, step: int) -> Dict[str, Any]:
+        """What committed step ``step`` holds (local, from its commit marker).
+
+        Returns a dict with ``step``, ``world_size`` (at save),
+        ``total_bytes``, ``arrays`` (name -> dtype, shape, replicated,
+        boxes), ``values`` (the non-array leaves) and ``metadata`` (the
+        ``metadata`` argument of ``save``). Raises NotFoundError if the step
+        is not committed, DataLossError if its marker is damaged.
+        """
+        d = self._impl.describe(int(step))
+        user = dict(d.pop("user_metadata"))
+        values = json.loads(user.pop(_VALUES_KEY, "{}"))
+        metadata = {}
+        for k, v in user.items():
+            try:
+                metadata[k] = json.loads(v)
+            except ValueError:  # written by the C++ API: plain text
+                metadata[k] = v
+        d["arrays"] = {a.pop("name"): a for a in d["arrays"]}
+        d["values"] = values
+        d["metadata"] = metadata
+        return d
+
+    # -------------------------------------------------------------- restoring
+
+    def restore(self, step: int, target: Any = None, *, strict: bool = False) -> Any:
+        """Restores committed step ``step`` into the structure of ``target``.
+
+        Any world size and any sharding: each rank reads the boxes its target
+        leaves ask for.
+
+        Args:
+          step: a committed step (see :meth:`latest_step`).
+          target: a pytree like the saved state. Its leaves say what to build:
+            a numpy array or :class:`mhckpt.Shard` (filled in place), a
+            ``jax.Array`` or ``jax.ShapeDtypeStruct`` with a sharding (a new
+            ``jax.Array`` with that sharding), a ``torch.Tensor`` or
+            ``DTensor`` (filled in place), any other leaf (a new numpy array,
+            or the saved value for a non-array leaf). None: every array as a
+            whole numpy array and every value, in nested dicts by name.
+          strict: raise unless the target names exactly the saved arrays.
+
+        Returns a new pytree with ``target``'s structure.
+
+        Raises (the same on every rank): NotFoundError (step not committed, a
+        key not in the checkpoint), InvalidArgumentError (a target whose
+        shape or dtype differs from the saved one, naming the key),
+        DataLossError (damaged data, naming array and box), IoError.
+        """
+        step = int(step)
+        err: Optional[BaseException] = None
+        plans: List[Any] = []
+        leaves: List[Any] = []
+        treedef = None
+        try:
+            desc = self.describe(step)
+            if target is None:
+                target = _default_target(desc)
+            flat, treedef = _pytree.flatten(target, _leaves.is_leaf)
+            wanted = set()
+            for path, leaf in flat:
+                name = _pytree.path_name(path)
+                stored = desc["arrays"].get(name)
+                if stored is None:
+                    if name not in desc["values"]:
+                        raise _leaves.not_found(name, step)
+                    leaves.append(desc["values"][name])
+                    plans.append(None)
+                    continue
+                wanted.add(name)
+                plans.append(_leaves.restore_array(name, leaf, stored))
+                leaves.append(None)
+            if strict and wanted != set(desc["arrays"]):
+                missing = sorted(set(desc["arrays"]) - wanted)
+                raise InvalidArgumentError(
+                    f"strict restore of step {step}: the target leaves out {missing}"
+                )
+        except Exception as e:  # agreed below, raised on every rank
+            err = e
+        self._agree(err)
+        self._impl.restore(step, [p.spec() for p in plans if p is not None], strict)
+        out = [p.finish() if p is not None else v for p, v in zip(plans, leaves)]
+        return _pytree.unflatten(treedef, out)
+
+    def verify(self, step: int) -> int:
+        """Re-reads every byte of committed step ``step`` and checks it
+        against the checksums in its marker. Returns the bytes checked (all
+        ranks). Raises DataLossError naming the array and box of the first
+        damage, NotFoundError if the step is not committed."""
+        return self._impl.verify(int(step))
+
+    # ---------------------------------------------------------------- details
+
+    def last_save_timings(self) -> Dict[str, Any]:
+        """Phases of the last finished save on this rank, in seconds (local):
+        budget_wait, snapshot (the stall of ``save``), plan, write, flush,
+        commit, gc, and local_bytes / written_bytes."""
+        return self._impl.timings()
+
+    def staging_bytes(self) -> int:
+        """Host staging memory held now, in bytes (local)."""
+        return self._impl.staging_bytes()
+
+    def close(self) -> None:
+        """Waits for pending saves and releases the manager (collective).
+        Errors of those saves are not raised here: call
+        :meth:`wait_until_finished` first to see them."""
+        if getattr(self, "_impl", None) is not None and not self._impl.closed():
+            self._impl.close()
+        _open_managers.discard(self)
+
+    def __enter__(self) -> "CheckpointManager":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None:
+                self.wait_until_finished()
+        finally:
+            self.close()
+
+    def __repr__(self) -> str:
+        return f"CheckpointManager(root={self._root!r}, rank={self._rank}, world_size={self._size})"
+
+    def _agree(self, err: Optional[BaseException]) -> None:
+        """Collective: raises the lowest failing rank's error on every rank."""
+        if self._impl.closed():
+            raise FailedPreconditionError("the CheckpointManager is closed")
+        local = _as_error(err, self._rank) if err is not None else None
+        code, message = self._impl.agree(
+            local.code if local else "", local.message if local else ""
+        )
+        if code != "OK":
+            agreed = from_code(code, message)
+            raise agreed from err
+
+
+def _encode_metadata(metadata: Optional[Mapping[str, Any]], values: Dict[str, Any]) -> Dict[str, str]:
+    out: Dict[str, str] = {}
+    for k, v in (metadata or {}).items():
+        if not isinstance(k, str) or k.startswith(_RESERVED_PREFIX):
+            raise InvalidArgumentError(
+                f"metadata key {k!r}: keys are strings not starting with '{_RESERVED_PREFIX}'"
+            )
+        out[k] = _json(f"metadata '{k}'", v)
+    if values:
+        out[_VALUES_KEY] = _json("non-array leaves", values)
+    return out
+
+
+def _json(what: str, v: Any) -> str:
+    try:
+        # ASCII only: the marker stays valid UTF-8 whatever the strings hold.
+        return json.dumps(v, ensure_ascii=True, allow_nan=True, sort_keys=True)
+    except (TypeError, ValueError) as e:
+        raise InvalidArgumentError(f"{what}: not JSON-serializable ({e})") from None
+
+
+def _default_target(desc: Dict[str, Any]) -> Dict[str, Any]:
+    """Nested dicts of None leaves for every array and value of a step."""
+    root: Dict[str, Any] = {}
+    for name in list(desc["arrays"]) + list(desc["values"]):
+        parts = name.split("/")
+        node = root
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = None
+    return root

@@ -1,0 +1,397 @@
+// mhckpt._core: the thin map from Python objects to the public C++ API
+// (coordinator/checkpoint_manager.h). Pytree walking, shardings and targets
+// live in the Python modules; this file only
+//   - turns (name, dtype, shape, [(start, count, buffer)]) lists into
+//     ArrayToSave / ArrayToRestore, taking each buffer by pointer through the
+//     buffer protocol or DLPack (nanobind's ndarray), with no copy;
+//   - releases the GIL around every call that blocks (save's snapshot,
+//     restore, wait, verify, close);
+//   - turns a non-OK Status into the mhckpt exception for its code.
+#include <mpi.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "coordinator/checkpoint_manager.h"
+
+namespace nb = nanobind;
+
+namespace mhckpt::python {
+namespace {
+
+// Set by mhckpt/_errors.py: (code name, message) -> exception instance.
+nb::object& ErrorFactory() {
+  static nb::object* factory = new nb::object();  // never destroyed: outlives the interpreter
+  return *factory;
+}
+
+[[noreturn]] void Raise(const Status& s) {
+  nb::object exc;
+  if (ErrorFactory().is_valid()) exc = ErrorFactory()(StatusCodeName(s.code()), s.message());
+  if (!exc.is_valid()) throw std::runtime_error(s.ToString());
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+  throw nb::python_error();
+}
+
+void Check(const Status& s) {
+  if (!s.ok()) Raise(s);
+}
+
+template <typename T>
+T Check(Result<T> r) {
+  if (!r.ok()) Raise(r.status());
+  return std::move(r).value();
+}
+
+DType ParseDType(const std::string& name) {
+  std::optional<DType> d = DTypeFromName(name);
+  if (!d) throw nb::value_error(("mhckpt: unknown dtype '" + name + "'").c_str());
+  return *d;
+}
+
+// A buffer as mhckpt sees it: a pointer, its memory kind and its byte size.
+// Refuses what the C++ core cannot take as one row-major run of bytes.
+template <typename Array>
+std::pair<void*, Memory> Buffer(const Array& a, const std::string& what) {
+  int64_t expect = 1;
+  for (size_t i = a.ndim(); i-- > 0;) {
+    if (a.shape(i) > 1 && a.stride(i) != expect) {
+      throw nb::value_error((what + ": buffer is not C-contiguous").c_str());
+    }
+    expect *= static_cast<int64_t>(a.shape(i));
+  }
+  Memory memory;
+  switch (a.device_type()) {
+    case nb::device::cpu::value:
+    case nb::device::cuda_host::value:
+      memory = Memory::kHost;
+      break;
+    case nb::device::cuda::value:
+      memory = Memory::kCuda;
+      break;
+    default:
+      throw nb::value_error(
+          (what + ": buffer is on a device mhckpt does not support (DLPack device type " +
+           std::to_string(a.device_type()) + ")")
+              .c_str());
+  }
+  return {const_cast<void*>(static_cast<const void*>(a.data())), memory};
+}
+
+// Checks that `bytes` is exactly what `count` elements of `dtype` take.
+void CheckBytes(size_t bytes, const std::vector<int64_t>& count, DType dtype,
+                const std::string& what) {
+  std::optional<int64_t> volume = Volume(count);
+  if (!volume) throw nb::value_error((what + ": invalid box extents").c_str());
+  size_t need = static_cast<size_t>(*volume) * DTypeSize(dtype);
+  if (bytes != need) {
+    throw nb::value_error((what + ": buffer holds " + std::to_string(bytes) + " bytes, the box " +
+                           ShapeToString(count) + " of " + std::string(DTypeName(dtype)) +
+                           " needs " + std::to_string(need))
+                              .c_str());
+  }
+}
+
+using ReadShard = std::tuple<std::vector<int64_t>, std::vector<int64_t>, nb::ndarray<nb::ro>>;
+using WriteShard = std::tuple<std::vector<int64_t>, std::vector<int64_t>, nb::ndarray<>>;
+using SaveSpec = std::tuple<std::string, std::string, std::vector<int64_t>, std::vector<ReadShard>>;
+using RestoreSpec = std::tuple<std::string, std::string, std::vector<WriteShard>>;
+
+nb::dict TimingsToDict(const SaveTimings& t) {
+  nb::dict d;
+  d["budget_wait"] = t.budget_wait;
+  d["snapshot"] = t.snapshot;
+  d["plan"] = t.plan;
+  d["write"] = t.write;
+  d["flush"] = t.flush;
+  d["commit"] = t.commit;
+  d["gc"] = t.gc;
+  d["plan_cached"] = t.plan_cached;
+  d["local_bytes"] = t.local_bytes;
+  d["written_bytes"] = t.written_bytes;
+  return d;
+}
+
+nb::dict MarkerToDict(const io::Marker& m) {
+  nb::list arrays;
+  for (const io::MarkerArray& a : m.arrays) {
+    nb::list boxes;
+    for (const io::MarkerBox& b : a.boxes) {
+      nb::dict box;
+      box["start"] = b.box.start;
+      box["count"] = b.box.count;
+      box["writer"] = b.writer;
+      box["checksum"] = b.checksum;
+      boxes.append(box);
+    }
+    nb::dict d;
+    d["name"] = a.name;
+    d["dtype"] = std::string(DTypeName(a.dtype));
+    d["shape"] = a.shape;
+    d["replicated"] = a.replicated;
+    d["boxes"] = boxes;
+    arrays.append(d);
+  }
+  nb::dict d;
+  d["format_version"] = m.format_version;
+  d["step"] = m.step;
+  d["world_size"] = m.world_size;
+  d["created_unix_ms"] = m.created_unix_ms;
+  d["total_bytes"] = m.total_bytes;
+  d["arrays"] = arrays;
+  d["user_metadata"] = m.user_metadata;
+  return d;
+}
+
+// MPI_Comm from an mpi4py handle (an address-sized integer), or the world.
+MPI_Comm CommFromHandle(std::optional<uintptr_t> handle) {
+  if (!handle) return MPI_COMM_WORLD;
+  return reinterpret_cast<MPI_Comm>(*handle);  // NOLINT(performance-no-int-to-ptr)
+}
+
+class PyManager {
+ public:
+  PyManager(std::optional<uintptr_t> comm, std::string root, const Options& options) {
+    MPI_Comm c = CommFromHandle(comm);
+    Result<std::unique_ptr<CheckpointManager>> r = [&] {
+      nb::gil_scoped_release release;
+      return CheckpointManager::Open(c, std::move(root), options);
+    }();
+    mgr_ = Check(std::move(r));
+  }
+
+  void Save(int64_t step, const std::vector<SaveSpec>& specs,
+            const std::map<std::string, std::string>& metadata) {
+    std::vector<ArrayToSave> arrays;
+    arrays.reserve(specs.size());
+    for (const auto& [name, dtype, shape, shards] : specs) {
+      ArrayToSave a;
+      a.name = name;
+      a.dtype = ParseDType(dtype);
+      a.shape = shape;
+      for (const auto& [start, count, buf] : shards) {
+        std::string what = "array '" + name + "' box " + BoxToString({start, count});
+        CheckBytes(buf.nbytes(), count, a.dtype, what);
+        auto [data, memory] = Buffer(buf, what);
+        a.shards.push_back(Shard{Box{start, count}, data, memory});
+      }
+      arrays.push_back(std::move(a));
+    }
+    Status s;
+    {
+      nb::gil_scoped_release release;
+      s = Mgr().Save(step, arrays, metadata);
+    }
+    Check(s);
+  }
+
+  void Wait() {
+    Status s;
+    {
+      nb::gil_scoped_release release;
+      s = Mgr().WaitUntilFinished();
+    }
+    Check(s);
+  }
+
+  void Restore(int64_t step, const std::vector<RestoreSpec>& specs, bool strict) {
+    std::vector<ArrayToRestore> arrays;
+    arrays.reserve(specs.size());
+    for (const auto& [name, dtype, shards] : specs) {
+      ArrayToRestore a;
+      a.name = name;
+      a.dtype = ParseDType(dtype);
+      for (const auto& [start, count, buf] : shards) {
+        std::string what = "array '" + name + "' box " + BoxToString({start, count});
+        CheckBytes(buf.nbytes(), count, a.dtype, what);
+        auto [data, memory] = Buffer(buf, what);
+        a.shards.push_back(Destination{Box{start, count}, data, memory});
+      }
+      arrays.push_back(std::move(a));
+    }
+    Status s;
+    {
+      nb::gil_scoped_release release;
+      s = Mgr().Restore(step, arrays, RestoreOptions{.strict = strict});
+    }
+    Check(s);
+  }
+
+  uint64_t Verify(int64_t step) {
+    uint64_t bytes = 0;
+    Status s;
+    {
+      nb::gil_scoped_release release;
+      s = Mgr().Verify(step, &bytes);
+    }
+    Check(s);
+    return bytes;
+  }
+
+  // (code name, message) agreed over ranks; ("OK", "") when every rank is OK.
+  std::pair<std::string, std::string> Agree(const std::string& code, const std::string& message) {
+    Status local = code.empty() ? OkStatus() : Status(CodeFromName(code), message);
+    Status s;
+    {
+      nb::gil_scoped_release release;
+      s = Mgr().Agree(local);
+    }
+    return {StatusCodeName(s.code()), s.message()};
+  }
+
+  std::vector<int64_t> Steps() const { return Check(Mgr().CommittedSteps()); }
+  std::optional<int64_t> Latest() const { return Check(Mgr().LatestStep()); }
+  nb::dict Describe(int64_t step) const { return MarkerToDict(Check(Mgr().Describe(step))); }
+  nb::dict Timings() const { return TimingsToDict(Mgr().LastSaveTimings()); }
+  size_t StagingBytes() const { return Mgr().StagingBytes(); }
+  bool Async() const { return Mgr().async(); }
+  bool Closed() const { return mgr_ == nullptr; }
+
+  // Collective: waits for pending saves and frees the manager. After MPI has
+  // been finalized, the manager is leaked instead: its teardown would call MPI.
+  void Close() {
+    if (!mgr_) return;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) {
+      (void)mgr_.release();  // NOLINT(bugprone-unused-return-value)
+      return;
+    }
+    nb::gil_scoped_release release;
+    mgr_.reset();
+  }
+
+ private:
+  static StatusCode CodeFromName(const std::string& name) {
+    for (int c = 0; c <= static_cast<int>(StatusCode::kInternal); ++c) {
+      if (name == StatusCodeName(static_cast<StatusCode>(c))) return static_cast<StatusCode>(c);
+    }
+    return StatusCode::kInternal;
+  }
+
+  CheckpointManager& Mgr() const {
+    if (!mgr_) Raise(FailedPrecondition("the CheckpointManager is closed"));
+    return *mgr_;
+  }
+
+  std::unique_ptr<CheckpointManager> mgr_;
+};
+
+// Initialises MPI with MPI_THREAD_MULTIPLE unless someone (mpi4py, the
+// training framework) already has. Returns true if this call initialised it.
+bool InitMpi() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) return false;
+  int provided = 0;
+  nb::gil_scoped_release release;
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+  return true;
+}
+
+void FinalizeMpi() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) {
+    nb::gil_scoped_release release;
+    MPI_Finalize();
+  }
+}
+
+std::pair<int, int> WorldRankSize(std::optional<uintptr_t> comm) {
+  int rank = 0;
+  int size = 1;
+  MPI_Comm_rank(CommFromHandle(comm), &rank);
+  MPI_Comm_size(CommFromHandle(comm), &size);
+  return {rank, size};
+}
+
+std::string ThreadLevel() {
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  switch (level) {
+    case MPI_THREAD_MULTIPLE:
+      return "multiple";
+    case MPI_THREAD_SERIALIZED:
+      return "serialized";
+    case MPI_THREAD_FUNNELED:
+      return "funneled";
+    default:
+      return "single";
+  }
+}
+
+}  // namespace
+}  // namespace mhckpt::python
+
+NB_MODULE(_core, m) {
+  using namespace mhckpt;          // NOLINT(google-build-using-namespace)
+  using namespace mhckpt::python;  // NOLINT(google-build-using-namespace)
+  m.doc() = "mhckpt's C++ core. Use the mhckpt package, not this module.";
+
+  m.def("_set_error_factory", [](nb::object f) { ErrorFactory() = std::move(f); });
+  m.def("init_mpi", &InitMpi);
+  m.def("finalize_mpi", &FinalizeMpi);
+  m.def("mpi_initialized", [] {
+    int i = 0;
+    MPI_Initialized(&i);
+    return i != 0;
+  });
+  m.def("mpi_finalized", [] {
+    int f = 0;
+    MPI_Finalized(&f);
+    return f != 0;
+  });
+  m.def("rank_and_size", &WorldRankSize, nb::arg("comm").none());
+  m.def("thread_level", &ThreadLevel);
+  m.def("dtype_size", [](const std::string& name) { return DTypeSize(ParseDType(name)); });
+
+  nb::class_<Options>(m, "Options")
+      .def(nb::init<>())
+      .def_rw("async_save", &Options::async)
+      .def_rw("remove_uncommitted_on_open", &Options::remove_uncommitted_on_open)
+      .def_rw("max_to_keep", &Options::max_to_keep)
+      .def_rw("keep_period", &Options::keep_period)
+      .def_rw("staging_budget_bytes", &Options::staging_budget_bytes)
+      .def_rw("verify_replicas", &Options::verify_replicas)
+      .def_rw("collective_timeout_seconds", &Options::collective_timeout_seconds)
+      .def_rw("snapshot_threads", &Options::snapshot_threads)
+      .def_rw("replica_parallel_min_bytes", &Options::replica_parallel_min_bytes)
+      .def_prop_rw(
+          "collective_transfer",
+          [](const Options& o) { return o.transfer == Transfer::kCollective; },
+          [](Options& o, bool collective) {
+            o.transfer = collective ? Transfer::kCollective : Transfer::kIndependent;
+          });
+
+  nb::class_<PyManager>(m, "Manager")
+      .def(nb::init<std::optional<uintptr_t>, std::string, const Options&>(),
+           nb::arg("comm").none(), nb::arg("root"), nb::arg("options"))
+      .def("save", &PyManager::Save)
+      .def("wait", &PyManager::Wait)
+      .def("restore", &PyManager::Restore)
+      .def("verify", &PyManager::Verify)
+      .def("agree", &PyManager::Agree)
+      .def("steps", &PyManager::Steps)
+      .def("latest", &PyManager::Latest)
+      .def("describe", &PyManager::Describe)
+      .def("timings", &PyManager::Timings)
+      .def("staging_bytes", &PyManager::StagingBytes)
+      .def("is_async", &PyManager::Async)
+      .def("closed", &PyManager::Closed)
+      .def("close", &PyManager::Close);
+}
