@@ -205,5 +205,23 @@ TEST_F(Validation, RestoreErrors) {
   EXPECT_EQ(out[39], 1.0f);
 }
 
+// Agree (for checks made above the C++ API, e.g. in Python): the lowest
+// failing rank's error on every rank, OK when no rank failed, and the
+// manager keeps working after it, beside a pending save.
+TEST_F(Validation, AgreeGivesTheLowestFailingRanksError) {
+  EXPECT_TRUE(mgr_->Agree(OkStatus()).ok());
+  int last = Size() - 1;
+  Status local = Rank() >= last ? InvalidArgument("rank " + std::to_string(Rank()) + ": bad leaf")
+                                : OkStatus();
+  Status s = mgr_->Agree(local);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("rank " + std::to_string(last) + ": bad leaf"));
+  EXPECT_TRUE(SameOnAllRanks(s)) << "rank " << Rank() << ": " << s.ToString();
+  std::vector<ArrayToSave> arrays = {Rows("w")};
+  ASSERT_TRUE(mgr_->Save(1, arrays).ok());
+  EXPECT_TRUE(mgr_->Agree(OkStatus()).ok());  // on the caller's thread, beside the I/O thread
+  EXPECT_TRUE(mgr_->WaitUntilFinished().ok());
+}
+
 }  // namespace
 }  // namespace mhckpt

@@ -77,12 +77,8 @@ std::pair<void*, Memory> Buffer(const Array& a, const std::string& what) {
   Memory memory;
   switch (a.device_type()) {
     case nb::device::cpu::value:
-    case nb::device::cuda_host::value:
-      memory = Memory::kHost;
-      break;
-    case nb::device::cuda::value:
-      memory = Memory::kCuda;
-      break;
+    case nb::device::cuda_host::value: memory = Memory::kHost; break;
+    case nb::device::cuda::value: memory = Memory::kCuda; break;
     default:
       throw nb::value_error(
           (what + ": buffer is on a device mhckpt does not support (DLPack device type " +
@@ -324,14 +320,10 @@ std::string ThreadLevel() {
   int level = MPI_THREAD_SINGLE;
   MPI_Query_thread(&level);
   switch (level) {
-    case MPI_THREAD_MULTIPLE:
-      return "multiple";
-    case MPI_THREAD_SERIALIZED:
-      return "serialized";
-    case MPI_THREAD_FUNNELED:
-      return "funneled";
-    default:
-      return "single";
+    case MPI_THREAD_MULTIPLE: return "multiple";
+    case MPI_THREAD_SERIALIZED: return "serialized";
+    case MPI_THREAD_FUNNELED: return "funneled";
+    default: return "single";
   }
 }
 
