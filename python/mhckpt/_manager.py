@@ -8,7 +8,7 @@ import weakref
 from typing import Any, Dict, List, Mapping, Optional
 
 from . import _core, _leaves, _pytree
-from ._errors import Error, FailedPreconditionError, InvalidArgumentError, from_code
+from ._errors import Error, InvalidArgumentError, from_code
 
 # Keys of the commit marker's user metadata that this package owns.
 _VALUES_KEY = "mhckpt.python.values"
@@ -52,8 +52,9 @@ def _comm_handle(comm: Any) -> Optional[int]:
 
 
 def _as_error(e: BaseException, rank: int) -> Error:
+    """This rank's error as an mhckpt Error whose message names the rank."""
     if isinstance(e, Error):
-        return e
+        return type(e)(f"rank {rank}: {e.message}")
     if isinstance(e, (ValueError, TypeError, KeyError)):
         return InvalidArgumentError(f"rank {rank}: {e}")
     return from_code("INTERNAL", f"rank {rank}: {type(e).__name__}: {e}")
@@ -187,10 +188,9 @@ class CheckpointManager:
                 keep.append(leaf)
                 specs.append(a.spec())
             meta = _encode_metadata(metadata, values)
-        except Exception as e:  # agreed below, raised on every rank
-            err = e
-        self._agree(err)
-        self._impl.save(int(step), specs, meta)
+        except Exception as e:  # agreed by the C++ core, raised on every rank
+            err, specs = e, []
+        self._call_agreed(err, self._impl.save, int(step), specs, meta)
 
     def wait_until_finished(self) -> None:
         """Waits for every save started so far to commit or fail.
@@ -290,10 +290,10 @@ class CheckpointManager:
                 raise InvalidArgumentError(
                     f"strict restore of step {step}: the target leaves out {missing}"
                 )
-        except Exception as e:  # agreed below, raised on every rank
-            err = e
-        self._agree(err)
-        self._impl.restore(step, [p.spec() for p in plans if p is not None], strict)
+        except Exception as e:  # agreed by the C++ core, raised on every rank
+            err, plans = e, []
+        specs = [p.spec() for p in plans if p is not None]
+        self._call_agreed(err, self._impl.restore, step, specs, strict)
         out = [p.finish() if p is not None else v for p, v in zip(plans, leaves)]
         return _pytree.unflatten(treedef, out)
 
@@ -337,17 +337,17 @@ class CheckpointManager:
     def __repr__(self) -> str:
         return f"CheckpointManager(root={self._root!r}, rank={self._rank}, world_size={self._size})"
 
-    def _agree(self, err: Optional[BaseException]) -> None:
-        """Collective: raises the lowest failing rank's error on every rank."""
-        if self._impl.closed():
-            raise FailedPreconditionError("the CheckpointManager is closed")
+    def _call_agreed(self, err: Optional[BaseException], call, *args) -> None:
+        """Runs the collective ``call`` with this rank's error ``err`` (or
+        None): the C++ side agrees on it first, so the lowest failing rank's
+        error is raised on every rank and no rank enters the call alone."""
         local = _as_error(err, self._rank) if err is not None else None
-        code, message = self._impl.agree(
-            local.code if local else "", local.message if local else ""
-        )
-        if code != "OK":
-            agreed = from_code(code, message)
-            raise agreed from err
+        try:
+            call(*args, (local.code, local.message) if local else ("", ""))
+        except Error as agreed:
+            if err is not None:
+                raise agreed from err  # keep this rank's own traceback as the cause
+            raise
 
 
 def _encode_metadata(metadata: Optional[Mapping[str, Any]], values: Dict[str, Any]) -> Dict[str, str]:

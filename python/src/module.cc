@@ -57,22 +57,42 @@ T Check(Result<T> r) {
   return std::move(r).value();
 }
 
-DType ParseDType(const std::string& name) {
+// Thrown while converting one rank's arguments; becomes that rank's Status,
+// which the rest agree on (a rank must not skip the collective call).
+struct LocalError {
+  std::string message;
+};
+
+DType ParseDType(const std::string& name, const std::string& array) {
   std::optional<DType> d = DTypeFromName(name);
-  if (!d) throw nb::value_error(("mhckpt: unknown dtype '" + name + "'").c_str());
+  if (!d) throw LocalError{"array '" + array + "': unknown dtype '" + name + "'"};
   return *d;
 }
 
-// A buffer as mhckpt sees it: a pointer, its memory kind and its byte size.
-// Refuses what the C++ core cannot take as one row-major run of bytes.
+// A buffer as mhckpt sees it: a pointer and its memory kind. Takes any object
+// with the buffer protocol or DLPack, without a copy; refuses what the C++
+// core cannot take as one row-major run of `count` elements of `dtype`.
 template <typename Array>
-std::pair<void*, Memory> Buffer(const Array& a, const std::string& what) {
+std::pair<void*, Memory> Buffer(nb::handle obj, const std::vector<int64_t>& count, DType dtype,
+                                const std::string& what) {
+  Array a;
+  if (!nb::try_cast(obj, a)) {
+    throw LocalError{what + ": " + nb::type_name(obj.type()).c_str() +
+                     " is not a buffer (buffer protocol or DLPack)" +
+                     (std::is_same_v<Array, nb::ndarray<>> ? " or is read-only" : "")};
+  }
   int64_t expect = 1;
   for (size_t i = a.ndim(); i-- > 0;) {
-    if (a.shape(i) > 1 && a.stride(i) != expect) {
-      throw nb::value_error((what + ": buffer is not C-contiguous").c_str());
-    }
+    if (a.shape(i) > 1 && a.stride(i) != expect) throw LocalError{what + ": not C-contiguous"};
     expect *= static_cast<int64_t>(a.shape(i));
+  }
+  std::optional<int64_t> volume = Volume(count);
+  if (!volume) throw LocalError{what + ": invalid box extents"};
+  size_t need = static_cast<size_t>(*volume) * DTypeSize(dtype);
+  if (a.nbytes() != need) {
+    throw LocalError{what + ": the buffer holds " + std::to_string(a.nbytes()) +
+                     " bytes, the box " + ShapeToString(count) + " of " +
+                     std::string(DTypeName(dtype)) + " needs " + std::to_string(need)};
   }
   Memory memory;
   switch (a.device_type()) {
@@ -80,32 +100,61 @@ std::pair<void*, Memory> Buffer(const Array& a, const std::string& what) {
     case nb::device::cuda_host::value: memory = Memory::kHost; break;
     case nb::device::cuda::value: memory = Memory::kCuda; break;
     default:
-      throw nb::value_error(
-          (what + ": buffer is on a device mhckpt does not support (DLPack device type " +
-           std::to_string(a.device_type()) + ")")
-              .c_str());
+      throw LocalError{what + ": the buffer is on a device mhckpt does not support (DLPack " +
+                       "device type " + std::to_string(a.device_type()) + ")"};
   }
+  // The caller's Python objects (in `specs`) keep the memory alive for the call.
   return {const_cast<void*>(static_cast<const void*>(a.data())), memory};
 }
 
-// Checks that `bytes` is exactly what `count` elements of `dtype` take.
-void CheckBytes(size_t bytes, const std::vector<int64_t>& count, DType dtype,
-                const std::string& what) {
-  std::optional<int64_t> volume = Volume(count);
-  if (!volume) throw nb::value_error((what + ": invalid box extents").c_str());
-  size_t need = static_cast<size_t>(*volume) * DTypeSize(dtype);
-  if (bytes != need) {
-    throw nb::value_error((what + ": buffer holds " + std::to_string(bytes) + " bytes, the box " +
-                           ShapeToString(count) + " of " + std::string(DTypeName(dtype)) +
-                           " needs " + std::to_string(need))
-                              .c_str());
-  }
+std::string BoxWhat(const std::string& name, const std::vector<int64_t>& start,
+                    const std::vector<int64_t>& count) {
+  return "array '" + name + "' box " + BoxToString({start, count});
 }
 
-using ReadShard = std::tuple<std::vector<int64_t>, std::vector<int64_t>, nb::ndarray<nb::ro>>;
-using WriteShard = std::tuple<std::vector<int64_t>, std::vector<int64_t>, nb::ndarray<>>;
-using SaveSpec = std::tuple<std::string, std::string, std::vector<int64_t>, std::vector<ReadShard>>;
-using RestoreSpec = std::tuple<std::string, std::string, std::vector<WriteShard>>;
+// (start, count, buffer object) of one box; the buffer is converted in C++ so
+// that a bad one is this rank's error, not an exception before the collective.
+using ShardSpec = std::tuple<std::vector<int64_t>, std::vector<int64_t>, nb::object>;
+using SaveSpec = std::tuple<std::string, std::string, std::vector<int64_t>, std::vector<ShardSpec>>;
+using RestoreSpec = std::tuple<std::string, std::string, std::vector<ShardSpec>>;
+// ("", "") for no error, else (StatusCode name, message) of an error found in Python.
+using PyError = std::pair<std::string, std::string>;
+
+std::vector<ArrayToSave> ToSave(const std::vector<SaveSpec>& specs) {
+  std::vector<ArrayToSave> arrays;
+  arrays.reserve(specs.size());
+  for (const auto& [name, dtype, shape, shards] : specs) {
+    ArrayToSave a{name, ParseDType(dtype, name), shape, {}};
+    for (const auto& [start, count, obj] : shards) {
+      auto [data, memory] =
+          Buffer<nb::ndarray<nb::ro>>(obj, count, a.dtype, BoxWhat(name, start, count));
+      a.shards.push_back(Shard{Box{start, count}, data, memory});
+    }
+    arrays.push_back(std::move(a));
+  }
+  return arrays;
+}
+
+std::vector<ArrayToRestore> ToRestore(const std::vector<RestoreSpec>& specs) {
+  std::vector<ArrayToRestore> arrays;
+  arrays.reserve(specs.size());
+  for (const auto& [name, dtype, shards] : specs) {
+    ArrayToRestore a{name, ParseDType(dtype, name), {}};
+    for (const auto& [start, count, obj] : shards) {
+      auto [data, memory] = Buffer<nb::ndarray<>>(obj, count, a.dtype, BoxWhat(name, start, count));
+      a.shards.push_back(Destination{Box{start, count}, data, memory});
+    }
+    arrays.push_back(std::move(a));
+  }
+  return arrays;
+}
+
+StatusCode CodeFromName(const std::string& name) {
+  for (int c = 0; c <= static_cast<int>(StatusCode::kInternal); ++c) {
+    if (name == StatusCodeName(static_cast<StatusCode>(c))) return static_cast<StatusCode>(c);
+  }
+  return StatusCode::kInternal;
+}
 
 nb::dict TimingsToDict(const SaveTimings& t) {
   nb::dict d;
@@ -163,6 +212,7 @@ class PyManager {
  public:
   PyManager(std::optional<uintptr_t> comm, std::string root, const Options& options) {
     MPI_Comm c = CommFromHandle(comm);
+    MPI_Comm_rank(c, &rank_);
     Result<std::unique_ptr<CheckpointManager>> r = [&] {
       nb::gil_scoped_release release;
       return CheckpointManager::Open(c, std::move(root), options);
@@ -170,83 +220,58 @@ class PyManager {
     mgr_ = Check(std::move(r));
   }
 
+  // Collective. `py_error` is an error the Python layer found on this rank;
+  // it and any bad buffer here are agreed before the save starts, so that
+  // every rank raises the same exception and none waits alone in the plan.
   void Save(int64_t step, const std::vector<SaveSpec>& specs,
-            const std::map<std::string, std::string>& metadata) {
+            const std::map<std::string, std::string>& metadata, const PyError& py_error) {
     std::vector<ArrayToSave> arrays;
-    arrays.reserve(specs.size());
-    for (const auto& [name, dtype, shape, shards] : specs) {
-      ArrayToSave a;
-      a.name = name;
-      a.dtype = ParseDType(dtype);
-      a.shape = shape;
-      for (const auto& [start, count, buf] : shards) {
-        std::string what = "array '" + name + "' box " + BoxToString({start, count});
-        CheckBytes(buf.nbytes(), count, a.dtype, what);
-        auto [data, memory] = Buffer(buf, what);
-        a.shards.push_back(Shard{Box{start, count}, data, memory});
-      }
-      arrays.push_back(std::move(a));
-    }
+    Status local = Convert(py_error, [&] { arrays = ToSave(specs); });
+    CheckpointManager& mgr = Mgr();
     Status s;
     {
       nb::gil_scoped_release release;
-      s = Mgr().Save(step, arrays, metadata);
+      s = mgr.Agree(local);
+      if (s.ok()) s = mgr.Save(step, arrays, metadata);
     }
     Check(s);
   }
 
   void Wait() {
+    CheckpointManager& mgr = Mgr();
     Status s;
     {
       nb::gil_scoped_release release;
-      s = Mgr().WaitUntilFinished();
+      s = mgr.WaitUntilFinished();
     }
     Check(s);
   }
 
-  void Restore(int64_t step, const std::vector<RestoreSpec>& specs, bool strict) {
+  // Collective; errors found in Python or here are agreed first, as in Save.
+  void Restore(int64_t step, const std::vector<RestoreSpec>& specs, bool strict,
+               const PyError& py_error) {
     std::vector<ArrayToRestore> arrays;
-    arrays.reserve(specs.size());
-    for (const auto& [name, dtype, shards] : specs) {
-      ArrayToRestore a;
-      a.name = name;
-      a.dtype = ParseDType(dtype);
-      for (const auto& [start, count, buf] : shards) {
-        std::string what = "array '" + name + "' box " + BoxToString({start, count});
-        CheckBytes(buf.nbytes(), count, a.dtype, what);
-        auto [data, memory] = Buffer(buf, what);
-        a.shards.push_back(Destination{Box{start, count}, data, memory});
-      }
-      arrays.push_back(std::move(a));
-    }
+    Status local = Convert(py_error, [&] { arrays = ToRestore(specs); });
+    CheckpointManager& mgr = Mgr();
     Status s;
     {
       nb::gil_scoped_release release;
-      s = Mgr().Restore(step, arrays, RestoreOptions{.strict = strict});
+      s = mgr.Agree(local);
+      if (s.ok()) s = mgr.Restore(step, arrays, RestoreOptions{.strict = strict});
     }
     Check(s);
   }
 
   uint64_t Verify(int64_t step) {
+    CheckpointManager& mgr = Mgr();
     uint64_t bytes = 0;
     Status s;
     {
       nb::gil_scoped_release release;
-      s = Mgr().Verify(step, &bytes);
+      s = mgr.Verify(step, &bytes);
     }
     Check(s);
     return bytes;
-  }
-
-  // (code name, message) agreed over ranks; ("OK", "") when every rank is OK.
-  std::pair<std::string, std::string> Agree(const std::string& code, const std::string& message) {
-    Status local = code.empty() ? OkStatus() : Status(CodeFromName(code), message);
-    Status s;
-    {
-      nb::gil_scoped_release release;
-      s = Mgr().Agree(local);
-    }
-    return {StatusCodeName(s.code()), s.message()};
   }
 
   std::vector<int64_t> Steps() const { return Check(Mgr().CommittedSteps()); }
@@ -272,11 +297,16 @@ class PyManager {
   }
 
  private:
-  static StatusCode CodeFromName(const std::string& name) {
-    for (int c = 0; c <= static_cast<int>(StatusCode::kInternal); ++c) {
-      if (name == StatusCodeName(static_cast<StatusCode>(c))) return static_cast<StatusCode>(c);
+  // This rank's Status: the Python layer's error, else the conversion's.
+  template <typename F>
+  Status Convert(const PyError& py_error, F&& convert) const {
+    if (!py_error.first.empty()) return Status(CodeFromName(py_error.first), py_error.second);
+    try {
+      convert();
+    } catch (const LocalError& e) {
+      return InvalidArgument("rank " + std::to_string(rank_) + ": " + e.message);
     }
-    return StatusCode::kInternal;
+    return OkStatus();
   }
 
   CheckpointManager& Mgr() const {
@@ -285,6 +315,7 @@ class PyManager {
   }
 
   std::unique_ptr<CheckpointManager> mgr_;
+  int rank_ = 0;
 };
 
 // Initialises MPI with MPI_THREAD_MULTIPLE unless someone (mpi4py, the
@@ -350,7 +381,6 @@ NB_MODULE(_core, m) {
   });
   m.def("rank_and_size", &WorldRankSize, nb::arg("comm").none());
   m.def("thread_level", &ThreadLevel);
-  m.def("dtype_size", [](const std::string& name) { return DTypeSize(ParseDType(name)); });
 
   nb::class_<Options>(m, "Options")
       .def(nb::init<>())
@@ -377,7 +407,6 @@ NB_MODULE(_core, m) {
       .def("wait", &PyManager::Wait)
       .def("restore", &PyManager::Restore)
       .def("verify", &PyManager::Verify)
-      .def("agree", &PyManager::Agree)
       .def("steps", &PyManager::Steps)
       .def("latest", &PyManager::Latest)
       .def("describe", &PyManager::Describe)
