@@ -1,56 +1,14 @@
 #include "base/types.h"
 
-#include <array>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 namespace mhckpt {
 namespace {
 
-struct DTypeInfo {
-  std::string_view name;
-  size_t size;
-};
-
-constexpr std::array<DTypeInfo, kNumDTypes> kDTypes = {{
-    {"bool", 1},
-    {"int8", 1},
-    {"int16", 2},
-    {"int32", 4},
-    {"int64", 8},
-    {"uint8", 1},
-    {"uint16", 2},
-    {"uint32", 4},
-    {"uint64", 8},
-    {"float16", 2},
-    {"bfloat16", 2},
-    {"float32", 4},
-    {"float64", 8},
-    {"float8_e4m3fn", 1},
-    {"float8_e5m2", 1},
-}};
-
 constexpr int64_t kMaxVolume = int64_t{1} << 62;
 
 }  // namespace
-
-bool IsValidDType(DType dtype) { return static_cast<int>(dtype) < kNumDTypes; }
-
-size_t DTypeSize(DType dtype) {
-  return IsValidDType(dtype) ? kDTypes[static_cast<size_t>(dtype)].size : 0;
-}
-
-std::string_view DTypeName(DType dtype) {
-  return IsValidDType(dtype) ? kDTypes[static_cast<size_t>(dtype)].name : "invalid";
-}
-
-std::optional<DType> DTypeFromName(std::string_view name) {
-  for (int i = 0; i < kNumDTypes; ++i) {
-    if (kDTypes[static_cast<size_t>(i)].name == name) return static_cast<DType>(i);
-  }
-  return std::nullopt;
-}
 
 std::string BoxToString(const Box& box) {
   std::string out = "[";

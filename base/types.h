@@ -1,4 +1,4 @@
-// Element types and boxes: the vocabulary shared by every layer.
+// Element types (base/dtype.h) and boxes: the vocabulary shared by every layer.
 #pragma once
 
 #include <cstddef>
@@ -8,37 +8,9 @@
 #include <string_view>
 #include <vector>
 
+#include "base/dtype.h"
+
 namespace mhckpt {
-
-/// Element type of an array. The numeric values are part of no format: the
-/// file and the marker store the names (DTypeName).
-enum class DType : uint8_t {
-  kBool,
-  kInt8,
-  kInt16,
-  kInt32,
-  kInt64,
-  kUInt8,
-  kUInt16,
-  kUInt32,
-  kUInt64,
-  kFloat16,
-  kBFloat16,
-  kFloat32,
-  kFloat64,
-  kFloat8E4M3,
-  kFloat8E5M2,
-};
-inline constexpr int kNumDTypes = 15;
-
-/// Bytes per element; 0 for a value outside the enum.
-size_t DTypeSize(DType dtype);
-/// "float32", "bfloat16", ... (the names numpy / ml_dtypes use).
-std::string_view DTypeName(DType dtype);
-/// Inverse of DTypeName.
-std::optional<DType> DTypeFromName(std::string_view name);
-/// True for a value inside the enum.
-bool IsValidDType(DType dtype);
 
 /// A hyperslab of a global array: `count[d]` elements from `start[d]` in each
 /// dimension. A 0-d array has one box with empty vectors (one element).

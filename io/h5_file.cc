@@ -114,11 +114,40 @@ hid_t MakeCreateFapl(MPI_Comm comm) {
   return fapl;
 }
 
+// The little-endian integer type of `size` bytes, or -1.
+hid_t IntegerLE(size_t size, bool is_signed) {
+  switch (size) {
+    case 1: return is_signed ? H5T_STD_I8LE : H5T_STD_U8LE;
+    case 2: return is_signed ? H5T_STD_I16LE : H5T_STD_U16LE;
+    case 4: return is_signed ? H5T_STD_I32LE : H5T_STD_U32LE;
+    case 8: return is_signed ? H5T_STD_I64LE : H5T_STD_U64LE;
+    default: return -1;
+  }
+}
+
+// The little-endian IEEE 754 type of `size` bytes, or -1.
+hid_t IeeeFloatLE(size_t size) {
+  if (size == 4) return H5Tcopy(H5T_IEEE_F32LE);
+  if (size == 8) return H5Tcopy(H5T_IEEE_F64LE);
+  if (size != 2) return -1;
+  // binary16: sign bit 15, 5 exponent bits at 10, 10 mantissa bits, bias 15.
+  hid_t t = H5Tcopy(H5T_IEEE_F32LE);
+  H5Tset_fields(t, 15, 10, 5, 0, 10);
+  H5Tset_size(t, 2);
+  H5Tset_ebias(t, 15);
+  return t;
+}
+
 }  // namespace
 
+// The one place that turns the engine-neutral description of a dtype
+// (base/dtype.h) into an HDF5 type.
 int64_t H5TypeFor(DType dtype) {
-  switch (dtype) {
-    case DType::kBool: {
+  if (!IsValidDType(dtype)) return -1;
+  const DTypeInfo& info = GetDTypeInfo(dtype);
+  hid_t base = -1;
+  switch (info.kind) {
+    case DTypeKind::kBool: {
       // h5py's convention: an int8 enum {FALSE = 0, TRUE = 1} reads as numpy bool.
       hid_t t = H5Tenum_create(H5T_NATIVE_INT8);
       int8_t f = 0, v = 1;
@@ -126,29 +155,12 @@ int64_t H5TypeFor(DType dtype) {
       H5Tenum_insert(t, "TRUE", &v);
       return t;
     }
-    case DType::kInt8: return H5Tcopy(H5T_STD_I8LE);
-    case DType::kInt16: return H5Tcopy(H5T_STD_I16LE);
-    case DType::kInt32: return H5Tcopy(H5T_STD_I32LE);
-    case DType::kInt64: return H5Tcopy(H5T_STD_I64LE);
-    case DType::kUInt8: return H5Tcopy(H5T_STD_U8LE);
-    case DType::kUInt16: return H5Tcopy(H5T_STD_U16LE);
-    case DType::kUInt32: return H5Tcopy(H5T_STD_U32LE);
-    case DType::kUInt64: return H5Tcopy(H5T_STD_U64LE);
-    case DType::kFloat16: {
-      // IEEE half: sign bit 15, 5 exponent bits at 10, 10 mantissa bits, bias 15.
-      hid_t t = H5Tcopy(H5T_IEEE_F32LE);
-      H5Tset_fields(t, 15, 10, 5, 0, 10);
-      H5Tset_size(t, 2);
-      H5Tset_ebias(t, 15);
-      return t;
-    }
-    case DType::kBFloat16: return H5Tcopy(H5T_STD_U16LE);  // raw bits; see kDTypeAttribute
-    case DType::kFloat32: return H5Tcopy(H5T_IEEE_F32LE);
-    case DType::kFloat64: return H5Tcopy(H5T_IEEE_F64LE);
-    case DType::kFloat8E4M3:
-    case DType::kFloat8E5M2: return H5Tcopy(H5T_STD_U8LE);  // raw bits; see kDTypeAttribute
+    case DTypeKind::kIeeeFloat: return IeeeFloatLE(info.size);
+    case DTypeKind::kSignedInt: base = IntegerLE(info.size, true); break;
+    case DTypeKind::kUnsignedInt:
+    case DTypeKind::kRawBits: base = IntegerLE(info.size, false); break;  // see kDTypeAttribute
   }
-  return -1;
+  return base < 0 ? -1 : H5Tcopy(base);
 }
 
 // Shared by a file and its datasets; closed when the last of them goes.
@@ -321,7 +333,7 @@ Result<Dataset> H5File::CreateDataset(const std::string& name, DType dtype,
   d.id_ = H5Dcreate2(id_, ("/" + name).c_str(), d.type_, space.get(), shared_->lcpl, shared_->dcpl,
                      H5P_DEFAULT);
   if (d.id_ < 0) return H5Error(fmt::format("create dataset '{}'", name));
-  if (dtype == DType::kBFloat16 || dtype == DType::kFloat8E4M3 || dtype == DType::kFloat8E5M2) {
+  if (DTypeStoredAsRawBits(dtype)) {
     std::string value(DTypeName(dtype));
     Handle str(H5Tcopy(H5T_C_S1));
     H5Tset_size(str.get(), value.size());

@@ -67,6 +67,11 @@ size_t StagingPool::allocated_bytes() const {
   return allocated_;
 }
 
+int StagingPool::waiting() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waiting_;
+}
+
 void StagingPool::FreeBlock(size_t index) {
   Block b = blocks_[index];
   blocks_.erase(blocks_.begin() + static_cast<std::ptrdiff_t>(index));
@@ -121,7 +126,9 @@ Result<StagingBuffer> StagingPool::Acquire(size_t bytes, double* waited_seconds)
       break;
     }
     // 4. Wait for an earlier save to give its buffer back.
+    ++waiting_;
     cv_.wait(lock);
+    --waiting_;
   }
   if (waited_seconds) {
     *waited_seconds =

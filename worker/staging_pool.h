@@ -63,6 +63,8 @@ class StagingPool {
   void SetHooks(std::function<void(void*, size_t)> on_new, std::function<void(void*)> on_free);
 
   [[nodiscard]] size_t allocated_bytes() const;
+  /// How many Acquire calls are waiting for a buffer to come back.
+  [[nodiscard]] int waiting() const;
   [[nodiscard]] size_t budget_bytes() const { return budget_; }
 
  private:
@@ -80,6 +82,7 @@ class StagingPool {
   std::condition_variable cv_;
   std::vector<Block> blocks_;
   size_t allocated_ = 0;
+  int waiting_ = 0;
   std::function<void(void*, size_t)> on_new_;
   std::function<void(void*)> on_free_;
 };

@@ -1,0 +1,64 @@
+// worker/staging_pool.h: buffers reused between saves, bounded by the budget.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "worker/staging_pool.h"
+
+namespace mhckpt {
+namespace {
+
+TEST(StagingPool, ReusesBuffersBetweenSaves) {
+  StagingPool pool(64 << 20);
+  std::byte* first;
+  {
+    auto b = pool.Acquire(5 << 20);
+    ASSERT_TRUE(b.ok());
+    first = b->data();
+    std::memset(first, 1, 5 << 20);
+  }
+  auto again = pool.Acquire(3 << 20);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->data(), first);                     // the touched buffer comes back
+  EXPECT_EQ(pool.allocated_bytes(), size_t{6} << 20);  // rounded to 2 MiB pages
+}
+
+// No clock: the releaser gives the buffer back only once the second Acquire
+// is known to wait, and that Acquire must not return before it does.
+TEST(StagingPool, WaitsForBudgetInsteadOfAllocating) {
+  StagingPool pool(8 << 20);
+  auto held = pool.Acquire(6 << 20);
+  ASSERT_TRUE(held.ok());
+  std::atomic<bool> released{false};
+  std::thread releaser([&] {
+    while (pool.waiting() == 0) std::this_thread::yield();
+    released = true;
+    *held = StagingBuffer();  // the earlier save commits
+  });
+  double waited = -1;
+  auto next = pool.Acquire(6 << 20, &waited);
+  const bool returned_after_release = released;
+  releaser.join();
+  ASSERT_TRUE(next.ok());
+  EXPECT_TRUE(returned_after_release);
+  EXPECT_GT(waited, 0.0);
+  EXPECT_EQ(pool.waiting(), 0);
+  EXPECT_EQ(pool.allocated_bytes(), size_t{6} << 20);  // the same buffer, not a second one
+}
+
+TEST(StagingPool, DefaultBudgetIsOneSaveAndLargeRequestsAreServedAlone) {
+  StagingPool pool;  // one save's worth
+  {
+    auto a = pool.Acquire(4 << 20);
+    ASSERT_TRUE(a.ok());
+  }
+  auto big = pool.Acquire(10 << 20);  // larger: the old buffer is freed first
+  ASSERT_TRUE(big.ok());
+  EXPECT_EQ(pool.allocated_bytes(), size_t{10} << 20);
+  EXPECT_FALSE(pool.Acquire(0).value().data());
+}
+
+}  // namespace
+}  // namespace mhckpt
