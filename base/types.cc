@@ -1,5 +1,7 @@
 #include "base/types.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -44,6 +46,12 @@ std::optional<int64_t> Volume(const std::vector<int64_t>& shape) {
       v *= e;
   }
   return zero ? 0 : v;
+}
+
+std::pair<int64_t, int64_t> SplitRange(int64_t n, int parts, int part) {
+  const int64_t base = n / parts, longer = n % parts;
+  const int64_t begin = part * base + std::min<int64_t>(part, longer);
+  return {begin, begin + base + (part < longer ? 1 : 0)};
 }
 
 Box FullBox(const std::vector<int64_t>& shape) {

@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "base/dtype.h"
@@ -34,6 +35,12 @@ std::string ShapeToString(const std::vector<int64_t>& shape);
 /// The number of elements of `shape` (1 for 0-d), or nullopt on a negative
 /// extent or an overflow past 2^62.
 std::optional<int64_t> Volume(const std::vector<int64_t>& shape);
+
+/// Part `part` (0-based) of `n` rows cut into `parts` contiguous ranges of
+/// near-equal length, in order, the first `n % parts` one row longer:
+/// [begin, end). The one row split of the code base (sharding in tests, the
+/// demo and the benchmarks; replica-parallel slices in the plan).
+std::pair<int64_t, int64_t> SplitRange(int64_t n, int parts, int part);
 
 /// The box covering the whole of `shape`.
 Box FullBox(const std::vector<int64_t>& shape);

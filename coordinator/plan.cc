@@ -101,15 +101,14 @@ Result<RankDescription> DecodeDescription(const std::string& bytes) {
 
 std::vector<Box> SplitRows(const Box& box, int parts) {
   const int64_t rows = box.count.empty() ? 0 : box.count[0];
-  const int64_t n = std::min<int64_t>(parts, rows);
+  const int n = static_cast<int>(std::min<int64_t>(parts, rows));
   if (n < 2) return {box};
   std::vector<Box> slices;
-  int64_t start = box.start[0];
-  for (int64_t i = 0; i < n; ++i) {
+  for (int i = 0; i < n; ++i) {
+    auto [begin, end] = SplitRange(rows, n, i);
     Box slice = box;
-    slice.start[0] = start;
-    slice.count[0] = rows / n + (i < rows % n ? 1 : 0);
-    start += slice.count[0];
+    slice.start[0] = box.start[0] + begin;
+    slice.count[0] = end - begin;
     slices.push_back(std::move(slice));
   }
   return slices;

@@ -12,14 +12,6 @@ namespace {
 constexpr float kBeta1 = 0.9f, kBeta2 = 0.999f, kEpsilon = 1e-8f;
 constexpr int64_t kConfigVersion = 1;
 
-// Rows [begin, end) of `n` rows split as evenly as possible into `parts`;
-// the first n % parts parts get one more.
-std::pair<int64_t, int64_t> RowSplit(int64_t n, int parts, int part) {
-  const int64_t base = n / parts, extra = n % parts;
-  const int64_t begin = part * base + std::min<int64_t>(part, extra);
-  return {begin, begin + base + (part < extra ? 1 : 0)};
-}
-
 // A replicated array: one shard, the whole array.
 ArrayToSave Replicated(std::string name, DType dtype, std::vector<int64_t> shape,
                        const void* data) {
@@ -127,7 +119,7 @@ Trainer::Trainer(const ModelConfig& config, float learning_rate, MPI_Comm comm)
 }
 
 std::pair<int64_t, int64_t> Trainer::OwnedRows(int layer) const {
-  return RowSplit(mlp_.rows(layer), size_, rank_);
+  return SplitRange(mlp_.rows(layer), size_, rank_);
 }
 
 void Trainer::InitParams() {
@@ -149,7 +141,7 @@ void Trainer::AllgatherWeights() {
   std::vector<int> counts(static_cast<size_t>(size_)), displs(static_cast<size_t>(size_));
   for (int l = 0; l < mlp_.num_layers(); ++l) {
     for (int r = 0; r < size_; ++r) {
-      auto [begin, end] = RowSplit(mlp_.rows(l), size_, r);
+      auto [begin, end] = SplitRange(mlp_.rows(l), size_, r);
       counts[static_cast<size_t>(r)] = static_cast<int>((end - begin) * mlp_.cols(l));
       displs[static_cast<size_t>(r)] = static_cast<int>(begin * mlp_.cols(l));
     }
@@ -172,7 +164,7 @@ void Trainer::AdamUpdate(float* param, float* m, float* v, const float* grad, si
 
 double Trainer::Step() {
   const uint64_t key = rng_.Next();
-  auto [begin, end] = RowSplit(config_.global_batch, size_, rank_);
+  auto [begin, end] = SplitRange(config_.global_batch, size_, rank_);
   task_.MakeBatch(key, begin, end, &x_, &y_);
   std::fill(grads_.begin(), grads_.end(), 0.0f);
   const double outputs = static_cast<double>(config_.global_batch * config_.output_width);

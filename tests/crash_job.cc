@@ -44,7 +44,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::Fill;
-using testing::Split;
 
 struct Args {
   std::string mode, dir;
@@ -95,18 +94,18 @@ std::pair<int, int> Grid(int p) { return p == 4 ? std::pair{2, 2} : std::pair{p,
 // The boxes rank r of p holds when saving.
 std::vector<Box> SaveBoxes(const Spec& s, int p, int r) {
   if (s.name == "params/w") {
-    auto [b, e] = Split(s.shape[0], p, r);
+    auto [b, e] = SplitRange(s.shape[0], p, r);
     return {Rows(s.shape, b, e)};
   }
   if (s.name == "params/emb") {
     auto [gx, gy] = Grid(p);
-    auto [x0, x1] = Split(s.shape[0], gx, r / gy);
-    auto [y0, y1] = Split(s.shape[1], gy, r % gy);
+    auto [x0, x1] = SplitRange(s.shape[0], gx, r / gy);
+    auto [y0, y1] = SplitRange(s.shape[1], gy, r % gy);
     return {Box{{x0, y0}, {x1 - x0, y1 - y0}}};
   }
   if (s.name == "opt/dp") {  // two model-parallel parts, each held by every other rank
     if (p == 1) return {FullBox(s.shape)};
-    auto [b, e] = Split(s.shape[0], 2, r % 2);
+    auto [b, e] = SplitRange(s.shape[0], 2, r % 2);
     return {Rows(s.shape, b, e)};
   }
   return {FullBox(s.shape)};
@@ -118,7 +117,7 @@ std::vector<Box> CheckBoxes(const Spec& s, int p, int r) {
     const int parts = 2 * p;
     std::vector<Box> out;
     for (int part : {r, parts - 1 - r}) {
-      auto [b, e] = Split(s.shape[1], parts, part);
+      auto [b, e] = SplitRange(s.shape[1], parts, part);
       Box box = FullBox(s.shape);
       box.start[1] = b;
       box.count[1] = e - b;
@@ -130,7 +129,7 @@ std::vector<Box> CheckBoxes(const Spec& s, int p, int r) {
     std::vector<Box> out;
     for (int part = 0; part <= p; ++part) {
       if (part % p != r) continue;
-      auto [b, e] = Split(s.shape[0], p + 1, p - part);
+      auto [b, e] = SplitRange(s.shape[0], p + 1, p - part);
       out.push_back(Rows(s.shape, b, e));
     }
     return out;

@@ -22,7 +22,6 @@ using testing::Fill;
 using testing::FreshDir;
 using testing::Rank;
 using testing::Size;
-using testing::Split;
 
 struct Spec {
   std::string name;
@@ -45,7 +44,7 @@ std::vector<Spec> Model(int p) {
 Box BoxOf(const Spec& s, int p, int r) {
   Box b = FullBox(s.shape);
   if (s.sharded) {
-    auto [lo, hi] = Split(s.shape[0], p, r);
+    auto [lo, hi] = SplitRange(s.shape[0], p, r);
     b.start[0] = lo;
     b.count[0] = hi - lo;
   }

@@ -27,7 +27,6 @@ using ::testing::HasSubstr;
 using testing::Rank;
 using testing::SameOnAllRanks;
 using testing::Size;
-using testing::Split;
 
 class Faults : public ::testing::Test {
  protected:
@@ -41,7 +40,7 @@ class Faults : public ::testing::Test {
   // Saves `rows` x 1024 float32 split over the ranks (seeded by the step).
   Status SaveStep(int64_t step, int64_t rows = 64) {
     std::vector<int64_t> shape{rows, 1024};
-    auto [b, e] = Split(rows, Size(), Rank());
+    auto [b, e] = SplitRange(rows, Size(), Rank());
     Box box{{b, 0}, {e - b, 1024}};
     auto data = Fill(DType::kFloat32, shape, box, step);
     mgr_->Save(step, std::vector<ArrayToSave>{{"w", DType::kFloat32, shape, {{box, data.data()}}}})

@@ -17,14 +17,13 @@ using testing::Fill;
 using testing::FreshDir;
 using testing::Rank;
 using testing::Size;
-using testing::Split;
 
 TEST(Gpu, SavedThenFreedDeviceBuffersRestoreBitExact) {
   if (!CudaAvailable()) GTEST_SKIP() << "no usable CUDA device";
   const int p = Size(), r = Rank();
   auto mgr = std::move(CheckpointManager::Open(MPI_COMM_WORLD, FreshDir()).value());
   const std::vector<int64_t> shape{1024 * p + 5, 256};
-  auto [lo, hi] = Split(shape[0], p, r);
+  auto [lo, hi] = SplitRange(shape[0], p, r);
   Box mine{{lo, 0}, {hi - lo, 256}};
   auto values = Fill(DType::kBFloat16, shape, mine, 77);
   auto bias = Fill(DType::kFloat32, {256}, FullBox({256}), 78);
@@ -46,7 +45,7 @@ TEST(Gpu, SavedThenFreedDeviceBuffersRestoreBitExact) {
   ASSERT_TRUE(s.ok()) << s.ToString();
 
   // Back into device memory, with another sharding.
-  auto [lo2, hi2] = Split(shape[0], p, p - 1 - r);
+  auto [lo2, hi2] = SplitRange(shape[0], p, p - 1 - r);
   Box theirs{{lo2, 0}, {hi2 - lo2, 256}};
   size_t bytes = static_cast<size_t>(*Volume(theirs.count)) * 2;
   void* d_out = nullptr;

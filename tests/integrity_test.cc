@@ -26,7 +26,6 @@ using ::testing::HasSubstr;
 using testing::Rank;
 using testing::SameOnAllRanks;
 using testing::Size;
-using testing::Split;
 
 class Integrity : public ::testing::Test {
  protected:
@@ -35,7 +34,7 @@ class Integrity : public ::testing::Test {
     Options o;
     o.verify_replicas = true;
     mgr_ = std::move(CheckpointManager::Open(MPI_COMM_WORLD, dir_, o).value());
-    auto [b, e] = Split(shape_[0], Size(), Rank());
+    auto [b, e] = SplitRange(shape_[0], Size(), Rank());
     mine_ = Box{{b, 0}, {e - b, shape_[1]}};
     w_ = Fill(DType::kFloat32, shape_, mine_, 1);
     bias_ = Fill(DType::kBFloat16, {8}, FullBox({8}), 2);
@@ -103,7 +102,7 @@ TEST_F(Integrity, VerifyReadsEverythingOfAGoodStep) {
 TEST_F(Integrity, FlippedByteIsFoundByVerifyAndByRestoreOfThatBox) {
   // Byte 5 of "w" lies in the first rows: rank 0's box.
   Damage([&] { FlipByte(Offset("/w") + 5); });
-  auto [b, e] = Split(shape_[0], Size(), 0);
+  auto [b, e] = SplitRange(shape_[0], Size(), 0);
   std::string box = BoxToString(Box{{b, 0}, {e - b, 6}});
   ExpectDataLoss(mgr_->Verify(1), "array 'w' box " + box + ": checksum mismatch");
   // Restoring exactly that box checks it; every rank reports it.

@@ -24,22 +24,20 @@
 namespace mhckpt {
 namespace {
 
-using testing::Split;
-
 // Holds the buffers behind the arrays of one save.
 class Arrays {
  public:
   explicit Arrays(int ranks, int rank) : ranks_(ranks), rank_(rank) {}
 
   // `values` is the whole array, row-major; this rank saves the rows of
-  // dimension 0 that Split gives it (or the whole array when replicated).
+  // dimension 0 that SplitRange gives it (or the whole array when replicated).
   template <typename T>
   void Add(std::string name, DType dtype, std::vector<int64_t> shape, const std::vector<T>& values,
            bool replicated) {
     static_assert(std::is_trivially_copyable_v<T>);
     Box box = FullBox(shape);
     if (!replicated) {
-      auto [b, e] = Split(shape[0], ranks_, rank_);
+      auto [b, e] = SplitRange(shape[0], ranks_, rank_);
       box.start[0] = b;
       box.count[0] = e - b;
     }
@@ -55,7 +53,7 @@ class Arrays {
 
   // Saves a float64 [3, 4] array split by columns instead of rows (2-D boxes).
   void AddByColumns(const std::string& name, const std::vector<double>& values) {
-    auto [b, e] = Split(4, ranks_, rank_);
+    auto [b, e] = SplitRange(4, ranks_, rank_);
     arrays_.push_back(ArrayToSave{name, DType::kFloat64, {3, 4}, {}});
     if (e == b) return;
     std::vector<double> part;

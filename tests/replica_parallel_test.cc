@@ -29,7 +29,6 @@ using ::testing::HasSubstr;
 using testing::Rank;
 using testing::SameOnAllRanks;
 using testing::Size;
-using testing::Split;
 using testing::SumOverRanks;
 
 struct Array {
@@ -124,7 +123,7 @@ void ExpectSlices(const io::MarkerArray& a, int64_t begin, int64_t end,
   ASSERT_EQ(static_cast<int64_t>(in.size()), n) << a.name;
   int64_t row = begin;
   for (int64_t i = 0; i < n; ++i) {
-    auto [b, e] = Split(end - begin, static_cast<int>(n), static_cast<int>(i));
+    auto [b, e] = SplitRange(end - begin, static_cast<int>(n), static_cast<int>(i));
     EXPECT_EQ(in[i]->box.start[0], row) << a.name << " slice " << i;
     EXPECT_EQ(in[i]->box.count[0], e - b) << a.name << " slice " << i;
     EXPECT_EQ(in[i]->writer, holders[static_cast<size_t>(i)]) << a.name << " slice " << i;
@@ -156,7 +155,7 @@ TEST(ReplicaParallel, ReplicatedArraysAreSplitAmongHoldersAndWrittenOnce) {
   o.replica_parallel_min_bytes = 1024;
   auto mgr = OpenOrDie(dir, o);
   const int p = Size(), r = Rank();
-  auto [b, e] = Split(64, p, r);
+  auto [b, e] = SplitRange(64, p, r);
   std::vector<Array> arrays = {
       {"big2d", DType::kFloat32, {1001, 33}, {FullBox({1001, 33})}, 1},  // uneven rows
       {"big1d", DType::kFloat64, {999}, {FullBox({999})}, 2},
@@ -196,7 +195,7 @@ TEST(ReplicaParallel, ReplicatedArraysAreSplitAmongHoldersAndWrittenOnce) {
       *mgr, 1, arrays,
       {{FullBox({1001, 33})}, {FullBox({999})}, {FullBox({16})}, {Box{}}, {FullBox({64, 8})}});
   auto piece = [&](const std::vector<int64_t>& shape) {
-    auto [pb, pe] = Split(shape[0], p + 1, p - r);
+    auto [pb, pe] = SplitRange(shape[0], p + 1, p - r);
     return std::vector<Box>{Rows(shape, pb, pe)};
   };
   ExpectRestores(*mgr, 1, arrays,
@@ -226,7 +225,7 @@ TEST(ReplicaParallel, ShardsHeldByPairsAreSplitWithinEachPair) {
   const int shards = (p + 1) / 2;
   const std::vector<int64_t> shape{100, 6};
   auto shard = [&](int k) {
-    auto [b, e] = Split(100, shards, k);
+    auto [b, e] = SplitRange(100, shards, k);
     return std::pair{b, e};
   };
   auto [b, e] = shard(r / 2);

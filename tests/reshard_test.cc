@@ -21,7 +21,6 @@ namespace mhckpt {
 namespace {
 
 using testing::Fill;
-using testing::Split;
 
 struct Spec {
   const char* name;
@@ -66,7 +65,7 @@ std::pair<int, int> Grid(int p, bool transpose) {
 std::vector<Box> BoxesOf(const Spec& s, int p, int r, bool other) {
   std::string n = s.name;
   if (n == "rp/pairs" && !other) {  // ranks 2k and 2k+1 hold shard k
-    auto [b, e] = Split(s.shape[0], (p + 1) / 2, r / 2);
+    auto [b, e] = SplitRange(s.shape[0], (p + 1) / 2, r / 2);
     Box box = FullBox(s.shape);
     box.start[0] = b;
     box.count[0] = e - b;
@@ -74,7 +73,7 @@ std::vector<Box> BoxesOf(const Spec& s, int p, int r, bool other) {
   }
   if (n == "uneven/rows" || n == "opt/bf16" || (n == "rp/big" && other) || n == "rp/pairs") {
     int part = other ? p - 1 - r : r;
-    auto [b, e] = Split(s.shape[0], p, part);
+    auto [b, e] = SplitRange(s.shape[0], p, part);
     Box box = FullBox(s.shape);
     box.start[0] = b;
     box.count[0] = e - b;
@@ -82,8 +81,8 @@ std::vector<Box> BoxesOf(const Spec& s, int p, int r, bool other) {
   }
   if (n == "block/2d") {
     auto [gx, gy] = Grid(p, other);
-    auto [x0, x1] = Split(s.shape[0], gx, r / gy);
-    auto [y0, y1] = Split(s.shape[1], gy, r % gy);
+    auto [x0, x1] = SplitRange(s.shape[0], gx, r / gy);
+    auto [y0, y1] = SplitRange(s.shape[1], gy, r % gy);
     return {Box{{x0, y0}, {x1 - x0, y1 - y0}}};
   }
   return {FullBox(s.shape)};  // replicated

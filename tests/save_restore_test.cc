@@ -20,7 +20,6 @@ using testing::FreshDir;
 using testing::Rank;
 using testing::SameOnAllRanks;
 using testing::Size;
-using testing::Split;
 
 // Owns the buffers behind an ArrayToSave.
 struct Saved {
@@ -53,7 +52,7 @@ struct Wanted {
 
 // Rows of `shape` owned by `part` of `parts` (all columns).
 Box RowBox(const std::vector<int64_t>& shape, int parts, int part) {
-  auto [b, e] = Split(shape[0], parts, part);
+  auto [b, e] = SplitRange(shape[0], parts, part);
   Box box = FullBox(shape);
   box.start[0] = b;
   box.count[0] = e - b;
@@ -90,7 +89,7 @@ TEST(SaveRestore, EveryDTypeRoundTripsBitExactAcrossShardings) {
   std::vector<Wanted> wanted;
   for (int t = 0; t < kNumDTypes; ++t) {
     Wanted w{{saved[t].array.name, saved[t].array.dtype, {}}, {13, 5}, {}};
-    auto [b, e] = Split(5, p, p - 1 - r);
+    auto [b, e] = SplitRange(5, p, p - 1 - r);
     w.Add(Box{{0, b}, {13, e - b}});
     wanted.push_back(std::move(w));
   }

@@ -62,12 +62,6 @@ std::vector<std::byte> Fill(DType dtype, const std::vector<int64_t>& shape, cons
   return out;
 }
 
-std::pair<int64_t, int64_t> Split(int64_t n, int parts, int part) {
-  int64_t base = n / parts, rem = n % parts;
-  int64_t begin = part * base + std::min<int64_t>(part, rem);
-  return {begin, begin + base + (part < rem ? 1 : 0)};
-}
-
 bool SameOnAllRanks(const Status& s, MPI_Comm comm) {
   std::string mine = s.Serialize();
   std::string root = mine;

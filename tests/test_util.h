@@ -27,9 +27,6 @@ std::string FreshDir(const std::string& suffix = "");
 std::vector<std::byte> Fill(DType dtype, const std::vector<int64_t>& shape, const Box& box,
                             uint64_t seed);
 
-/// Rows [begin, end) of `n` rows split as evenly as possible into `parts`.
-std::pair<int64_t, int64_t> Split(int64_t n, int parts, int part);
-
 /// Collective: true if `s` is the same Status on every rank.
 bool SameOnAllRanks(const Status& s, MPI_Comm comm = MPI_COMM_WORLD);
 

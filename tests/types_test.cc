@@ -1,8 +1,9 @@
-// base/types.h: boxes, volumes, array names.
+// base/types.h: boxes, volumes, array names, the row split.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "base/types.h"
 
@@ -35,6 +36,26 @@ TEST(Types, ArrayNames) {
   EXPECT_EQ(CheckArrayName("params/layer0/w"), "");
   for (const char* bad : {"", "/a", "a//b", "a/../b", "..", "a/", "tab\there"}) {
     EXPECT_NE(CheckArrayName(bad), "") << bad;
+  }
+}
+
+TEST(Types, SplitRangeIsContiguousNearEqualInOrder) {
+  EXPECT_EQ(SplitRange(10, 3, 0), (std::pair<int64_t, int64_t>{0, 4}));
+  EXPECT_EQ(SplitRange(10, 3, 1), (std::pair<int64_t, int64_t>{4, 7}));
+  EXPECT_EQ(SplitRange(10, 3, 2), (std::pair<int64_t, int64_t>{7, 10}));
+  EXPECT_EQ(SplitRange(2, 4, 3), (std::pair<int64_t, int64_t>{2, 2}));  // more parts than rows
+  for (int64_t n : {0, 1, 7, 1001}) {
+    for (int parts : {1, 2, 3, 4, 7}) {
+      int64_t next = 0;
+      for (int part = 0; part < parts; ++part) {
+        auto [begin, end] = SplitRange(n, parts, part);
+        EXPECT_EQ(begin, next) << n << " " << parts << " " << part;
+        EXPECT_GE(end - begin, n / parts);
+        EXPECT_LE(end - begin, n / parts + 1);
+        next = end;
+      }
+      EXPECT_EQ(next, n);
+    }
   }
 }
 

@@ -18,7 +18,6 @@ using ::testing::HasSubstr;
 using testing::Rank;
 using testing::SameOnAllRanks;
 using testing::Size;
-using testing::Split;
 
 class Validation : public ::testing::Test {
  protected:
@@ -32,7 +31,7 @@ class Validation : public ::testing::Test {
 
   // A valid array: `rows` x 4 float32 split by rows over the ranks.
   ArrayToSave Rows(const std::string& name, int64_t rows = 10) {
-    auto [b, e] = Split(rows, Size(), Rank());
+    auto [b, e] = SplitRange(rows, Size(), Rank());
     return ArrayToSave{
         name, DType::kFloat32, {rows, 4}, {Shard{Box{{b, 0}, {e - b, 4}}, buf_.data()}}};
   }
