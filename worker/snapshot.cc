@@ -30,46 +30,49 @@ Result<size_t> CheckShard(const ArrayToSave& a, const Shard& s, int rank) {
   return bytes;
 }
 
-}  // namespace
+// One copy into the staging buffer, planned before the buffer exists.
+struct Copy {
+  const void* src;
+  size_t offset, size;
+  Memory memory;
+};
 
-Status TakeSnapshot(std::span<const ArrayToSave> arrays, const SnapshotOptions& options,
-                    StagingPool& pool, Snapshot* out) {
-  const int rank = options.rank;
+// Why array `a` cannot be saved at all (its name, dtype or shape), or OK.
+// `seen` holds the names checked so far on this rank.
+Status CheckArray(const ArrayToSave& a, int rank, std::set<std::string_view>& seen) {
+  if (std::string why = CheckArrayName(a.name); !why.empty()) {
+    return InvalidArgument(fmt::format("array '{}' on rank {}: bad name: {}", a.name, rank, why));
+  }
+  if (!seen.insert(a.name).second) {
+    return InvalidArgument(fmt::format("array '{}' on rank {}: duplicate name", a.name, rank));
+  }
+  if (!IsValidDType(a.dtype)) {
+    return InvalidArgument(fmt::format("array '{}' on rank {}: invalid dtype {}", a.name, rank,
+                                       static_cast<int>(a.dtype)));
+  }
+  if (!Volume(a.shape)) {
+    return InvalidArgument(fmt::format("array '{}' on rank {}: invalid shape {}", a.name, rank,
+                                       ShapeToString(a.shape)));
+  }
+  return OkStatus();
+}
+
+// Step 1: describes every array in `out` with its valid boxes, placed back
+// to back, and plans their copies. Returns the first error; the arrays and
+// boxes after it are still checked and described.
+Status PlanCopies(std::span<const ArrayToSave> arrays, int rank, Snapshot* out,
+                  std::vector<Copy>* copies, size_t* total) {
   Status first_error;
   auto note = [&](Status s) {
     if (first_error.ok() && !s.ok()) first_error = std::move(s);
   };
-
-  // 1. Check every array and shard; size the staging buffer from the valid ones.
   std::set<std::string_view> seen;
-  struct Copy {
-    const void* src;
-    size_t offset, size;
-    Memory memory;
-  };
-  std::vector<Copy> copies;
-  size_t total = 0;
   out->arrays.clear();
   out->arrays.reserve(arrays.size());
-  for (size_t i = 0; i < arrays.size(); ++i) {
-    const ArrayToSave& a = arrays[i];
+  for (const ArrayToSave& a : arrays) {
     out->arrays.push_back(StagedArray{a.name, a.dtype, a.shape, {}});
-    if (std::string why = CheckArrayName(a.name); !why.empty()) {
-      note(InvalidArgument(fmt::format("array '{}' on rank {}: bad name: {}", a.name, rank, why)));
-      continue;
-    }
-    if (!seen.insert(a.name).second) {
-      note(InvalidArgument(fmt::format("array '{}' on rank {}: duplicate name", a.name, rank)));
-      continue;
-    }
-    if (!IsValidDType(a.dtype)) {
-      note(InvalidArgument(fmt::format("array '{}' on rank {}: invalid dtype {}", a.name, rank,
-                                       static_cast<int>(a.dtype))));
-      continue;
-    }
-    if (!Volume(a.shape)) {
-      note(InvalidArgument(fmt::format("array '{}' on rank {}: invalid shape {}", a.name, rank,
-                                       ShapeToString(a.shape))));
+    if (Status s = CheckArray(a, rank, seen); !s.ok()) {
+      note(std::move(s));
       continue;
     }
     for (const Shard& s : a.shards) {
@@ -78,36 +81,54 @@ Status TakeSnapshot(std::span<const ArrayToSave> arrays, const SnapshotOptions& 
         note(bytes.status());
         continue;
       }
-      out->arrays.back().boxes.push_back(StagedBox{s.box, total, *bytes});
-      copies.push_back(Copy{s.data, total, *bytes, s.memory});
-      total += *bytes;
+      out->arrays.back().boxes.push_back(StagedBox{s.box, *total, *bytes});
+      copies->push_back(Copy{s.data, *total, *bytes, s.memory});
+      *total += *bytes;
     }
   }
+  return first_error;
+}
+
+// Step 3: host boxes on several threads, device boxes through CUDA.
+Status CopyBoxes(const std::vector<Copy>& copies, std::byte* buffer, int threads) {
+  std::vector<CopyTask> host, device;
+  for (const Copy& c : copies) {
+    CopyTask t{buffer + c.offset, c.src, c.size};
+    if (c.size == 0) continue;
+    (c.memory == Memory::kCuda ? device : host).push_back(t);
+  }
+  Status s;
+  if (!device.empty()) s = CopyDeviceToHost(device);
+  ParallelCopy(host, threads);
+  return s;
+}
+
+}  // namespace
+
+Status TakeSnapshot(std::span<const ArrayToSave> arrays, const SnapshotOptions& options,
+                    StagingPool& pool, Snapshot* out) {
+  const int rank = options.rank;
+  // 1. Check every array and shard; size the staging buffer from the valid ones.
+  std::vector<Copy> copies;
+  size_t total = 0;
+  Status first_error = PlanCopies(arrays, rank, out, &copies, &total);
+  auto with_rank = [rank](const Status& s) {
+    return Status(s.code(), fmt::format("rank {}: {}", rank, s.message()));
+  };
 
   // 2. Staging memory from the pool (reused between saves; may wait for budget).
   Result<StagingBuffer> buffer = pool.Acquire(total, &out->budget_wait_seconds);
   if (!buffer.ok()) {
     for (StagedArray& a : out->arrays) a.boxes.clear();
     out->total_bytes = 0;
-    note(Status(buffer.status().code(),
-                fmt::format("rank {}: {}", rank, buffer.status().message())));
-    return first_error;
+    return first_error.ok() ? with_rank(buffer.status()) : first_error;
   }
   out->buffer = std::move(buffer).value();
   out->total_bytes = total;
 
-  // 3. Copy: host boxes on several threads, device boxes through CUDA.
-  std::vector<CopyTask> host, device;
-  for (const Copy& c : copies) {
-    CopyTask t{out->buffer.data() + c.offset, c.src, c.size};
-    if (c.size == 0) continue;
-    (c.memory == Memory::kCuda ? device : host).push_back(t);
-  }
-  if (!device.empty()) {
-    Status s = CopyDeviceToHost(device);
-    if (!s.ok()) note(Status(s.code(), fmt::format("rank {}: {}", rank, s.message())));
-  }
-  ParallelCopy(host, options.threads);
+  // 3. Copy.
+  Status copied = CopyBoxes(copies, out->buffer.data(), options.threads);
+  if (first_error.ok() && !copied.ok()) first_error = with_rank(copied);
   return first_error;
 }
 
