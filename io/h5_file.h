@@ -1,5 +1,6 @@
 // The parallel HDF5 file of one step: one global dataset per array, written
-// and read as hyperslabs. Every function here is called from the I/O thread
+// and read as hyperslabs. The HDF5 engine (io/h5_engine.h) is its one user
+// outside io/'s tests. Every function here is called from the I/O thread
 // only (HDF5 is not thread-safe); the ones marked collective must be called
 // by every rank of the communicator in the same order with the same arguments.
 #pragma once
@@ -13,13 +14,9 @@
 
 #include "base/status.h"
 #include "base/types.h"
+#include "io/storage.h"
 
 namespace mhckpt::io {
-
-/// How raw data moves to the file. Independent was faster on ext4 with Open
-/// MPI's OMPIO (docs/PERFORMANCE.md); collective needs every rank to make the
-/// same number of Write/Read calls per dataset (pad with WriteNothing).
-enum class Transfer : uint8_t { kIndependent, kCollective };
 
 /// Name of the attribute that holds the mhckpt dtype where the HDF5 type alone
 /// does not say it (bfloat16 and float8 are stored as unsigned integers).

@@ -1,0 +1,105 @@
+#include "io/h5_engine.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "io/h5_file.h"
+#include "io/layout.h"
+#include "io/posix_file.h"
+
+namespace mhckpt::io {
+namespace {
+
+class H5StepWriter final : public StepWriter {
+ public:
+  H5StepWriter(H5File file, std::string path) : file_(std::move(file)), path_(std::move(path)) {}
+
+  Status CreateArrays(std::span<const ArraySpec> arrays) override {
+    datasets_.reserve(arrays.size());
+    for (const ArraySpec& a : arrays) {
+      MHCKPT_ASSIGN_OR_RETURN(Dataset ds, file_.CreateDataset(a.name, a.dtype, a.shape));
+      datasets_.push_back(std::move(ds));
+    }
+    return OkStatus();
+  }
+
+  Status Reserve() override {
+    uint64_t end = 0;
+    for (const Dataset& d : datasets_) end = std::max(end, d.EndInFile());
+    // The slack covers metadata written after the last dataset.
+    return Preallocate(path_, end + end / 100 + (1u << 20));
+  }
+
+  Status Write(size_t array, const Box& box, const void* data) override {
+    return datasets_[array].Write(box, data);
+  }
+
+  Status WriteNothing(size_t array) override { return datasets_[array].WriteNothing(); }
+
+  Status Flush() override {
+    datasets_.clear();  // every dataset is closed before the file
+    return file_.FlushAndClose();
+  }
+
+  Status Seal() override { return TrimToRecordedEnd(path_); }
+
+ private:
+  H5File file_;
+  std::string path_;
+  std::vector<Dataset> datasets_;
+};
+
+class H5StepReader final : public StepReader {
+ public:
+  explicit H5StepReader(H5File file) : file_(std::move(file)) {}
+
+  Result<size_t> OpenArray(const ArraySpec& spec) override {
+    MHCKPT_ASSIGN_OR_RETURN(Dataset ds, file_.OpenDataset(spec.name, spec.dtype, spec.shape));
+    datasets_.push_back(std::move(ds));
+    return datasets_.size() - 1;
+  }
+
+  Status Read(size_t array, const Box& box, void* data) override {
+    return datasets_[array].Read(box, data);
+  }
+
+  Status Close() override {
+    datasets_.clear();  // every dataset is closed before the file
+    return file_.Close();
+  }
+
+ private:
+  H5File file_;
+  std::vector<Dataset> datasets_;
+};
+
+class H5Engine final : public Engine {
+ public:
+  explicit H5Engine(Transfer transfer) : transfer_(transfer) {}
+
+  Result<std::unique_ptr<StepWriter>> Create(const std::string& root, int64_t step,
+                                             MPI_Comm comm) override {
+    std::string path = DataPath(root, step);
+    MHCKPT_ASSIGN_OR_RETURN(H5File file, H5File::Create(path, comm, transfer_));
+    return std::unique_ptr<StepWriter>(new H5StepWriter(std::move(file), std::move(path)));
+  }
+
+  Result<std::unique_ptr<StepReader>> Open(const std::string& root, int64_t step,
+                                           MPI_Comm comm) override {
+    MHCKPT_ASSIGN_OR_RETURN(
+        H5File file, H5File::OpenReadOnly(DataPath(root, step), comm, Transfer::kIndependent));
+    return std::unique_ptr<StepReader>(new H5StepReader(std::move(file)));
+  }
+
+ private:
+  Transfer transfer_;
+};
+
+}  // namespace
+
+std::unique_ptr<Engine> MakeH5Engine(Transfer transfer) {
+  return std::make_unique<H5Engine>(transfer);
+}
+
+}  // namespace mhckpt::io

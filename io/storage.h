@@ -1,0 +1,106 @@
+// The storage seam: how the coordinator writes and reads the arrays of one
+// step, whatever engine holds them (ADIOS2's word for a storage backend).
+// Parallel HDF5 is the engine mhckpt has (io/h5_engine.h, one global dataset
+// per array); another engine — a direct-I/O data path, an object store —
+// implements these three classes and is chosen in MakeEngine. Nothing above
+// io/ includes an engine's own header.
+//
+// A step as an engine sees it: a set of named arrays (name, dtype, global
+// shape), each written and read as boxes of row-major bytes. The commit
+// marker, the step directories and their listing are not the engine's: they
+// live in io/marker.h, io/layout.h and io/catalog.h.
+//
+// Every call happens on the I/O thread. Calls marked collective are made by
+// every rank of the communicator the step was opened on, in the same order.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "base/types.h"
+
+namespace mhckpt::io {
+
+/// How ranks move array bytes: each rank on its own, or in collective rounds
+/// in which the engine may combine them (MPI-IO two-phase I/O). An engine
+/// without collective rounds treats both alike.
+enum class Transfer : uint8_t { kIndependent, kCollective };
+
+struct StorageOptions {
+  Transfer transfer = Transfer::kIndependent;  ///< for writes; reads are independent
+};
+
+/// One array of a step, as stored.
+struct ArraySpec {
+  std::string name;  ///< "params/layer0/w"
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;  ///< global
+};
+
+/// Writes the arrays of one step. Closing without Flush (destruction) makes
+/// nothing durable: the error path.
+class StepWriter {
+ public:
+  virtual ~StepWriter() = default;
+
+  /// Collective. Creates the step's arrays, allocated and not filled; array
+  /// `i` of Write and WriteNothing is `arrays[i]`. Stops at the first
+  /// failure, which every rank meets alike.
+  virtual Status CreateArrays(std::span<const ArraySpec> arrays) = 0;
+  /// One rank, after CreateArrays: reserves the storage the arrays take, so
+  /// that a full file system fails here, before any write or flush in which
+  /// one rank's error could strand the others. IoError.
+  virtual Status Reserve() = 0;
+  /// Writes `box` of array `array` from the row-major bytes at `data`. With
+  /// Transfer::kCollective every rank makes the same number of Write and
+  /// WriteNothing calls for each array, array after array. IoError.
+  virtual Status Write(size_t array, const Box& box, const void* data) = 0;
+  /// Takes part in a collective round of `array` with nothing to write.
+  virtual Status WriteNothing(size_t array) = 0;
+  /// Collective. Makes every byte written durable, then closes the step.
+  virtual Status Flush() = 0;
+  /// One rank, after every rank's Flush returned: gives back what Reserve
+  /// took and the arrays did not use, durably.
+  virtual Status Seal() = 0;
+};
+
+/// Reads the arrays of one committed step. Reads are independent: each rank
+/// reads its own boxes.
+class StepReader {
+ public:
+  virtual ~StepReader() = default;
+
+  /// Collective. Opens array `spec` and checks that it is stored as `spec`
+  /// describes it. Returns the handle that Read takes. DataLoss, naming the
+  /// array, if it is missing or stored with another dtype or shape.
+  virtual Result<size_t> OpenArray(const ArraySpec& spec) = 0;
+  /// Reads `box` of an opened array into the row-major buffer `data`.
+  virtual Status Read(size_t array, const Box& box, void* data) = 0;
+  /// Collective. Closes the step (and every array opened in it).
+  virtual Status Close() = 0;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  /// Collective over `comm`. Starts writing step `step` under `root`, whose
+  /// step directory exists, replacing whatever an earlier attempt left.
+  virtual Result<std::unique_ptr<StepWriter>> Create(const std::string& root, int64_t step,
+                                                     MPI_Comm comm) = 0;
+  /// Collective over `comm`. Opens the arrays of step `step` under `root`.
+  virtual Result<std::unique_ptr<StepReader>> Open(const std::string& root, int64_t step,
+                                                   MPI_Comm comm) = 0;
+};
+
+/// The engine for `options`: parallel HDF5.
+std::unique_ptr<Engine> MakeEngine(const StorageOptions& options);
+
+}  // namespace mhckpt::io
