@@ -44,6 +44,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::Fill;
+using testing::OpenAgreed;
 
 struct Args {
   std::string mode, dir;
@@ -168,7 +169,7 @@ int SaveOrLoop(const Args& a, int p, int r) {
   WritePid(a.dir, r);
   Options o;
   o.max_to_keep = a.max_to_keep;
-  auto mgr = CheckpointManager::Open(MPI_COMM_WORLD, a.dir, o);
+  auto mgr = OpenAgreed(a.dir, o);
   if (!mgr.ok()) return fmt::print(stderr, "rank {}: open: {}\n", r, mgr.status().ToString()), 1;
   int64_t first = a.first, last = a.last;
   if (a.mode == "loop") {
@@ -281,7 +282,7 @@ int Check(const Args& a, int p, int r) {
     report["before_open"] = before;
   }
   MPI_Barrier(MPI_COMM_WORLD);  // nobody opens (and cleans) before rank 0 has looked
-  auto mgr = CheckpointManager::Open(MPI_COMM_WORLD, a.dir);
+  auto mgr = OpenAgreed(a.dir);
   if (!mgr.ok()) return fmt::print(stderr, "rank {}: open: {}\n", r, mgr.status().ToString()), 1;
   // Rank 0's list, so that every rank runs the same collectives.
   std::vector<int64_t> committed;

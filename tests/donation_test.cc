@@ -20,6 +20,7 @@ namespace {
 
 using testing::Fill;
 using testing::FreshDir;
+using testing::OpenForTest;
 using testing::Rank;
 using testing::Size;
 
@@ -53,9 +54,8 @@ Box BoxOf(const Spec& s, int p, int r) {
 
 TEST(Donation, BuffersOverwrittenAndFreedRightAfterSaveRestoreBitExact) {
   const int p = Size(), r = Rank();
-  auto opened = CheckpointManager::Open(MPI_COMM_WORLD, FreshDir());
-  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  auto mgr = std::move(opened).value();
+  auto mgr = OpenForTest(FreshDir());
+  ASSERT_TRUE(mgr);
   ASSERT_TRUE(mgr->async()) << "the regression needs the asynchronous path";
   const std::vector<Spec> model = Model(p);
   constexpr int kSteps = 4;

@@ -24,6 +24,7 @@ namespace {
 using testing::Fill;
 using testing::FreshDir;
 using ::testing::HasSubstr;
+using testing::OpenForTest;
 using testing::Rank;
 using testing::SameOnAllRanks;
 using testing::Size;
@@ -32,9 +33,11 @@ class Faults : public ::testing::Test {
  protected:
   void TearDown() override { ASSERT_TRUE(fault::Configure("").ok()); }
 
-  void Open(const std::string& dir) {
+  // Use as ASSERT_TRUE(Open(dir)): false (on every rank) if Open failed.
+  bool Open(const std::string& dir) {
     dir_ = dir;
-    mgr_ = std::move(CheckpointManager::Open(MPI_COMM_WORLD, dir_).value());
+    mgr_ = OpenForTest(dir_);
+    return mgr_ != nullptr;
   }
 
   // Saves `rows` x 1024 float32 split over the ranks (seeded by the step).
@@ -71,7 +74,7 @@ class Faults : public ::testing::Test {
 };
 
 TEST_F(Faults, EnospcOnOneRanksDataWrite) {
-  Open(FreshDir());
+  ASSERT_TRUE(Open(FreshDir()));
   ASSERT_TRUE(SaveStep(1).ok());
   ASSERT_TRUE(fault::Configure(fmt::format("rank={},point=h5_write,action=enospc", Last())).ok());
   ExpectAgreedFailure(
@@ -85,7 +88,7 @@ TEST_F(Faults, EnospcOnOneRanksDataWrite) {
 }
 
 TEST_F(Faults, EioOnTheMarkerFsync) {
-  Open(FreshDir());
+  ASSERT_TRUE(Open(FreshDir()));
   ASSERT_TRUE(SaveStep(1).ok());
   ASSERT_TRUE(fault::Configure("rank=0,point=fsync,action=eio").ok());  // files: the marker
   ExpectAgreedFailure(SaveStep(2), 2, "rank 0: commit marker: fsync");
@@ -96,7 +99,7 @@ TEST_F(Faults, EioOnTheMarkerFsync) {
 }
 
 TEST_F(Faults, RenameAndPermissionErrors) {
-  Open(FreshDir());
+  ASSERT_TRUE(Open(FreshDir()));
   ASSERT_TRUE(fault::Configure("rank=0,point=rename,action=enospc").ok());
   ExpectAgreedFailure(SaveStep(1), 1, "rename");
   ASSERT_TRUE(fault::Configure("rank=0,point=mkdir,action=eacces").ok());
@@ -112,7 +115,7 @@ TEST_F(Faults, RenameAndPermissionErrors) {
 }
 
 TEST_F(Faults, InjectedFailureAtEachPhaseIsAgreed) {
-  Open(FreshDir());
+  ASSERT_TRUE(Open(FreshDir()));
   ASSERT_TRUE(SaveStep(1).ok());
   int64_t step = 2;
   for (const char* point : {"after_snapshot", "plan", "mid_write", "after_flush"}) {
@@ -141,7 +144,7 @@ TEST_F(Faults, GenuinelyFullFileSystem) {
   }
   MPI_Bcast(&mounted, 1, MPI_INT, 0, MPI_COMM_WORLD);
   if (!mounted) GTEST_SKIP() << "cannot mount a small tmpfs here (needs root)";
-  Open(mnt);
+  ASSERT_TRUE(Open(mnt));
   ASSERT_TRUE(SaveStep(1, 64).ok());  // 256 KiB
   Status s = SaveStep(2, 2048);       // 8 MiB into what is left of 4 MiB
   EXPECT_EQ(s.code(), StatusCode::kIoError) << s.ToString();

@@ -15,13 +15,15 @@ namespace {
 
 using testing::Fill;
 using testing::FreshDir;
+using testing::OpenForTest;
 using testing::Rank;
 using testing::Size;
 
 TEST(Gpu, SavedThenFreedDeviceBuffersRestoreBitExact) {
   if (!CudaAvailable()) GTEST_SKIP() << "no usable CUDA device";
   const int p = Size(), r = Rank();
-  auto mgr = std::move(CheckpointManager::Open(MPI_COMM_WORLD, FreshDir()).value());
+  auto mgr = OpenForTest(FreshDir());
+  ASSERT_TRUE(mgr);
   const std::vector<int64_t> shape{1024 * p + 5, 256};
   auto [lo, hi] = SplitRange(shape[0], p, r);
   Box mine{{lo, 0}, {hi - lo, 256}};

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "coordinator/checkpoint_manager.h"
+#include "tests/test_util.h"
 
 int main(int argc, char** argv) {
   int provided = 0;
@@ -20,7 +21,13 @@ int main(int argc, char** argv) {
   MPI_Barrier(MPI_COMM_WORLD);
   mhckpt::Options options;
   options.collective_timeout_seconds = 3;
-  auto mgr = std::move(mhckpt::CheckpointManager::Open(MPI_COMM_WORLD, dir, options).value());
+  auto opened = mhckpt::testing::OpenAgreed(dir, options);
+  if (!opened.ok()) {  // the same on every rank: all leave, none waits
+    std::printf("rank %d: %s\n", rank, opened.status().ToString().c_str());
+    MPI_Finalize();
+    return 1;
+  }
+  auto mgr = std::move(opened).value();
   std::vector<float> w(1024, 1.0f);
   std::vector<mhckpt::ArrayToSave> arrays{
       {"w", mhckpt::DType::kFloat32, {1024}, {{mhckpt::FullBox({1024}), w.data()}}}};

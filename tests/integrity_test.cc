@@ -23,6 +23,7 @@ namespace {
 using testing::Fill;
 using testing::FreshDir;
 using ::testing::HasSubstr;
+using testing::OpenForTest;
 using testing::Rank;
 using testing::SameOnAllRanks;
 using testing::Size;
@@ -33,7 +34,8 @@ class Integrity : public ::testing::Test {
     dir_ = FreshDir();
     Options o;
     o.verify_replicas = true;
-    mgr_ = std::move(CheckpointManager::Open(MPI_COMM_WORLD, dir_, o).value());
+    mgr_ = OpenForTest(dir_, o);
+    ASSERT_TRUE(mgr_);
     auto [b, e] = SplitRange(shape_[0], Size(), Rank());
     mine_ = Box{{b, 0}, {e - b, shape_[1]}};
     w_ = Fill(DType::kFloat32, shape_, mine_, 1);

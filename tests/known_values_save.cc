@@ -24,6 +24,8 @@
 namespace mhckpt {
 namespace {
 
+using testing::OpenAgreed;
+
 // Holds the buffers behind the arrays of one save.
 class Arrays {
  public:
@@ -110,7 +112,7 @@ Arrays KnownValues(int64_t step, int ranks, int rank) {
 int Run(const std::string& dir, int ranks, int rank) {
   if (rank == 0) std::filesystem::remove_all(dir);  // a fresh checkpoint every run
   MPI_Barrier(MPI_COMM_WORLD);
-  auto mgr = CheckpointManager::Open(MPI_COMM_WORLD, dir);
+  auto mgr = OpenAgreed(dir);
   if (!mgr.ok()) return fmt::print(stderr, "open: {}\n", mgr.status().ToString()), 1;
   for (int64_t step : {41, 42}) {
     Arrays arrays = KnownValues(step, ranks, rank);

@@ -26,6 +26,7 @@ namespace {
 using testing::Fill;
 using testing::FreshDir;
 using ::testing::HasSubstr;
+using testing::OpenForTest;
 using testing::Rank;
 using testing::SameOnAllRanks;
 using testing::Size;
@@ -38,12 +39,6 @@ struct Array {
   std::vector<Box> boxes;  // held by this rank
   uint64_t seed;
 };
-
-std::unique_ptr<CheckpointManager> OpenOrDie(const std::string& dir, Options o) {
-  auto m = CheckpointManager::Open(MPI_COMM_WORLD, dir, o);
-  EXPECT_TRUE(m.ok()) << m.status().ToString();
-  return std::move(m).value();
-}
 
 Box Rows(const std::vector<int64_t>& shape, int64_t begin, int64_t end) {
   Box b = FullBox(shape);
@@ -153,7 +148,8 @@ TEST(ReplicaParallel, ReplicatedArraysAreSplitAmongHoldersAndWrittenOnce) {
   const std::string dir = FreshDir();
   Options o;
   o.replica_parallel_min_bytes = 1024;
-  auto mgr = OpenOrDie(dir, o);
+  auto mgr = OpenForTest(dir, o);
+  ASSERT_TRUE(mgr);
   const int p = Size(), r = Rank();
   auto [b, e] = SplitRange(64, p, r);
   std::vector<Array> arrays = {
@@ -220,7 +216,8 @@ TEST(ReplicaParallel, ShardsHeldByPairsAreSplitWithinEachPair) {
   Options o;
   o.replica_parallel_min_bytes = 1;
   o.transfer = Transfer::kCollective;  // uneven box counts per rank must still match up
-  auto mgr = OpenOrDie(dir, o);
+  auto mgr = OpenForTest(dir, o);
+  ASSERT_TRUE(mgr);
   const int p = Size(), r = Rank();
   const int shards = (p + 1) / 2;
   const std::vector<int64_t> shape{100, 6};
@@ -259,7 +256,8 @@ TEST(ReplicaParallel, RankZerosValueDecides) {
     const std::string dir = FreshDir(rank0_splits ? "on" : "off");
     Options o;
     o.replica_parallel_min_bytes = (Rank() == 0) == rank0_splits ? 1 : 0;
-    auto mgr = OpenOrDie(dir, o);
+    auto mgr = OpenForTest(dir, o);
+    ASSERT_TRUE(mgr);
     ASSERT_TRUE(SaveAll(*mgr, 1, arrays).ok());
     auto m = io::ReadMarker(io::MarkerPath(dir, 1));
     ASSERT_TRUE(m.ok());
@@ -282,7 +280,8 @@ TEST(ReplicaParallel, VerifyReplicasStillComparesAllOfEveryReplica) {
   o.replica_parallel_min_bytes = 1;
   o.verify_replicas = true;
   const std::string dir = FreshDir();
-  auto mgr = OpenOrDie(dir, o);
+  auto mgr = OpenForTest(dir, o);
+  ASSERT_TRUE(mgr);
   ASSERT_TRUE(SaveAll(*mgr, 1, arrays).ok());
   // The last rank's copy differs in row 0, which rank 0 writes: the last
   // rank's own copy of that row is never written, and is still compared.
@@ -302,7 +301,8 @@ TEST(ReplicaParallel, RestoreChecksEverySliceItReadsWhole) {
   Options o;
   o.replica_parallel_min_bytes = 1;
   const std::string dir = FreshDir();
-  auto mgr = OpenOrDie(dir, o);
+  auto mgr = OpenForTest(dir, o);
+  ASSERT_TRUE(mgr);
   ASSERT_TRUE(SaveAll(*mgr, 1, arrays).ok());
   auto m = io::ReadMarker(io::MarkerPath(dir, 1));
   ASSERT_TRUE(m.ok());

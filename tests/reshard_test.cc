@@ -21,6 +21,7 @@ namespace mhckpt {
 namespace {
 
 using testing::Fill;
+using testing::OpenAgreed;
 
 struct Spec {
   const char* name;
@@ -93,7 +94,7 @@ int Save(const std::string& dir, int p, int r) {
   MPI_Barrier(MPI_COMM_WORLD);
   Options o;
   if (replica_parallel) o.replica_parallel_min_bytes = 64;  // rp/small (12 bytes) stays whole
-  auto mgr = CheckpointManager::Open(MPI_COMM_WORLD, dir, o);
+  auto mgr = OpenAgreed(dir, o);
   if (!mgr.ok()) return fmt::print(stderr, "open: {}\n", mgr.status().ToString()), 1;
   std::vector<std::vector<std::byte>> bufs;
   std::vector<ArrayToSave> arrays;
@@ -114,7 +115,7 @@ int Save(const std::string& dir, int p, int r) {
 }
 
 int Restore(const std::string& dir, int p, int r) {
-  auto mgr = CheckpointManager::Open(MPI_COMM_WORLD, dir);
+  auto mgr = OpenAgreed(dir);
   if (!mgr.ok()) return fmt::print(stderr, "open: {}\n", mgr.status().ToString()), 1;
   auto latest = (*mgr)->LatestStep();
   if (!latest.ok() || !latest.value() || **latest != 42) {

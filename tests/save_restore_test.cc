@@ -17,6 +17,7 @@ namespace {
 
 using testing::Fill;
 using testing::FreshDir;
+using testing::OpenForTest;
 using testing::Rank;
 using testing::SameOnAllRanks;
 using testing::Size;
@@ -59,14 +60,9 @@ Box RowBox(const std::vector<int64_t>& shape, int parts, int part) {
   return box;
 }
 
-std::unique_ptr<CheckpointManager> OpenOrDie(const std::string& dir, Options o = {}) {
-  auto m = CheckpointManager::Open(MPI_COMM_WORLD, dir, o);
-  EXPECT_TRUE(m.ok()) << m.status().ToString();
-  return std::move(m).value();
-}
-
 TEST(SaveRestore, EveryDTypeRoundTripsBitExactAcrossShardings) {
-  auto mgr = OpenOrDie(FreshDir());
+  auto mgr = OpenForTest(FreshDir());
+  ASSERT_TRUE(mgr);
   const int p = Size(), r = Rank();
   std::vector<Saved> saved;
   for (int t = 0; t < kNumDTypes; ++t) {
@@ -102,7 +98,8 @@ TEST(SaveRestore, EveryDTypeRoundTripsBitExactAcrossShardings) {
 
 TEST(SaveRestore, ReplicatedScalarsAndZeroLengthArrays) {
   const std::string dir = FreshDir();
-  auto mgr = OpenOrDie(dir);
+  auto mgr = OpenForTest(dir);
+  ASSERT_TRUE(mgr);
   std::vector<Saved> saved(4);
   saved[0].array = {"step", DType::kInt64, {}, {}};
   saved[0].Add(Box{}, 1);  // every rank holds the scalar: a replica
@@ -147,7 +144,8 @@ TEST(SaveRestore, ReplicatedScalarsAndZeroLengthArrays) {
 
 TEST(SaveRestore, DataParallelReplicasOfModelParallelShardsAreWrittenOnce) {
   const std::string dir = FreshDir();
-  auto mgr = OpenOrDie(dir);
+  auto mgr = OpenForTest(dir);
+  ASSERT_TRUE(mgr);
   const int p = Size(), r = Rank();
   const int mp = p >= 2 ? 2 : 1;  // model-parallel degree; the rest is data-parallel
   const std::vector<int64_t> shape{100, 6};
@@ -187,7 +185,8 @@ TEST(SaveRestore, DataParallelReplicasOfModelParallelShardsAreWrittenOnce) {
 }
 
 TEST(SaveRestore, SeveralBoxesPerRankAndSubsetRestore) {
-  auto mgr = OpenOrDie(FreshDir());
+  auto mgr = OpenForTest(FreshDir());
+  ASSERT_TRUE(mgr);
   const int p = Size(), r = Rank();
   // 2p column blocks; rank r holds blocks r and 2p-1-r.
   const std::vector<int64_t> shape{7, 8 * p};
@@ -210,7 +209,8 @@ TEST(SaveRestore, SeveralBoxesPerRankAndSubsetRestore) {
 }
 
 TEST(SaveRestore, BuffersMayBeOverwrittenAndFreedRightAfterSave) {
-  auto mgr = OpenOrDie(FreshDir());
+  auto mgr = OpenForTest(FreshDir());
+  ASSERT_TRUE(mgr);
   ASSERT_TRUE(mgr->async()) << "the tests run with MPI_THREAD_MULTIPLE";
   const int p = Size(), r = Rank();
   const std::vector<int64_t> shape{4096, 16};
@@ -246,7 +246,8 @@ TEST(SaveRestore, SynchronousModeAndCollectiveTransfer) {
   Options o;
   o.async = false;
   o.transfer = Transfer::kCollective;
-  auto mgr = OpenOrDie(FreshDir(), o);
+  auto mgr = OpenForTest(FreshDir(), o);
+  ASSERT_TRUE(mgr);
   EXPECT_FALSE(mgr->async());
   const int p = Size(), r = Rank();
   // Rank 0 holds two boxes, others one: collective calls must still match.
@@ -265,7 +266,8 @@ TEST(SaveRestore, SynchronousModeAndCollectiveTransfer) {
 TEST(SaveRestore, UncommittedStepsAreIgnoredAndRemovedOnOpen) {
   const std::string dir = FreshDir();
   {
-    auto mgr = OpenOrDie(dir);
+    auto mgr = OpenForTest(dir);
+    ASSERT_TRUE(mgr);
     Saved a{{"x", DType::kInt32, {4}, {}}, {}};
     if (Rank() == 0) a.Add(FullBox({4}), 1);
     ASSERT_TRUE(mgr->Save(1, std::vector<ArrayToSave>{a.array}).ok());
@@ -279,7 +281,8 @@ TEST(SaveRestore, UncommittedStepsAreIgnoredAndRemovedOnOpen) {
     std::ofstream(io::MarkerPath(dir, 3) + ".tmp") << "{";
   }
   MPI_Barrier(MPI_COMM_WORLD);
-  auto mgr = OpenOrDie(dir);
+  auto mgr = OpenForTest(dir);
+  ASSERT_TRUE(mgr);
   EXPECT_EQ(mgr->CommittedSteps().value(), std::vector<int64_t>{1});
   EXPECT_FALSE(std::filesystem::exists(io::StepDir(dir, 2)));
   EXPECT_FALSE(std::filesystem::exists(io::StepDir(dir, 3)));
@@ -290,7 +293,8 @@ TEST(SaveRestore, UncommittedStepsAreIgnoredAndRemovedOnOpen) {
 }
 
 TEST(SaveRestore, BackToBackSavesCommitInOrderWithinOneCopyOfStaging) {
-  auto mgr = OpenOrDie(FreshDir());
+  auto mgr = OpenForTest(FreshDir());
+  ASSERT_TRUE(mgr);
   const int p = Size(), r = Rank();
   const std::vector<int64_t> shape{2048 * p, 256};  // 2 MiB of float32 per rank
   std::vector<std::unique_ptr<Saved>> kept;
@@ -312,7 +316,8 @@ TEST(SaveRestore, BackToBackSavesCommitInOrderWithinOneCopyOfStaging) {
 }
 
 TEST(SaveRestore, UnchangedArraysReuseThePlan) {
-  auto mgr = OpenOrDie(FreshDir());
+  auto mgr = OpenForTest(FreshDir());
+  ASSERT_TRUE(mgr);
   const int p = Size(), r = Rank();
   const std::vector<int64_t> shape{10 * p, 3};
   auto save = [&](int64_t step, int parts) {
@@ -345,7 +350,8 @@ TEST(SaveRestore, RetentionKeepsNewestAndEveryKthStep) {
   Options o;
   o.max_to_keep = 2;
   o.keep_period = 3;
-  auto mgr = OpenOrDie(dir, o);
+  auto mgr = OpenForTest(dir, o);
+  ASSERT_TRUE(mgr);
   for (int step = 0; step <= 7; ++step) {
     Saved a{{"x", DType::kInt32, {4}, {}}, {}};
     a.Add(FullBox({4}), step);

@@ -62,6 +62,25 @@ std::vector<std::byte> Fill(DType dtype, const std::vector<int64_t>& shape, cons
   return out;
 }
 
+Result<std::unique_ptr<CheckpointManager>> OpenAgreed(const std::string& dir,
+                                                      const Options& options, MPI_Comm comm) {
+  auto opened = CheckpointManager::Open(comm, dir, options);
+  int ok = opened.ok() ? 1 : 0, all = 0;
+  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_LAND, comm);
+  if (all) return opened;
+  if (!opened.ok()) return opened.status();
+  return Internal("CheckpointManager::Open of '" + dir + "' failed on another rank");
+}
+
+std::unique_ptr<CheckpointManager> OpenForTest(const std::string& dir, const Options& options) {
+  auto opened = OpenAgreed(dir, options);
+  if (!opened.ok()) {
+    ADD_FAILURE() << "rank " << Rank() << ": " << opened.status().ToString();
+    return nullptr;
+  }
+  return std::move(opened).value();
+}
+
 bool SameOnAllRanks(const Status& s, MPI_Comm comm) {
   std::string mine = s.Serialize();
   std::string root = mine;

@@ -6,11 +6,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "base/status.h"
 #include "base/types.h"
+#include "coordinator/checkpoint_manager.h"
 #include "worker/array.h"
 
 namespace mhckpt::testing {
@@ -26,6 +28,20 @@ std::string FreshDir(const std::string& suffix = "");
 /// sharding can be predicted. Bools hold 0 or 1.
 std::vector<std::byte> Fill(DType dtype, const std::vector<int64_t>& shape, const Box& box,
                             uint64_t seed);
+
+/// Collective: CheckpointManager::Open, then an agreement on its outcome, so
+/// that a failure on any rank is an error on every rank (no rank goes on into
+/// a collective that another rank skipped).
+Result<std::unique_ptr<CheckpointManager>> OpenAgreed(const std::string& dir,
+                                                      const Options& options = {},
+                                                      MPI_Comm comm = MPI_COMM_WORLD);
+
+/// Collective, for GoogleTest bodies: OpenAgreed over MPI_COMM_WORLD; on
+/// failure records it (with the Status) on every rank and returns null, so
+///   auto mgr = OpenForTest(dir);
+///   ASSERT_TRUE(mgr);
+/// stops the test on every rank alike.
+std::unique_ptr<CheckpointManager> OpenForTest(const std::string& dir, const Options& options = {});
 
 /// Collective: true if `s` is the same Status on every rank.
 bool SameOnAllRanks(const Status& s, MPI_Comm comm = MPI_COMM_WORLD);

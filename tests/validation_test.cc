@@ -15,6 +15,7 @@ namespace {
 
 using testing::FreshDir;
 using ::testing::HasSubstr;
+using testing::OpenForTest;
 using testing::Rank;
 using testing::SameOnAllRanks;
 using testing::Size;
@@ -23,17 +24,18 @@ class Validation : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = FreshDir();
-    auto m = CheckpointManager::Open(MPI_COMM_WORLD, dir_);
-    ASSERT_TRUE(m.ok()) << m.status().ToString();
-    mgr_ = std::move(m).value();
-    buf_.assign(1 << 16, 1.0f);
+    mgr_ = OpenForTest(dir_);
+    ASSERT_TRUE(mgr_);
+    buf_.resize(1 << 16);
+    for (size_t i = 0; i < buf_.size(); ++i) buf_[i] = static_cast<float>(i);
   }
 
-  // A valid array: `rows` x 4 float32 split by rows over the ranks.
+  // A valid array: `rows` x 4 float32 split by rows over the ranks; element
+  // (i, j) holds the value 4 i + j.
   ArrayToSave Rows(const std::string& name, int64_t rows = 10) {
     auto [b, e] = SplitRange(rows, Size(), Rank());
     return ArrayToSave{
-        name, DType::kFloat32, {rows, 4}, {Shard{Box{{b, 0}, {e - b, 4}}, buf_.data()}}};
+        name, DType::kFloat32, {rows, 4}, {Shard{Box{{b, 0}, {e - b, 4}}, buf_.data() + b * 4}}};
   }
 
   // Saves, waits, and checks that every rank got the same error of `code`
@@ -197,11 +199,13 @@ TEST_F(Validation, RestoreErrors) {
                      StatusCode::kInvalidArgument, "requested as int32, stored as float32");
   ExpectRestoreFails(1, {}, StatusCode::kInvalidArgument, "strict restore: array 'fine'",
                      RestoreOptions{.strict = true});
-  // And a good restore afterwards.
+  // And a good restore afterwards: all 40 values in place, nothing past them.
   std::vector<ArrayToRestore> good{full("fine", DType::kFloat32, Box{{0, 0}, {10, 4}})};
-  out.assign(64, 0.0f);
+  out.assign(64, -1.0f);
   ASSERT_TRUE(mgr_->Restore(1, good, RestoreOptions{.strict = true}).ok());
-  EXPECT_EQ(out[39], 1.0f);
+  std::vector<float> expected(64, -1.0f);
+  for (size_t i = 0; i < 40; ++i) expected[i] = static_cast<float>(i);
+  EXPECT_EQ(out, expected);
 }
 
 // Agree (for checks made above the C++ API, e.g. in Python): the lowest
