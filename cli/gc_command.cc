@@ -1,11 +1,12 @@
 #include "cli/gc_command.h"
 
-#include <optional>
+#include <set>
 
 #include <fmt/format.h>
 
 #include "cli/step_info.h"
 #include "cli/text_format.h"
+#include "coordinator/retention.h"
 #include "io/catalog.h"
 
 namespace mhckpt::cli {
@@ -13,15 +14,14 @@ namespace mhckpt::cli {
 Status RunGc(const GcArgs& args, std::FILE* out) {
   if (args.keep < 1) return InvalidArgument(fmt::format("--keep {}: keep at least 1", args.keep));
   MHCKPT_ASSIGN_OR_RETURN(std::vector<StepInfo> steps, ReadSteps(args.root));
-  std::vector<const StepInfo*> committed;
+  std::vector<int64_t> committed;
   for (const StepInfo& s : steps) {
-    if (s.entry.committed) committed.push_back(&s);
+    if (s.entry.committed) committed.push_back(s.entry.step);
   }
-  const std::optional<int64_t> newest =
-      committed.empty() ? std::nullopt : std::optional<int64_t>(committed.back()->entry.step);
-  const size_t drop = committed.size() > static_cast<size_t>(args.keep)
-                          ? committed.size() - static_cast<size_t>(args.keep)
-                          : 0;
+  const bool any_committed = !committed.empty();
+  const int64_t newest = any_committed ? committed.back() : 0;
+  const std::vector<int64_t> old = StepsToDelete(committed, args.keep, /*keep_period=*/0);
+  const std::set<int64_t> drop(old.begin(), old.end());
 
   const char* verb = args.dry_run ? "would delete" : "deleted";
   size_t deleted = 0, kept_committed = 0;
@@ -29,15 +29,14 @@ Status RunGc(const GcArgs& args, std::FILE* out) {
   for (const StepInfo& s : steps) {
     std::string why;
     if (s.entry.committed) {
-      // keep >= 1, so committed[drop] is the oldest step kept.
-      if (s.entry.step >= committed[drop]->entry.step) {
+      if (!drop.count(s.entry.step)) {
         ++kept_committed;
         continue;
       }
       why = "committed, older than the newest " + std::to_string(args.keep);
     } else {
       const std::string state = StepState(s.entry);
-      if (!args.force && (!newest || s.entry.step > *newest)) {
+      if (!args.force && (!any_committed || s.entry.step > newest)) {
         fmt::print(out,
                    "kept step {}: {} and newer than the newest committed step (a save in "
                    "progress?); --force deletes it\n",

@@ -16,20 +16,15 @@ class Progress {
   Progress(const Progress&) = delete;
   Progress& operator=(const Progress&) = delete;
 
-  /// Starts a new task of `total` units (bytes) called `label`.
-  void Start(std::string label, uint64_t total);
-  /// Records `units` more done.
-  void Advance(uint64_t units);
+  /// `label`: `done` of `total` bytes. Drawn at once when a task starts
+  /// (`done` == 0), then at most ten times a second.
+  void Update(const std::string& label, uint64_t done, uint64_t total);
   /// Clears the line (before printing anything else).
   void Clear();
 
  private:
-  void Draw();
-
   bool shown_;
   bool dirty_ = false;
-  std::string label_;
-  uint64_t total_ = 0, done_ = 0;
   std::chrono::steady_clock::time_point last_draw_{};
 };
 

@@ -1,6 +1,6 @@
-// mhckpt verify ROOT [--step N | --all]: re-reads committed steps through
-// HDF5 and checks them against their commit markers. Collective: it may run
-// under mpirun, each rank reading a share of the boxes.
+// mhckpt verify ROOT [--step N | --all]: checks committed steps against their
+// commit markers with the library's CheckpointManager::Verify. Collective: it
+// may run under mpirun, each rank reading a share of the boxes.
 #pragma once
 
 #include <mpi.h>
@@ -16,18 +16,18 @@ namespace mhckpt::cli {
 
 struct VerifyArgs {
   std::string root;
-  std::optional<int64_t> step;                ///< default: the newest committed step
-  bool all = false;                           ///< every step that has a commit marker
-  uint64_t chunk_bytes = uint64_t{64} << 20;  ///< largest single read
+  std::optional<int64_t> step;  ///< default: the newest committed step
+  bool all = false;             ///< every step that has a commit marker
 };
 
-/// Collective over `comm`. For each selected step: the marker parses and is
-/// valid, its boxes tile every array exactly once, the data file opens, every
-/// dataset exists with the marker's type and shape, and every box reads back
-/// with the XXH3 checksum the marker records for it. Without --step it also
-/// reports any step whose marker exists but is invalid. Rank 0 prints a
-/// report to `out` (each problem naming the step, the array and the box).
-/// Returns DataLoss if anything is damaged, the same Status on every rank.
+/// Collective over `comm`. Verifies each selected step (CheckpointManager::
+/// Verify: the marker, the tiling of its boxes, every array's dtype and
+/// shape, every box's checksum). Without --step it also reports any step
+/// whose marker exists but is invalid. Rank 0 prints a report to `out`
+/// (each problem naming the step, the array and the box) and a progress
+/// line on a terminal. Returns the same Status on every rank: NotFound (no
+/// root, no committed step), DataLoss if anything is damaged (the first
+/// problem and their count), IoError.
 Status RunVerify(const VerifyArgs& args, MPI_Comm comm, std::FILE* out);
 
 }  // namespace mhckpt::cli

@@ -44,7 +44,10 @@ CheckpointManager::Impl::Impl(Comm comm, std::string root, Options options, bool
       options_(options),
       async_(async),
       pool_(options.staging_budget_bytes),
-      watchdog_(comm_.get(), comm_.rank(), options.collective_timeout_seconds) {
+      watchdog_(comm_.get(), comm_.rank(), options.collective_timeout_seconds),
+      engine_(io::MakeEngine({options.transfer == Transfer::kCollective
+                                  ? io::Transfer::kCollective
+                                  : io::Transfer::kIndependent})) {
   if (CudaAvailable()) {
     // Pinned once per buffer; buffers are reused, so pinning is not per save.
     pool_.SetHooks(PinHostMemory, UnpinHostMemory);
@@ -123,7 +126,7 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
   // From here on no caller buffer is read again. The job always runs, even
   // with a local error: the other ranks are waiting for this rank's plan.
   auto run = [impl = impl_.get(), job] {
-    Status s = impl->CommitSave(*job);
+    Status s = impl->RunSave(*job);
     job->snapshot = Snapshot();  // release staging memory before reporting
     impl->RecordSave(s, job->timings);
   };
@@ -169,11 +172,19 @@ Status CheckpointManager::Restore(int64_t step, std::span<const ArrayToRestore> 
   });
 }
 
-Status CheckpointManager::Verify(int64_t step, uint64_t* bytes_checked) {
+Status CheckpointManager::Verify(int64_t step, const VerifyOptions& options, VerifyReport* report) {
+  VerifyReport unused;
   return impl_->RunOnIoThread([&] {
     Watchdog::Guard phase(impl_->watchdog_, "verify", step);
-    return impl_->RunVerify(step, bytes_checked);
+    return impl_->RunVerify(step, options, report != nullptr ? report : &unused);
   });
+}
+
+Status CheckpointManager::Verify(int64_t step, uint64_t* bytes_checked) {
+  VerifyReport r;
+  Status s = Verify(step, VerifyOptions{}, &r);
+  if (bytes_checked != nullptr) *bytes_checked = r.bytes_checked;
+  return s;
 }
 
 Status CheckpointManager::Agree(const Status& local) {

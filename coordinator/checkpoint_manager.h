@@ -15,6 +15,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -24,18 +25,27 @@
 
 #include "base/status.h"
 #include "base/types.h"
-#include "io/h5_file.h"
 #include "io/marker.h"
 #include "worker/array.h"
 
 namespace mhckpt {
 
-using Transfer = io::Transfer;
 /// Free-form key/value pairs stored in the commit marker (docs/FORMAT.md).
 using UserMetadata = std::map<std::string, std::string>;
 
+/// How ranks move array bytes to storage when saving.
+enum class Transfer : uint8_t {
+  /// Each rank writes its boxes on its own (the faster one on ext4 with Open
+  /// MPI's OMPIO, docs/PERFORMANCE.md).
+  kIndependent,
+  /// Ranks write in collective rounds that the storage engine may combine
+  /// into fewer, larger writes (MPI-IO two-phase I/O), which some parallel
+  /// file systems prefer.
+  kCollective,
+};
+
 struct Options {
-  /// How array bytes move to and from the file (independent was faster here).
+  /// How array bytes move to storage when saving; restores read independently.
   Transfer transfer = Transfer::kIndependent;
   /// Commit on a background I/O thread. Needs MPI_THREAD_MULTIPLE; without it,
   /// or when false, Save commits before returning.
@@ -69,14 +79,31 @@ struct Options {
   /// replicated array) of at least this many bytes is split along its first
   /// dimension into contiguous slices, one per holder, each written by a
   /// different rank (Orbax calls this replica-parallel saving). Smaller
-  /// replicated boxes stay whole, written by rank 0 (or their lowest holder)
-  /// as before. 0 = off.
+  /// shared boxes are written whole by one holder (rank 0 for a fully
+  /// replicated array). 0 = off.
   uint64_t replica_parallel_min_bytes = 0;
 };
 
 struct RestoreOptions {
   /// Fail unless the request names exactly the arrays of the checkpoint.
   bool strict = false;
+};
+
+struct VerifyOptions {
+  /// Called on every rank with the bytes this rank has checked so far and
+  /// its whole share: (0, share) first, then after each read. It runs on the
+  /// thread that verifies (the I/O thread when saves are asynchronous) and
+  /// must not call the CheckpointManager.
+  std::function<void(uint64_t done, uint64_t share)> progress;
+};
+
+/// What Verify found; the same on every rank.
+struct VerifyReport {
+  size_t arrays = 0;           ///< arrays in the step's commit marker
+  size_t boxes = 0;            ///< stored boxes
+  uint64_t bytes_checked = 0;  ///< bytes read back, over all ranks
+  /// Every problem found, each naming the step, the array and the box.
+  std::vector<std::string> problems;
 };
 
 /// Phases of the last finished save, in seconds (rank-local clocks).
@@ -141,11 +168,20 @@ class CheckpointManager {
   Status Restore(int64_t step, std::span<const ArrayToRestore> arrays,
                  const RestoreOptions& options = {});
 
-  /// Collective. Waits for pending saves, then re-reads every box of committed
-  /// step `step` (each rank a share, in bounded slabs) and checks it against
-  /// the checksum in the marker. DataLoss names the array and the box of the
-  /// first damage (a flipped byte, a truncated file, a missing dataset).
-  /// `bytes_checked`, if given, gets the bytes read over all ranks.
+  /// Collective. Waits for pending saves, then checks committed step `step`
+  /// against its commit marker: the marker parses and names the step, its
+  /// boxes tile every array exactly once, every array is stored with the
+  /// marker's dtype and shape, and every box reads back with the checksum
+  /// the marker records (the boxes dealt to the ranks by bytes, each read in
+  /// slabs of at most 64 MiB). It goes on past a problem, to find them all.
+  /// Errors: NotFound (step not committed); DataLoss naming the step, the
+  /// array and the box of the first problem (a damaged marker, a flipped
+  /// byte, a truncated file, a missing dataset, an unreadable box), and how
+  /// many more there are; IoError (the marker cannot be read). `report`, if
+  /// given, gets every problem.
+  Status Verify(int64_t step, const VerifyOptions& options, VerifyReport* report = nullptr);
+  /// Collective. Verify without options; `bytes_checked`, if given, gets the
+  /// bytes read back over all ranks.
   Status Verify(int64_t step, uint64_t* bytes_checked = nullptr);
 
   /// Collective, on the caller's thread. OK on every rank if `local` is OK on

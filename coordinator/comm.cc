@@ -66,6 +66,13 @@ void Comm::BroadcastBuffer(void* data, size_t bytes, int root) const {
   }
 }
 
+void Comm::BroadcastValues(std::vector<int64_t>* values, int root) const {
+  unsigned long long n = values->size();
+  MPI_Bcast(&n, 1, MPI_UNSIGNED_LONG_LONG, root, comm_);
+  values->resize(n);
+  BroadcastBuffer(values->data(), n * sizeof(int64_t), root);
+}
+
 void Comm::AllreduceMax(std::vector<int>* values) const {
   MPI_Allreduce(MPI_IN_PLACE, values->data(), static_cast<int>(values->size()), MPI_INT, MPI_MAX,
                 comm_);

@@ -35,6 +35,8 @@ class Comm {
   void BroadcastBytes(std::string* bytes, int root) const;
   /// Broadcasts a buffer of any size (in pieces below MPI's int count limit).
   void BroadcastBuffer(void* data, size_t bytes, int root) const;
+  /// `root`'s values everywhere (resized to match).
+  void BroadcastValues(std::vector<int64_t>* values, int root) const;
   /// Element-wise maximum over ranks, in place.
   void AllreduceMax(std::vector<int>* values) const;
   void AllreduceMax(std::vector<int64_t>* values) const;

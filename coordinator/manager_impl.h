@@ -1,5 +1,6 @@
 // Internal: the state behind CheckpointManager, shared by the save protocol
-// (commit.cc), restore (restore.cc) and the façade (checkpoint_manager.cc).
+// (save.cc), restore (restore.cc), verify (verify.cc) and the façade
+// (checkpoint_manager.cc).
 #pragma once
 
 #include <memory>
@@ -11,6 +12,7 @@
 #include "coordinator/io_thread.h"
 #include "coordinator/watchdog.h"
 #include "io/marker.h"
+#include "io/storage.h"
 #include "worker/snapshot.h"
 #include "worker/staging_pool.h"
 
@@ -30,13 +32,13 @@ class CheckpointManager::Impl {
   Impl(Comm comm, std::string root, Options options, bool async);
 
   /// Collective, on the I/O thread: plan, write, make durable, commit.
-  Status CommitSave(SaveJob& job);
+  Status RunSave(SaveJob& job);
   /// Collective, on the I/O thread.
   Status RunRestore(int64_t step, std::span<const ArrayToRestore> arrays,
                     const RestoreOptions& options);
 
   /// Collective, on the I/O thread.
-  Status RunVerify(int64_t step, uint64_t* bytes_checked);
+  Status RunVerify(int64_t step, const VerifyOptions& options, VerifyReport* report);
 
   /// Runs `fn` where HDF5 may be touched (the I/O thread, or inline when
   /// synchronous) and returns its status.
@@ -51,7 +53,8 @@ class CheckpointManager::Impl {
   const bool async_;
 
   StagingPool pool_;
-  Watchdog watchdog_;  // bounds each collective phase of the I/O thread
+  Watchdog watchdog_;                   // bounds each collective phase of the I/O thread
+  std::unique_ptr<io::Engine> engine_;  // where the arrays of every step are stored
 
   mutable std::mutex mu_;
   Status first_error_;  // since the last WaitUntilFinished

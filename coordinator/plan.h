@@ -2,8 +2,11 @@
 // other rank holds, and exactly one writer for each distinct box.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -31,6 +34,23 @@ RankDescription Describe(int64_t step, const Status& local, const Snapshot& snap
 std::string EncodeDescription(const RankDescription& d);
 Result<RankDescription> DecodeDescription(const std::string& bytes);
 
+/// What a rank holds, independent of the step: equal hashes, equal plans.
+/// Streamed over the snapshot's fields, without encoding a description.
+uint64_t DescriptionHash(const Snapshot& snapshot);
+
+/// A box of an array and the rank that messages name with it (its holder in
+/// a plan, its writer in a marker).
+struct RankedBox {
+  const Box* box;
+  int rank;
+};
+
+/// InvalidArgument unless the distinct non-empty `boxes` of array `name` of
+/// `shape` cover every element exactly once: no partial overlap, no hole.
+/// The plan's check of every save, and verify's of every stored step.
+Status CheckTiling(const std::string& name, const std::vector<int64_t>& shape,
+                   std::vector<RankedBox> boxes);
+
 /// Validates the descriptions of all ranks (index = rank) and returns the
 /// plan as the marker-to-be: arrays sorted by name, each distinct non-empty box
 /// once, with its writer. Deterministic. Errors, in this order: a rank's own
@@ -57,5 +77,13 @@ Result<io::Marker> BuildPlan(const std::vector<RankDescription>& ranks,
 /// near-equal row counts, in order (the first `rows % n` one row longer).
 /// Fewer than 2 slices: `box` itself.
 std::vector<Box> SplitRows(const Box& box, int parts);
+
+/// Where `part` lies in the row-major bytes of `whole` (`whole_bytes` of
+/// them) when `part` is a run of whole rows of `whole` — the same extent in
+/// every dimension but the first, and inside it in the first: {offset,
+/// length} in bytes. nullopt otherwise, and for 0-d or row-less boxes. The
+/// slices of SplitRows are such runs, as is `whole` itself.
+std::optional<std::pair<size_t, size_t>> RowRunBytes(const Box& whole, const Box& part,
+                                                     size_t whole_bytes);
 
 }  // namespace mhckpt

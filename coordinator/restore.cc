@@ -12,10 +12,6 @@
 //      Where a read covers a whole stored box (the box itself, or a slice of
 //      whole rows of it), its checksum is checked.
 //   4. Close; one agreement.
-//
-// Verify (below) is the same walk over every stored box, split over the
-// ranks, read in bounded slabs and checked against the marker's checksums.
-#include <algorithm>
 #include <memory>
 #include <set>
 
@@ -23,11 +19,10 @@
 
 #include "base/checksum.h"
 #include "coordinator/agree.h"
+#include "coordinator/committed_step.h"
 #include "coordinator/manager_impl.h"
-#include "io/h5_file.h"
-#include "io/layout.h"
+#include "coordinator/plan.h"
 #include "io/marker.h"
-#include "io/posix_file.h"
 #include "worker/copy.h"
 
 namespace mhckpt {
@@ -104,59 +99,48 @@ class Landing {
   std::unique_ptr<std::byte[]> bounce_;
 };
 
-// Collective: rank 0 reads the marker of `step`; every rank gets it parsed.
-Result<io::Marker> ReadMarkerEverywhere(const Comm& comm, const std::string& root, int64_t step) {
-  Status s;
-  std::string text;
-  if (comm.rank() == 0) {
-    Result<std::string> r = io::ReadSmallFile(io::MarkerPath(root, step), io::kMaxMarkerBytes);
-    if (r.ok()) {
-      text = std::move(r).value();
-    } else if (r.status().code() == StatusCode::kNotFound) {
-      s = NotFound(fmt::format("step {} is not committed in '{}'", step, root));
-    } else {
-      s = r.status();
-    }
-  }
-  MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, comm));
-  comm.BroadcastBytes(&text, 0);
-  // Every rank parses the same bytes: the outcome is the same everywhere.
-  return io::ParseMarker(text, io::MarkerPath(root, step));
-}
-
-// DataLoss unless `bytes` at `data` have the checksum the marker recorded.
-Status CheckBox(const io::MarkerArray& a, const io::MarkerBox& b, uint64_t actual) {
-  if (actual == b.checksum) return OkStatus();
-  return DataLoss(fmt::format(
-      "array '{}' box {}: checksum mismatch: the marker says {}, the file "
-      "holds {}",
-      a.name, BoxToString(b.box), ChecksumToString(b.checksum), ChecksumToString(actual)));
-}
-
 // Checks every stored box of `a` whose bytes all lie, contiguously, in the
-// `bytes` read for `box` at `host`: the box itself, or a slice of whole rows
-// of it (row shards, or the slices of replica-parallel saving, read whole). A
+// `bytes` read for `box` at `host`: the box itself, or a run of whole rows of
+// it (row shards, or the slices of replica-parallel saving, read whole). A
 // read of part of a stored box cannot be checked against its checksum.
 Status CheckStoredBoxes(const io::MarkerArray& a, const Box& box, const std::byte* host,
                         size_t bytes) {
-  const size_t dims = box.count.size();
   for (const io::MarkerBox& b : a.boxes) {
     if (b.box == box) {
-      MHCKPT_RETURN_IF_ERROR(CheckBox(a, b, Checksum(host, bytes)));
-      continue;
+      MHCKPT_RETURN_IF_ERROR(CheckChecksum(a, b, Checksum(host, bytes)));
+    } else if (auto run = RowRunBytes(box, b.box, bytes)) {
+      MHCKPT_RETURN_IF_ERROR(CheckChecksum(a, b, Checksum(host + run->first, run->second)));
     }
-    if (dims == 0 || box.count[0] <= 0 || b.box.count.size() != dims ||
-        !std::equal(box.start.begin() + 1, box.start.end(), b.box.start.begin() + 1) ||
-        !std::equal(box.count.begin() + 1, box.count.end(), b.box.count.begin() + 1) ||
-        b.box.start[0] < box.start[0] ||
-        b.box.start[0] + b.box.count[0] > box.start[0] + box.count[0]) {
-      continue;
-    }
-    const size_t row_bytes = bytes / static_cast<size_t>(box.count[0]);
+  }
+  return OkStatus();
+}
+
+// Step 3 for an array every rank wants whole: rank 0 reads it once and
+// broadcasts it. `local` is this rank's error so far.
+Status ReadAndBroadcast(io::StepReader& reader, size_t handle, const io::MarkerArray& a,
+                        const Destination& whole, const Comm& comm, Status local) {
+  // (Seam: device destinations could be broadcast with NCCL instead.)
+  Landing land(whole, a.dtype);
+  if (comm.rank() == 0 && local.ok()) local = reader.Read(handle, whole.box, land.host());
+  if (comm.rank() == 0 && local.ok()) {
+    local =
+        CheckStoredBoxes(a, whole.box, static_cast<const std::byte*>(land.host()), land.bytes());
+  }
+  comm.BroadcastBuffer(land.host(), land.bytes(), 0);
+  if (local.ok()) local = land.Finish();
+  return local;
+}
+
+// Step 3 for the boxes this rank asked for of array `a`.
+Status ReadShards(io::StepReader& reader, size_t handle, const io::MarkerArray& a,
+                  const ArrayToRestore& request) {
+  for (const Destination& d : request.shards) {
+    if (Volume(d.box.count).value_or(0) == 0) continue;
+    Landing land(d, a.dtype);
+    MHCKPT_RETURN_IF_ERROR(reader.Read(handle, d.box, land.host()));
     MHCKPT_RETURN_IF_ERROR(
-        CheckBox(a, b,
-                 Checksum(host + static_cast<size_t>(b.box.start[0] - box.start[0]) * row_bytes,
-                          static_cast<size_t>(b.box.count[0]) * row_bytes)));
+        CheckStoredBoxes(a, d.box, static_cast<const std::byte*>(land.host()), land.bytes()));
+    MHCKPT_RETURN_IF_ERROR(land.Finish());
   }
   return OkStatus();
 }
@@ -187,115 +171,32 @@ Status CheckpointManager::Impl::RunRestore(int64_t step, std::span<const ArrayTo
 
   // 3. Read.
   Status local;
-  Result<io::H5File> file =
-      io::H5File::OpenReadOnly(io::DataPath(root_, step), comm_.get(), Transfer::kIndependent);
-  if (!file.ok()) {
-    local = DataLoss(fmt::format("step {}: {}", step, file.status().message()));
+  Result<std::unique_ptr<io::StepReader>> reader = engine_->Open(root_, step, comm_.get());
+  if (!reader.ok()) {
+    local = DataLoss(fmt::format("step {}: {}", step, reader.status().message()));
   } else {
     for (size_t i = 0; i < m.arrays.size(); ++i) {
       if (!flags[2 * i]) continue;
       const io::MarkerArray& a = m.arrays[i];
-      Result<io::Dataset> ds = file->OpenDataset(a.name, a.dtype, a.shape);
-      if (!ds.ok()) {
-        if (local.ok()) local = ds.status();
+      Result<size_t> handle = (*reader)->OpenArray(StoredSpec(a));
+      if (!handle.ok()) {
+        if (local.ok()) local = handle.status();
         continue;
       }
       auto it = mine.find(a.name);
       if (a.replicated && !flags[2 * i + 1]) {
         // Why a broadcast: every rank wants the whole array; one read serves all.
-        // (Seam: device destinations could be broadcast with NCCL instead.)
-        Landing land(it->second->shards[0], a.dtype);
-        if (rank == 0 && local.ok()) local = ds->Read(it->second->shards[0].box, land.host());
-        if (rank == 0 && local.ok()) {
-          local = CheckStoredBoxes(a, it->second->shards[0].box,
-                                   static_cast<const std::byte*>(land.host()), land.bytes());
-        }
-        comm_.BroadcastBuffer(land.host(), land.bytes(), 0);
-        if (local.ok()) local = land.Finish();
-        continue;
-      }
-      if (it == mine.end() || !local.ok()) continue;
-      for (const Destination& d : it->second->shards) {
-        if (Volume(d.box.count).value_or(0) == 0) continue;
-        Landing land(d, a.dtype);
-        local = ds->Read(d.box, land.host());
-        if (local.ok()) {
-          local =
-              CheckStoredBoxes(a, d.box, static_cast<const std::byte*>(land.host()), land.bytes());
-        }
-        if (local.ok()) local = land.Finish();
-        if (!local.ok()) break;
+        local = ReadAndBroadcast(**reader, *handle, a, it->second->shards[0], comm_, local);
+      } else if (it != mine.end() && local.ok()) {
+        local = ReadShards(**reader, *handle, a, *it->second);
       }
     }
-    Status closed = file->Close();
+    Status closed = (*reader)->Close();
     if (local.ok()) local = closed;
   }
   if (!local.ok()) local = Status(local.code(), fmt::format("rank {}: {}", rank, local.message()));
   // 4. Agree.
   return AgreeAll(local, comm_);
-}
-
-}  // namespace mhckpt
-
-namespace mhckpt {
-
-Status CheckpointManager::Impl::RunVerify(int64_t step, uint64_t* bytes_checked) {
-  const int rank = comm_.rank(), size = comm_.size();
-  MHCKPT_ASSIGN_OR_RETURN(io::Marker m, ReadMarkerEverywhere(comm_, root_, step));
-  Status local;
-  uint64_t checked = 0;
-  Result<io::H5File> file =
-      io::H5File::OpenReadOnly(io::DataPath(root_, step), comm_.get(), Transfer::kIndependent);
-  if (!file.ok()) {
-    local = DataLoss(fmt::format("step {}: {}", step, file.status().message()));
-  } else {
-    size_t turn = 0;  // boxes are dealt to ranks in turn
-    for (const io::MarkerArray& a : m.arrays) {
-      Result<io::Dataset> ds = file->OpenDataset(a.name, a.dtype, a.shape);  // collective
-      if (!ds.ok()) {
-        if (local.ok()) local = ds.status();
-        continue;
-      }
-      for (const io::MarkerBox& b : a.boxes) {
-        if (turn++ % static_cast<size_t>(size) != static_cast<size_t>(rank) || !local.ok())
-          continue;
-        // Read in slabs of whole leading-dimension rows, at most ~64 MiB each:
-        // a huge box never becomes a huge allocation.
-        const size_t row_bytes = a.shape.empty()
-                                     ? DTypeSize(a.dtype)
-                                     : static_cast<size_t>(*Volume(std::vector<int64_t>(
-                                           b.box.count.begin() + 1, b.box.count.end()))) *
-                                           DTypeSize(a.dtype);
-        const int64_t rows = a.shape.empty() ? 1 : b.box.count[0];
-        const int64_t rows_per_slab = std::max<int64_t>(
-            1, static_cast<int64_t>((size_t{64} << 20) / std::max<size_t>(row_bytes, 1)));
-        std::vector<std::byte> slab(static_cast<size_t>(std::min(rows, rows_per_slab)) * row_bytes);
-        ChecksumStream sum;
-        for (int64_t r0 = 0; r0 < rows && local.ok(); r0 += rows_per_slab) {
-          Box part = b.box;
-          if (!a.shape.empty()) {
-            part.start[0] = b.box.start[0] + r0;
-            part.count[0] = std::min(rows_per_slab, rows - r0);
-          }
-          size_t n = a.shape.empty() ? row_bytes : static_cast<size_t>(part.count[0]) * row_bytes;
-          if (n > 0) local = ds->Read(part, slab.data());
-          sum.Update(slab.data(), n);
-          checked += n;
-        }
-        if (local.ok()) local = CheckBox(a, b, sum.Digest());
-      }
-    }
-    Status closed = file->Close();
-    if (local.ok()) local = closed;
-  }
-  if (!local.ok()) local = Status(local.code(), fmt::format("rank {}: {}", rank, local.message()));
-  Status s = AgreeAll(local, comm_);
-  if (bytes_checked) {
-    unsigned long long mine = checked, all = 0;
-    MPI_Allreduce(&mine, &all, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, comm_.get());
-    *bytes_checked = all;
-  }
-  return s;
 }
 
 }  // namespace mhckpt

@@ -170,8 +170,8 @@ def case_verify_damage(cli, fixture, work):
         f["values/f32_arange"][6, 4] = 12345.0
     for mpi in (False, True):
         out = cli.fails("verify", root, mpi=mpi)
-        check("array 'values/f32_arange' box [5:7, 0:5] (written by rank 2): checksum mismatch"
-              in out, "the damaged box is named")
+        check("array 'values/f32_arange' box [5:7, 0:5]: checksum mismatch" in out
+              and "(written by rank 2)" in out, "the damaged box and its writer are named")
     cli.ok("verify", root, "--step", 41)
 
     # One byte of a marker changed: the shape of values/i64 from [5] to [6].
@@ -182,7 +182,8 @@ def case_verify_damage(cli, fixture, work):
     at = text.index("5", at)
     open(path, "w").write(text[:at] + "6" + text[at + 1:])
     out = cli.fails("verify", root, "--step", 41)
-    check("array 'values/i64' [6]: boxes cover 5 of its 6 elements" in out, "tiling problem named")
+    check("array 'values/i64' of shape [6]: the boxes of all ranks cover 5 of 6 elements" in out,
+          "tiling problem named")
     check("array 'values/i64': stored shape does not match" in out, "shape mismatch named")
     cli.ok("verify", root, "--step", 42)
 

@@ -1,0 +1,41 @@
+#include "coordinator/committed_step.h"
+
+#include <fmt/format.h>
+
+#include "base/checksum.h"
+#include "coordinator/agree.h"
+#include "io/layout.h"
+#include "io/posix_file.h"
+
+namespace mhckpt {
+
+Result<io::Marker> ReadMarkerEverywhere(const Comm& comm, const std::string& root, int64_t step) {
+  Status s;
+  std::string text;
+  if (comm.rank() == 0) {
+    Result<std::string> r = io::ReadSmallFile(io::MarkerPath(root, step), io::kMaxMarkerBytes);
+    if (r.ok()) {
+      text = std::move(r).value();
+    } else if (r.status().code() == StatusCode::kNotFound) {
+      s = NotFound(fmt::format("step {} is not committed in '{}'", step, root));
+    } else {
+      s = r.status();
+    }
+  }
+  MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, comm));
+  comm.BroadcastBytes(&text, 0);
+  return io::ParseMarker(text, io::MarkerPath(root, step));
+}
+
+io::ArraySpec StoredSpec(const io::MarkerArray& a) { return {a.name, a.dtype, a.shape}; }
+
+Status CheckChecksum(const io::MarkerArray& a, const io::MarkerBox& b, uint64_t actual) {
+  if (actual == b.checksum) return OkStatus();
+  return DataLoss(fmt::format(
+      "array '{}' box {}: checksum mismatch: the marker says {}, the file holds {} (written by "
+      "rank {})",
+      a.name, BoxToString(b.box), ChecksumToString(b.checksum), ChecksumToString(actual),
+      b.writer));
+}
+
+}  // namespace mhckpt

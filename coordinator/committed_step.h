@@ -1,0 +1,28 @@
+// A committed step as every rank sees it: its commit marker, read once and
+// shared, and what the marker says about the stored arrays.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "base/status.h"
+#include "coordinator/comm.h"
+#include "io/marker.h"
+#include "io/storage.h"
+
+namespace mhckpt {
+
+/// Collective: rank 0 reads the commit marker of `step` under `root` and
+/// broadcasts its bytes; every rank parses the same bytes, so the outcome is
+/// the same everywhere. NotFound if the step is not committed; IoError if
+/// the marker cannot be read; DataLoss if it does not parse.
+Result<io::Marker> ReadMarkerEverywhere(const Comm& comm, const std::string& root, int64_t step);
+
+/// How array `a` of a marker (or plan) is stored.
+io::ArraySpec StoredSpec(const io::MarkerArray& a);
+
+/// OK if `actual` is the checksum the marker records for box `b` of `a`;
+/// otherwise DataLoss naming the array, the box and the rank that wrote it.
+Status CheckChecksum(const io::MarkerArray& a, const io::MarkerBox& b, uint64_t actual);
+
+}  // namespace mhckpt

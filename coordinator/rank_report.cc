@@ -1,0 +1,48 @@
+#include "coordinator/rank_report.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace mhckpt {
+namespace {
+
+Status DecodeReport(const std::string& bytes, std::vector<BoxSum>* sums) {
+  try {
+    nlohmann::json j = nlohmann::json::from_cbor(bytes);
+    for (const auto& b : j.at(2)) {
+      sums->push_back(
+          BoxSum{b.at(0).get<uint32_t>(), b.at(1).get<uint32_t>(), b.at(2).get<uint64_t>()});
+    }
+    return Status(static_cast<StatusCode>(j.at(0).get<int>()), j.at(1).get<std::string>());
+  } catch (const nlohmann::json::exception& e) {
+    return Internal(fmt::format("cannot decode a rank's report: {}", e.what()));
+  }
+}
+
+}  // namespace
+
+std::string EncodeReport(const Status& s, const std::vector<BoxSum>& sums) {
+  nlohmann::json j =
+      nlohmann::json::array({static_cast<int>(s.code()), s.message(), nlohmann::json::array()});
+  for (const BoxSum& b : sums) j[2].push_back({b.array, b.box, b.sum});
+  std::vector<uint8_t> cbor = nlohmann::json::to_cbor(j);
+  return {cbor.begin(), cbor.end()};
+}
+
+Status CollectReports(const std::vector<std::string>& reports,
+                      std::vector<std::vector<BoxSum>>* sums) {
+  Status first;
+  int failed = 0;
+  sums->assign(reports.size(), {});
+  for (size_t r = 0; r < reports.size(); ++r) {
+    Status s = DecodeReport(reports[r], &(*sums)[r]);
+    if (!s.ok() && failed++ == 0) first = s;
+  }
+  if (failed > 1) {
+    return {first.code(), fmt::format("{} (and {} more rank{} failed)", first.message(), failed - 1,
+                                      failed > 2 ? "s" : "")};
+  }
+  return first;
+}
+
+}  // namespace mhckpt

@@ -1,0 +1,28 @@
+// What a rank tells rank 0 at the end of a phase of the save: its status and
+// the checksums of the boxes it hashed (the ones it wrote, for the marker; or
+// every box it holds, for the replica check).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace mhckpt {
+
+/// The checksum of box `box` of array `array` (indices into the plan).
+struct BoxSum {
+  uint32_t array;
+  uint32_t box;
+  uint64_t sum;
+};
+
+std::string EncodeReport(const Status& s, const std::vector<BoxSum>& sums);
+
+/// Rank 0: every rank's checksums into `sums` (index = rank); returns the
+/// first error (lowest rank), noting how many ranks failed.
+Status CollectReports(const std::vector<std::string>& reports,
+                      std::vector<std::vector<BoxSum>>* sums);
+
+}  // namespace mhckpt

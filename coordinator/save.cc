@@ -1,0 +1,446 @@
+// The save protocol of one step, run by every rank on its I/O thread after
+// Save has copied the rank's boxes into a Snapshot:
+//
+//   1. Plan. If every rank holds exactly the arrays and boxes of the
+//      previous save, one allreduce confirms it (and that all ranks save the
+//      same step) and the previous plan is reused. Otherwise every rank sends
+//      rank 0 a description of what it holds (and its local input error, if
+//      any); rank 0 validates all of them together, picks one writer per
+//      distinct box (coordinator/plan.h), refuses a step that is already
+//      committed, creates the step directory (fsyncing the root), and
+//      broadcasts the outcome and the plan. Either collective is also the
+//      barrier of the design: a rank enters it only after its snapshot is
+//      complete, so nobody writes before every snapshot exists.
+//   2. Replica check (Options::verify_replicas). Every rank sends rank 0 the
+//      checksums of the planned boxes it holds; boxes held by several ranks
+//      must be equal everywhere before anything is written.
+//   3. Write. All ranks create the step's arrays collectively through the
+//      storage engine (io/storage.h); rank 0 reserves their space on disk
+//      and all agree on it, so a full disk fails here and not inside a
+//      collective flush; then each rank writes the boxes the plan gives it
+//      (fully replicated arrays: rank 0; with
+//      Options::replica_parallel_min_bytes, big shared boxes as row slices,
+//      one per holder, each from the holder's own staged copy). A write
+//      error is remembered, and the rank keeps taking part. The staging
+//      buffer goes back to the pool as soon as the rank's writes are done.
+//   4. Flush. The engine makes the step durable (parallel HDF5:
+//      H5Fflush(GLOBAL), which syncs through MPI-IO), then closes it.
+//   5. Agree. One gather: every rank's outcome, and the checksums (XXH3) of
+//      the boxes it wrote, which go into the marker.
+//   6. Commit. Rank 0 gives back the unused reserved space and writes the
+//      marker (io::WriteFileAtomic: temp file, fsync, rename, fsync the
+//      directory), or on failure removes the step directory. It broadcasts
+//      the outcome (after step 7); every rank returns it.
+//   7. Retention. Before broadcasting the outcome, rank 0 deletes the steps
+//      the policy no longer keeps (marker first, io::DeleteStep). A failure
+//      here is logged, not returned: the new step is committed either way.
+//
+// A crash anywhere before step 6 leaves a directory without a marker, which
+// is never listed and is removed by the next Open.
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <span>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "base/checksum.h"
+#include "base/fault.h"
+#include "coordinator/agree.h"
+#include "coordinator/committed_step.h"
+#include "coordinator/manager_impl.h"
+#include "coordinator/plan.h"
+#include "coordinator/rank_report.h"
+#include "coordinator/retention.h"
+#include "io/catalog.h"
+#include "io/layout.h"
+#include "io/posix_file.h"
+
+namespace mhckpt {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Rank 0: refuses a committed step, and creates its directory afresh (a
+// directory left by an earlier failed attempt at this step is garbage).
+Status PrepareStepDir(const std::string& root, int64_t step) {
+  if (io::PathExists(io::MarkerPath(root, step))) {
+    return AlreadyExists(fmt::format("step {} is already committed in '{}'", step, root));
+  }
+  MHCKPT_RETURN_IF_ERROR(io::RemoveAll(io::StepDir(root, step)));
+  MHCKPT_RETURN_IF_ERROR(io::MakeDirs(io::StepDir(root, step)));
+  return io::FsyncDir(root);
+}
+
+// Rank 0's part of the plan round.
+// The plan uses rank 0's Options::replica_parallel_min_bytes: the plan is
+// made here and broadcast, so a different value on another rank is ignored.
+Result<io::Marker> PlanOnRoot(const std::vector<std::string>& encoded, const std::string& root,
+                              int64_t step, uint64_t replica_parallel_min_bytes) {
+  std::vector<RankDescription> ranks;
+  for (const std::string& e : encoded) {
+    MHCKPT_ASSIGN_OR_RETURN(RankDescription d, DecodeDescription(e));
+    ranks.push_back(std::move(d));
+  }
+  MHCKPT_ASSIGN_OR_RETURN(io::Marker plan, BuildPlan(ranks, replica_parallel_min_bytes));
+  MHCKPT_RETURN_IF_ERROR(PrepareStepDir(root, step));
+  return plan;
+}
+
+// The staged bytes of planned box `box` of `a`: a staged box equal to it, or
+// (replica-parallel saving, plan.h) a staged box of which `box` is a run of
+// whole rows. Empty if this rank holds no such box.
+std::span<const std::byte> FindStaged(const Snapshot& snapshot, const StagedArray* a,
+                                      const Box& box) {
+  if (a == nullptr) return {};
+  for (const StagedBox& sb : a->boxes) {
+    if (sb.box == box) return {snapshot.data(sb), sb.size};
+  }
+  for (const StagedBox& sb : a->boxes) {
+    if (auto run = RowRunBytes(sb.box, box, sb.size)) {
+      return {snapshot.data(sb) + run->first, run->second};
+    }
+  }
+  return {};
+}
+
+std::map<std::string_view, const StagedArray*> StagedByName(const Snapshot& snapshot) {
+  std::map<std::string_view, const StagedArray*> staged;
+  for (const StagedArray& a : snapshot.arrays) staged[a.name] = &a;
+  return staged;
+}
+
+// Checksums of every planned box this rank holds, written by it or not. A
+// box split into row slices (replica-parallel saving) is compared slice by
+// slice: every holder of the box holds every slice, so all of the box is
+// compared across all of its holders.
+std::vector<BoxSum> HoldingChecksums(const io::Marker& plan, const Snapshot& snapshot) {
+  const auto staged = StagedByName(snapshot);
+  std::vector<BoxSum> sums;
+  for (size_t i = 0; i < plan.arrays.size(); ++i) {
+    auto it = staged.find(plan.arrays[i].name);
+    for (size_t k = 0; it != staged.end() && k < plan.arrays[i].boxes.size(); ++k) {
+      std::span<const std::byte> bytes =
+          FindStaged(snapshot, it->second, plan.arrays[i].boxes[k].box);
+      if (bytes.data() != nullptr) {
+        sums.push_back({static_cast<uint32_t>(i), static_cast<uint32_t>(k),
+                        Checksum(bytes.data(), bytes.size())});
+      }
+    }
+  }
+  return sums;
+}
+
+// Rank 0: the boxes held by several ranks must be equal everywhere.
+Status CompareReplicas(const io::Marker& plan, const std::vector<std::vector<BoxSum>>& sums) {
+  std::map<std::pair<uint32_t, uint32_t>, std::pair<uint64_t, int>> first;  // box -> (sum, rank)
+  for (size_t r = 0; r < sums.size(); ++r) {
+    for (const BoxSum& b : sums[r]) {
+      auto [it, inserted] = first.try_emplace({b.array, b.box}, b.sum, static_cast<int>(r));
+      if (!inserted && it->second.first != b.sum) {
+        const io::MarkerArray& a = plan.arrays[b.array];
+        return DataLoss(
+            fmt::format("replicas differ: array '{}' box {} is {} on rank {} but {} on rank {}",
+                        a.name, BoxToString(a.boxes[b.box].box), ChecksumToString(it->second.first),
+                        it->second.second, ChecksumToString(b.sum), r));
+      }
+    }
+  }
+  return OkStatus();
+}
+
+// What this rank writes of one save, and what it learns while writing.
+struct Writes {
+  const io::Marker& plan;
+  const Snapshot& snapshot;
+  int rank;
+  bool collective;  // Transfer::kCollective: the same number of calls per array everywhere
+  uint64_t written = 0;
+  std::vector<BoxSum> sums;
+};
+
+// Step 3, one array: the boxes of plan array `ai` that this rank writes.
+// Keeps making every collective call after a local error, which it returns.
+Status WriteArray(io::StepWriter& writer, size_t ai, const StagedArray* staged, Writes& w,
+                  Status local) {
+  const io::MarkerArray& a = w.plan.arrays[ai];
+  std::map<int, int> writes_per_rank;
+  for (const io::MarkerBox& b : a.boxes) ++writes_per_rank[b.writer];
+  int calls = 0, max_calls = 0;
+  for (auto [r, n] : writes_per_rank) max_calls = std::max(max_calls, n);
+  for (size_t bi = 0; bi < a.boxes.size(); ++bi) {
+    const io::MarkerBox& b = a.boxes[bi];
+    if (b.writer != w.rank) continue;
+    ++calls;
+    std::span<const std::byte> box = FindStaged(w.snapshot, staged, b.box);
+    if (!local.ok() || box.data() == nullptr) {
+      if (local.ok()) {
+        local = Internal(fmt::format("array '{}' box {}: planned for rank {}, not staged there",
+                                     a.name, BoxToString(b.box), w.rank));
+      }
+      if (w.collective) writer.WriteNothing(ai).IgnoreError();
+      continue;
+    }
+    w.sums.push_back(
+        {static_cast<uint32_t>(ai), static_cast<uint32_t>(bi), Checksum(box.data(), box.size())});
+    local = writer.Write(ai, b.box, box.data());
+    w.written += box.size();
+    if (local.ok()) local = fault::Hit("mid_write", w.written);
+  }
+  for (; w.collective && calls < max_calls; ++calls) {
+    Status s = writer.WriteNothing(ai);
+    if (local.ok()) local = s;
+  }
+  return local;
+}
+
+// Step 3: this rank's boxes of every array, in plan order.
+Status WriteBoxes(io::StepWriter& writer, Writes& w) {
+  const auto staged = StagedByName(w.snapshot);
+  Status local;
+  for (size_t ai = 0; ai < w.plan.arrays.size(); ++ai) {
+    auto it = staged.find(w.plan.arrays[ai].name);
+    local = WriteArray(writer, ai, it == staged.end() ? nullptr : it->second, w, local);
+  }
+  return local;
+}
+
+// One save on one rank: the steps of the protocol above, in order.
+class SaveRun {
+ public:
+  SaveRun(CheckpointManager::Impl& impl, SaveJob& job)
+      : impl_(impl), comm_(impl.comm_), job_(job), t_(job.timings), rank_(impl.comm_.rank()) {}
+
+  Status Run() {
+    // Each phase is bounded in time (Options::collective_timeout_seconds).
+    Watchdog::Guard phase(impl_.watchdog_, "plan", job_.step);
+    fault::SetStep(job_.step);
+    if (job_.local.ok()) job_.local = fault::Hit("plan");
+    auto t0 = Clock::now();
+    MHCKPT_RETURN_IF_ERROR(Plan());
+    if (impl_.options_.verify_replicas) MHCKPT_RETURN_IF_ERROR(CheckReplicas());
+    t_.plan = Since(t0);
+    Write();
+    Flush();
+    if (!local_.ok()) {
+      local_ = Status(local_.code(), fmt::format("rank {}: {}", rank_, local_.message()));
+    }
+    impl_.watchdog_.Enter("commit", job_.step);
+    t0 = Clock::now();
+    std::vector<std::string> reports = Agree();
+    Status s = rank_ == 0 ? Commit(reports) : OkStatus();
+    auto gc0 = Clock::now();
+    if (rank_ == 0 && s.ok() && impl_.options_.max_to_keep > 0) Retention();
+    t_.gc = Since(gc0);
+    s = BroadcastStatus(s, 0, comm_);
+    t_.commit = Since(t0) - t_.gc;
+    if (rank_ == 0) Log(s);
+    return s;
+  }
+
+ private:
+  // 1. Plan: reuse the previous one if every rank holds what it held then.
+  Status Plan() {
+    const uint64_t hash = job_.local.ok() ? DescriptionHash(job_.snapshot) : 0;
+    int64_t changed =
+        impl_.last_plan_ && job_.local.ok() && hash == impl_.last_description_hash_ ? 0 : 1;
+    if (rank_ == 0 && !changed && !PrepareStepDir(impl_.root_, job_.step).ok()) changed = 1;
+    // Why one allreduce: it confirms that nobody's arrays changed and that all
+    // ranks save the same step (max(step) == -max(-step)).
+    std::vector<int64_t> votes{changed, job_.step, -job_.step};
+    comm_.AllreduceMax(&votes);
+    t_.plan_cached = votes[0] == 0 && votes[1] == -votes[2];
+    if (t_.plan_cached) {
+      plan_ = *impl_.last_plan_;
+      plan_.step = job_.step;
+    } else {
+      if (rank_ == 0 && !changed) RemoveStepDir();
+      MHCKPT_RETURN_IF_ERROR(GatherPlan());
+      impl_.last_plan_ = plan_;
+      impl_.last_description_hash_ = hash;
+    }
+    plan_.user_metadata = job_.metadata;  // rank 0's is the one written
+    return OkStatus();
+  }
+
+  // 1, without a plan to reuse: every rank's description to rank 0, which
+  // plans; its outcome and plan to every rank.
+  Status GatherPlan() {
+    std::vector<std::string> encoded = comm_.GatherBytes(
+        EncodeDescription(mhckpt::Describe(job_.step, job_.local, job_.snapshot)), 0);
+    Status s;
+    std::string plan_json;
+    if (rank_ == 0) {
+      Result<io::Marker> p =
+          PlanOnRoot(encoded, impl_.root_, job_.step, impl_.options_.replica_parallel_min_bytes);
+      s = p.status();
+      if (s.code() == StatusCode::kIoError) {
+        s = Status(s.code(), fmt::format("rank 0: {}", s.message()));
+        RemoveStepDir();
+      }
+      if (p.ok()) {
+        plan_ = std::move(p).value();
+        plan_json = io::MarkerToJson(plan_);
+      }
+    }
+    MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, comm_));
+    comm_.BroadcastBytes(&plan_json, 0);
+    if (rank_ != 0) {
+      Result<io::Marker> p = io::ParseMarker(plan_json, "plan");
+      if (!p.ok()) {
+        return Internal(
+            fmt::format("rank {}: cannot read rank 0's plan: {}", rank_, p.status().message()));
+      }
+      plan_ = std::move(p).value();
+    }
+    return OkStatus();
+  }
+
+  // 2. Replica check: replicas must agree before anything is written.
+  Status CheckReplicas() {
+    std::vector<std::string> held =
+        comm_.GatherBytes(EncodeReport(OkStatus(), HoldingChecksums(plan_, job_.snapshot)), 0);
+    Status s;
+    if (rank_ == 0) {
+      std::vector<std::vector<BoxSum>> all;
+      s = CollectReports(held, &all);
+      if (s.ok()) s = CompareReplicas(plan_, all);
+      if (!s.ok()) RemoveStepDir();
+    }
+    return BroadcastStatus(s, 0, comm_);
+  }
+
+  // 3. Write: create the step's arrays, reserve their space, write this
+  // rank's boxes; then give the staging buffer back.
+  void Write() {
+    impl_.watchdog_.Enter("write", job_.step);
+    auto t0 = Clock::now();
+    t_.written_bytes = 0;
+    Result<std::unique_ptr<io::StepWriter>> writer =
+        impl_.engine_->Create(impl_.root_, job_.step, comm_.get());
+    if (!writer.ok()) {
+      local_ = writer.status();
+      return;
+    }
+    writer_ = std::move(writer).value();
+    std::vector<io::ArraySpec> specs;
+    specs.reserve(plan_.arrays.size());
+    for (const io::MarkerArray& a : plan_.arrays) specs.push_back(StoredSpec(a));
+    local_ = writer_->CreateArrays(specs);
+    if (local_.ok() && ReserveEverywhere()) {
+      Writes w{plan_, job_.snapshot, rank_, impl_.options_.transfer == Transfer::kCollective, 0,
+               {}};
+      local_ = WriteBoxes(*writer_, w);
+      t_.written_bytes = w.written;
+      sums_ = std::move(w.sums);
+    }
+    t_.write = Since(t0);
+    // Nothing reads the staged bytes after the write phase (the replica check
+    // came before it, the checksums were taken while writing, and the engine
+    // keeps no buffer): give the buffer back now, so a save waiting for
+    // staging memory (SaveTimings::budget_wait) need not wait for the flush
+    // and the commit too (docs/PERFORMANCE.md).
+    job_.snapshot.buffer = StagingBuffer();
+  }
+
+  // 3, before writing: rank 0 reserves the step's space on disk and all
+  // agree, so a full file system fails here, on every rank alike, and not
+  // inside a collective flush where one rank's error can strand the others.
+  bool ReserveEverywhere() {
+    Status reserved;
+    if (rank_ == 0) {
+      reserved = writer_->Reserve();
+      local_ = reserved;  // only rank 0 reports it
+    }
+    return AgreeAll(reserved, comm_).ok();
+  }
+
+  // 4. Flush: make the step durable, and close it.
+  void Flush() {
+    if (writer_ == nullptr) return;
+    auto t0 = Clock::now();
+    impl_.watchdog_.Enter("flush", job_.step);
+    Status flushed = writer_->Flush();
+    if (local_.ok()) local_ = flushed;
+    if (local_.ok()) local_ = fault::Hit("after_flush");
+    t_.flush = Since(t0);
+  }
+
+  // 5. Agree: rank 0 learns every rank's outcome and the checksums of the
+  // boxes each wrote (the outcome goes to everyone after step 7).
+  std::vector<std::string> Agree() { return comm_.GatherBytes(EncodeReport(local_, sums_), 0); }
+
+  // 6. Commit (rank 0): the marker if every rank succeeded, else clean up.
+  Status Commit(const std::vector<std::string>& reports) {
+    std::vector<std::vector<BoxSum>> all;
+    Status s = CollectReports(reports, &all);
+    for (const auto& rank_sums : all) {
+      for (const BoxSum& b : rank_sums) plan_.arrays[b.array].boxes[b.box].checksum = b.sum;
+    }
+    if (s.ok()) s = writer_->Seal();  // the space reserved in step 3 beyond what was used
+    if (s.ok()) s = fault::Hit("before_marker");
+    if (s.ok()) {
+      plan_.created_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  std::chrono::system_clock::now().time_since_epoch())
+                                  .count();
+      const std::string text = io::MarkerToJson(plan_);
+      s = io::WriteFileAtomic(io::MarkerPath(impl_.root_, job_.step), text);
+      if (s.ok()) io::RememberValidMarker(impl_.root_, plan_, text);
+      if (!s.ok()) s = Status(s.code(), fmt::format("rank 0: commit marker: {}", s.message()));
+    }
+    if (!s.ok()) RemoveStepDir();
+    return s;
+  }
+
+  // 7. Retention (rank 0), before the outcome goes out: when
+  // WaitUntilFinished returns anywhere, the deleted steps are gone everywhere.
+  void Retention() {
+    Result<std::vector<int64_t>> committed = io::CommittedSteps(impl_.root_);
+    Status gc = committed.status();
+    if (committed.ok()) {
+      for (int64_t old :
+           StepsToDelete(*committed, impl_.options_.max_to_keep, impl_.options_.keep_period)) {
+        gc = io::DeleteStep(impl_.root_, old);
+        if (!gc.ok()) break;
+      }
+    }
+    if (!gc.ok()) spdlog::warn("mhckpt: retention after step {}: {}", job_.step, gc.ToString());
+  }
+
+  void Log(const Status& s) const {
+    if (!s.ok()) {
+      spdlog::error("mhckpt: step {} failed: {}", job_.step, s.ToString());
+      return;
+    }
+    spdlog::info(
+        "mhckpt: step {} committed: {:.1f} MiB in {:.3f} s (budget wait {:.3f}, snapshot {:.3f}, "
+        "plan {:.3f}{}, write {:.3f}, flush {:.3f}, commit {:.3f}, gc {:.3f})",
+        job_.step, static_cast<double>(plan_.total_bytes) / (1 << 20),
+        t_.budget_wait + t_.snapshot + t_.plan + t_.write + t_.flush + t_.commit + t_.gc,
+        t_.budget_wait, t_.snapshot, t_.plan, t_.plan_cached ? " cached" : "", t_.write, t_.flush,
+        t_.commit, t_.gc);
+  }
+
+  void RemoveStepDir() const { io::RemoveAll(io::StepDir(impl_.root_, job_.step)).IgnoreError(); }
+
+  CheckpointManager::Impl& impl_;
+  const Comm& comm_;
+  SaveJob& job_;
+  SaveTimings& t_;
+  const int rank_;
+  io::Marker plan_;
+  std::unique_ptr<io::StepWriter> writer_;  // from step 3 on, if the engine created the step
+  Status local_;                            // this rank's first error from step 3 on
+  std::vector<BoxSum> sums_;                // of the boxes this rank wrote
+};
+
+}  // namespace
+
+Status CheckpointManager::Impl::RunSave(SaveJob& job) { return SaveRun(*this, job).Run(); }
+
+}  // namespace mhckpt

@@ -1,0 +1,287 @@
+// Verify of one committed step, run by every rank on its I/O thread:
+//
+//   1. Rank 0 reads the commit marker and broadcasts it; every rank parses
+//      the same bytes (coordinator/committed_step.h). A marker that does not
+//      parse, or names another step, ends the verify here. Rank 0 checks that
+//      the boxes of every array tile it exactly once (CheckTiling, the
+//      plan's own check).
+//   2. All ranks open the step through the storage engine, and agree on it:
+//      a rank that cannot open it must not leave the others alone in the
+//      collective opens that follow. Then every array, collectively; the
+//      engine checks its dtype and shape.
+//   3. The boxes of the arrays that opened are dealt to the ranks by bytes
+//      (largest first, each to the least loaded rank). Each rank reads its
+//      boxes in slabs of whole rows of at most kSlabBytes, so a huge box
+//      never becomes a huge allocation, and checks each box's checksum
+//      against the marker. A problem is noted and the walk goes on.
+//   4. Close. Rank 0 gathers every rank's problems and bytes read, and
+//      broadcasts the report, so that every rank returns the same Status:
+//      DataLoss naming the first problem and counting the others, or OK.
+#include <algorithm>
+#include <optional>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "base/checksum.h"
+#include "coordinator/agree.h"
+#include "coordinator/committed_step.h"
+#include "coordinator/manager_impl.h"
+#include "coordinator/plan.h"
+
+namespace mhckpt {
+namespace {
+
+constexpr uint64_t kSlabBytes = uint64_t{64} << 20;
+
+// One stored box to read and check, cut into slabs of whole rows
+// (dimension 0) so that no single read is larger than kSlabBytes.
+struct BoxRead {
+  size_t array = 0;
+  size_t box = 0;
+  std::vector<Box> slabs;  // in row order: their bytes, concatenated, are the box's
+  uint64_t bytes = 0;
+  uint64_t largest_slab = 0;
+};
+
+// Every box of the arrays that opened (`handles[i]` set), cut into slabs.
+std::vector<BoxRead> PlanReads(const io::Marker& m,
+                               const std::vector<std::optional<size_t>>& handles) {
+  std::vector<BoxRead> reads;
+  for (size_t i = 0; i < m.arrays.size(); ++i) {
+    if (!handles[i]) continue;
+    const io::MarkerArray& a = m.arrays[i];
+    const uint64_t elem = DTypeSize(a.dtype);
+    for (size_t b = 0; b < a.boxes.size(); ++b) {
+      const Box& box = a.boxes[b].box;
+      const int64_t volume = Volume(box.count).value_or(0);
+      BoxRead read{i, b, {}, static_cast<uint64_t>(volume) * elem, 0};
+      if (volume == 0) {
+        // Nothing to read; the checksum is still that of zero bytes.
+      } else if (box.count.empty()) {  // a 0-d array
+        read.slabs.push_back(box);
+      } else {
+        const uint64_t row_bytes = static_cast<uint64_t>(volume / box.count[0]) * elem;
+        const int64_t rows_per_slab =
+            std::max<int64_t>(1, static_cast<int64_t>(kSlabBytes / row_bytes));
+        for (int64_t r = 0; r < box.count[0]; r += rows_per_slab) {
+          Box slab = box;
+          slab.start[0] = box.start[0] + r;
+          slab.count[0] = std::min(rows_per_slab, box.count[0] - r);
+          read.slabs.push_back(slab);
+        }
+      }
+      for (const Box& slab : read.slabs) {
+        read.largest_slab =
+            std::max(read.largest_slab, static_cast<uint64_t>(*Volume(slab.count)) * elem);
+      }
+      reads.push_back(std::move(read));
+    }
+  }
+  return reads;
+}
+
+// The rank that reads each box: largest boxes first, each to the least
+// loaded rank so far (by bytes). Deterministic: every rank computes the same.
+std::vector<int> DealReads(const std::vector<BoxRead>& reads, int ranks) {
+  std::vector<size_t> order(reads.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t x, size_t y) { return reads[x].bytes > reads[y].bytes; });
+  std::vector<uint64_t> load(static_cast<size_t>(ranks), 0);
+  std::vector<int> owner(reads.size(), 0);
+  for (size_t i : order) {
+    auto r = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    load[r] += reads[i].bytes;
+    owner[i] = static_cast<int>(r);
+  }
+  return owner;
+}
+
+// What one rank found, and what the report says once gathered.
+struct Findings {
+  uint64_t bytes = 0;  // read back
+  std::vector<std::string> problems;
+};
+
+std::string EncodeFindings(const Findings& f) {
+  std::vector<uint8_t> cbor = nlohmann::json::to_cbor(nlohmann::json::array({f.bytes, f.problems}));
+  return {cbor.begin(), cbor.end()};
+}
+
+Findings DecodeFindings(const std::string& bytes) {
+  try {
+    nlohmann::json j = nlohmann::json::from_cbor(bytes);
+    return {j.at(0).get<uint64_t>(), j.at(1).get<std::vector<std::string>>()};
+  } catch (const nlohmann::json::exception& e) {
+    return {0, {fmt::format("cannot decode a rank's findings: {}", e.what())}};
+  }
+}
+
+// The verify of one step on one rank: the steps of the protocol above.
+class StepVerifier {
+ public:
+  StepVerifier(const Comm& comm, io::Engine& engine, const std::string& root, int64_t step,
+               const VerifyOptions& options)
+      : comm_(comm), engine_(engine), root_(root), step_(step), options_(options) {}
+
+  Status Run(VerifyReport* report) {
+    Result<io::Marker> m = ReadMarker();
+    if (!m.ok()) {
+      if (m.status().code() == StatusCode::kDataLoss) report->problems = {m.status().message()};
+      return m.status();
+    }
+    report->arrays = m->arrays.size();
+    for (const io::MarkerArray& a : m->arrays) report->boxes += a.boxes.size();
+    if (comm_.rank() == 0) CheckTilings(*m);
+    Result<std::unique_ptr<io::StepReader>> reader = engine_.Open(root_, step_, comm_.get());
+    Status opened = AgreeAll(reader.status(), comm_);
+    if (!opened.ok()) {
+      Note(fmt::format("data file: {}", opened.ToString()));
+    } else {
+      ReadShare(*m, **reader, OpenArrays(*m, **reader));
+      Status closed = (*reader)->Close();
+      if (!closed.ok()) Problem(fmt::format("close: {}", closed.ToString()));
+    }
+    return Gather(report);
+  }
+
+ private:
+  // 1. The marker, the same on every rank.
+  Result<io::Marker> ReadMarker() {
+    Result<io::Marker> m = ReadMarkerEverywhere(comm_, root_, step_);
+    if (!m.ok() && m.status().code() == StatusCode::kDataLoss) {
+      return DataLoss(fmt::format("step {}: {}", step_, m.status().message()));
+    }
+    if (m.ok() && m->step != step_) {
+      return DataLoss(fmt::format("step {}: the commit marker says step {}", step_, m->step));
+    }
+    return m;
+  }
+
+  // 1, on rank 0: the boxes of every array tile it.
+  void CheckTilings(const io::Marker& m) {
+    for (const io::MarkerArray& a : m.arrays) {
+      std::vector<RankedBox> boxes;
+      for (const io::MarkerBox& b : a.boxes) boxes.push_back({&b.box, b.writer});
+      if (Status s = CheckTiling(a.name, a.shape, std::move(boxes)); !s.ok()) Note(s.message());
+    }
+  }
+
+  // 2. Every array, collectively; the same outcome on every rank.
+  std::vector<std::optional<size_t>> OpenArrays(const io::Marker& m, io::StepReader& reader) {
+    std::vector<std::optional<size_t>> handles(m.arrays.size());
+    std::vector<int> failed(m.arrays.size(), 0);
+    for (size_t i = 0; i < m.arrays.size(); ++i) {
+      Result<size_t> h = reader.OpenArray(StoredSpec(m.arrays[i]));
+      if (h.ok()) {
+        handles[i] = *h;
+      } else {
+        failed[i] = 1;
+        Note(h.status().message());
+      }
+    }
+    // The opens are collective, so their outcome is the same everywhere; the
+    // maximum over ranks makes sure of it before the reads are dealt.
+    comm_.AllreduceMax(&failed);
+    for (size_t i = 0; i < handles.size(); ++i) {
+      if (failed[i]) handles[i].reset();
+    }
+    return handles;
+  }
+
+  // 3. This rank's share of the boxes.
+  void ReadShare(const io::Marker& m, io::StepReader& reader,
+                 const std::vector<std::optional<size_t>>& handles) {
+    const std::vector<BoxRead> reads = PlanReads(m, handles);
+    const std::vector<int> owner = DealReads(reads, comm_.size());
+    uint64_t largest = 0;
+    for (size_t i = 0; i < reads.size(); ++i) {
+      if (owner[i] != comm_.rank()) continue;
+      share_ += reads[i].bytes;
+      largest = std::max(largest, reads[i].largest_slab);
+    }
+    if (options_.progress) options_.progress(0, share_);
+    std::vector<std::byte> buffer(static_cast<size_t>(largest));
+    for (size_t i = 0; i < reads.size(); ++i) {
+      if (owner[i] == comm_.rank()) ReadBox(m, reads[i], reader, *handles[reads[i].array], buffer);
+    }
+  }
+
+  // 3, one box: slab by slab, then its checksum.
+  void ReadBox(const io::Marker& m, const BoxRead& read, io::StepReader& reader, size_t handle,
+               std::vector<std::byte>& buffer) {
+    const io::MarkerArray& a = m.arrays[read.array];
+    const io::MarkerBox& box = a.boxes[read.box];
+    ChecksumStream checksum;
+    for (const Box& slab : read.slabs) {
+      const uint64_t bytes = static_cast<uint64_t>(*Volume(slab.count)) * DTypeSize(a.dtype);
+      Status s = reader.Read(handle, slab, buffer.data());
+      done_ += bytes;
+      if (options_.progress) options_.progress(done_, share_);
+      if (!s.ok()) {
+        Problem(fmt::format("array '{}' box {}: slab {} unreadable on rank {}: {}", a.name,
+                            BoxToString(box.box), BoxToString(slab), comm_.rank(), s.ToString()));
+        return;
+      }
+      checksum.Update(buffer.data(), static_cast<size_t>(bytes));
+    }
+    if (Status s = CheckChecksum(a, box, checksum.Digest()); !s.ok()) {
+      Problem(s.message());
+      return;
+    }
+    mine_.bytes += read.bytes;
+  }
+
+  // 4. Every rank's findings to rank 0, and the report back to every rank.
+  Status Gather(VerifyReport* report) {
+    std::vector<std::string> all = comm_.GatherBytes(EncodeFindings(mine_), 0);
+    std::string merged;
+    if (comm_.rank() == 0) {
+      Findings f;
+      for (const std::string& bytes : all) {
+        Findings r = DecodeFindings(bytes);
+        f.bytes += r.bytes;
+        f.problems.insert(f.problems.end(), r.problems.begin(), r.problems.end());
+      }
+      merged = EncodeFindings(f);
+    }
+    comm_.BroadcastBytes(&merged, 0);
+    Findings f = DecodeFindings(merged);
+    report->bytes_checked = f.bytes;
+    report->problems = std::move(f.problems);
+    if (report->problems.empty()) return OkStatus();
+    const size_t more = report->problems.size() - 1;
+    return DataLoss(more == 0 ? report->problems[0]
+                              : fmt::format("{} (and {} more problem{})", report->problems[0], more,
+                                            more == 1 ? "" : "s"));
+  }
+
+  // A problem this rank found, named with the step.
+  void Problem(const std::string& what) {
+    mine_.problems.push_back(fmt::format("step {}: {}", step_, what));
+  }
+  // A problem every rank found alike: rank 0 notes it.
+  void Note(const std::string& what) {
+    if (comm_.rank() == 0) Problem(what);
+  }
+
+  const Comm& comm_;
+  io::Engine& engine_;
+  const std::string& root_;
+  const int64_t step_;
+  const VerifyOptions& options_;
+  Findings mine_;
+  uint64_t share_ = 0;  // bytes of the boxes dealt to this rank
+  uint64_t done_ = 0;   // of them, read so far
+};
+
+}  // namespace
+
+Status CheckpointManager::Impl::RunVerify(int64_t step, const VerifyOptions& options,
+                                          VerifyReport* report) {
+  *report = VerifyReport();
+  return StepVerifier(comm_, *engine_, root_, step, options).Run(report);
+}
+
+}  // namespace mhckpt
