@@ -50,6 +50,7 @@
 #include "bench/model.h"
 #include "coordinator/checkpoint_manager.h"
 #include "io/layout.h"
+#include "programs/main_guard.h"
 
 #ifndef MHCKPT_SOURCE_DIR
 #define MHCKPT_SOURCE_DIR "."
@@ -656,19 +657,11 @@ int Main(int argc, char** argv, int provided) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int provided = MPI_THREAD_SINGLE;
-  try {
+  return mhckpt::GuardedMain("mhckpt-bench", [&] {
     mhckpt::bench::g_version = mhckpt::bench::GitDescribe();
+    int provided = MPI_THREAD_SINGLE;
     // MULTIPLE: saves commit on the background I/O thread, as in training.
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     return Main(argc, argv, provided);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "mhckpt-bench: %s\n", e.what());
-  } catch (...) {
-    std::fprintf(stderr, "mhckpt-bench: unknown exception\n");
-  }
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  if (initialized != 0) MPI_Abort(MPI_COMM_WORLD, 1);
-  return 1;
+  });
 }

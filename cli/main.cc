@@ -10,8 +10,6 @@
 // for it alone); the other commands run as one process.
 #include <mpi.h>
 
-#include <cstdio>
-#include <exception>
 #include <optional>
 #include <string>
 
@@ -22,6 +20,7 @@
 #include "cli/inspect_command.h"
 #include "cli/list_command.h"
 #include "cli/verify_command.h"
+#include "programs/main_guard.h"
 
 namespace {
 
@@ -108,19 +107,6 @@ int Main(int argc, char** argv) {
 
 }  // namespace
 
-// Last resort for an unexpected exception (bad_alloc, a bug): report it and,
-// under MPI, abort the job rather than leave other ranks waiting for this one.
 int main(int argc, char** argv) {
-  try {
-    return Main(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "mhckpt: unexpected exception: %s\n", e.what());
-  } catch (...) {
-    std::fprintf(stderr, "mhckpt: unexpected exception\n");
-  }
-  int initialized = 0, finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, 1);
-  return 1;
+  return mhckpt::GuardedMain("mhckpt", [&] { return Main(argc, argv); });
 }

@@ -8,13 +8,11 @@
 // is the same for the same state on any world size.
 #include <mpi.h>
 
-#include <cstdio>
-#include <exception>
-
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
 #include "demo/train_loop.h"
+#include "programs/main_guard.h"
 
 namespace {
 
@@ -83,19 +81,6 @@ int Main(int argc, char** argv) {
 
 }  // namespace
 
-// Last resort for an unexpected exception (bad_alloc, a bug): report it and,
-// under MPI, abort the job rather than leave other ranks waiting for this one.
 int main(int argc, char** argv) {
-  try {
-    return Main(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "mhckpt-train-demo: unexpected exception: %s\n", e.what());
-  } catch (...) {
-    std::fprintf(stderr, "mhckpt-train-demo: unexpected exception\n");
-  }
-  int initialized = 0, finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, 1);
-  return 1;
+  return mhckpt::GuardedMain("mhckpt-train-demo", [&] { return Main(argc, argv); });
 }
