@@ -19,6 +19,7 @@ import sys
 
 MiB = 1 << 20
 PEERS = ("orbax", "dcp", "h5py")
+PY_SYSTEMS = ("mhckpt-py", "mhckpt-jax")  # mhckpt's Python API (bench/peers/mhckpt_py_bench.py)
 
 
 def load_records(paths):
@@ -62,7 +63,7 @@ def restore_kind(r):
 class Index:
     def __init__(self, records):
         self.raw, self.save, self.restore, self.reshard = {}, {}, {}, {}
-        self.many, self.repl, self.peer = {}, {}, {}
+        self.many, self.repl, self.peer, self.py = {}, {}, {}, {}
         for r in records:
             sysname, case = r.get("system"), r.get("case")
             if sysname == "dd":
@@ -81,6 +82,8 @@ class Index:
                 self.repl[(r["np"], r["mib"], int(r.get("replica_split_bytes", 0)))] = r
             elif sysname in PEERS:
                 self.peer[(sysname, r["np"], r["mib"])] = r
+            elif sysname in PY_SYSTEMS:
+                self.py[(sysname, r["np"], r["mib"])] = r
 
 
 def fmt_s(x):
@@ -255,11 +258,54 @@ def build(ix, rep):
                "peer commit", "peer / ours", "≥ 2×", "peer restore", "peer / ours", "≥ 2×",
                "restore at M: peer / ours", "bytes equal"], rows)
 
+    build_python(ix, rep)
+
     met = sum(t["met"] for t in rep.targets)
     rep.lines.insert(0, f"Targets met: **{met} of {len(rep.targets)}** points.\n")
     missed = sorted({t["target"] for t in rep.targets if not t["met"]})
     if missed:
         rep.lines.insert(1, "Missed somewhere: " + "; ".join(missed) + ".\n")
+
+
+def build_python(ix, rep):
+    """mhckpt's Python API beside the C++ figures of the same run."""
+    if not ix.py:
+        return
+    rep.p("**From Python**: `import mhckpt` (bench/peers/mhckpt_py_bench.py) on mhckpt-bench's model, "
+          "options and sequence, numpy leaves (`mhckpt-py`; `mhckpt-jax`: jax.Array leaves, for reference). "
+          "Target: the Python layer's share of the stall — `save()` minus the C++ `Save`'s own time, "
+          "measured in the same process — ≤ 5% of the C++ stall. The end-to-end ratios (Python / C++) "
+          "compare runs made minutes apart on a noisy disk; `bench/run_python_overhead.py` interleaves "
+          "them (docs/PERFORMANCE.md, From Python).")
+    rows = []
+    for (sysname, np_, mib), r in sorted(ix.py.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0])):
+        c, cr = ix.save.get((np_, mib)), ix.restore.get((np_, mib))
+        if not c:
+            continue
+
+        def ratio(a, b):
+            return f"{a / b:.2f}×" if (a is not None and b) else "—"
+
+        layer = r.get("overhead_s")
+        share = layer / c["stall_s"] if layer is not None and c.get("stall_s") else float("nan")
+        if sysname == "mhckpt-py":
+            v = rep.target("Python layer <= 5% of the C++ stall", f"np={np_} {mib} MiB", share, 0.05,
+                           share <= 0.05)
+        else:
+            v = "ref."
+        m = r.get("restore_np")
+        theirs = ix.reshard.get((np_, m, mib)) if m else None
+        resh = (f"{np_} → {m}: {ratio(r.get('reshard_s'), theirs['restore_s'])}"
+                if theirs and r.get("reshard_s") else "—")
+        rows.append([sysname, np_, mib, fmt_s(c["stall_s"]), fmt_s(r.get("stall_s")), ratio(r.get("stall_s"), c["stall_s"]),
+                     fmt_s(layer), f"**{share * 100:.1f}%**", v,
+                     fmt_s(c["commit_s"]), fmt_s(r.get("commit_s")), ratio(r.get("commit_s"), c["commit_s"]),
+                     fmt_s(cr["restore_s"]) if cr else "—", fmt_s(r.get("restore_s")),
+                     ratio(r.get("restore_s"), cr["restore_s"] if cr else None), resh,
+                     "yes" if r.get("verified") else "**no**"])
+    rep.table(["API", "np", "MiB", "C++ stall", "Python stall", "Py / C++", "Python layer", "of C++ stall",
+               "≤ 5%", "C++ commit", "Python commit", "Py / C++", "C++ restore", "Python restore", "Py / C++",
+               "restore at M: Py / C++", "bytes equal"], rows)
 
 
 def reshard_cell(r, ix):

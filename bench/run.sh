@@ -3,7 +3,8 @@
 # (memcpy, an fsync'd sequential write and a cold sequential read of the same
 # bytes with dd) and against what users would pick instead (Orbax, PyTorch DCP,
 # a plain h5py collective write), on the same model, the same machine and the
-# same file system. Prints the table, writes the JSON and the plot.
+# same file system; and mhckpt's own Python API (mhckpt-py) beside its C++
+# figures. Prints the table, writes the JSON and the plot.
 #
 #   bench/run.sh                                  # everything: about 30 minutes on 2 cores
 #   NPS="1 2" SIZES=256 PEERS=dcp bench/run.sh    # a quick look
@@ -14,7 +15,9 @@
 #   NPS ["1 2 4"]                world sizes
 #   SIZES ["256 1024 4096"]      checkpoint size in MiB, all ranks together
 #   REPS [3]                     timed repetitions per figure (medians)
-#   PEERS ["orbax dcp h5py"]     peers to run ("" for none); installed into bench/.venv
+#   PEERS ["mhckpt-py orbax dcp h5py"]  peers to run ("" for none; "mhckpt-jax" too: the
+#                                Python API with jax.Array leaves); installed into python/.venv,
+#                                the Python tests' venv (bench/peers/setup_venv.sh)
 #   PEER_SIZES [1024]            sizes the peers run at (each peer start costs 10-40 s)
 #   MANY_MIB [1024]              total size of the 10,000-array case
 #   REPL_SIZES ["256 1024"]      per-rank size of the fully replicated case (np >= 2)
@@ -31,7 +34,7 @@ BUILD_DIR=${BUILD_DIR:-build}
 NPS=${NPS:-1 2 4}
 SIZES=${SIZES:-256 1024 4096}
 REPS=${REPS:-3}
-PEERS=${PEERS-orbax dcp h5py}
+PEERS=${PEERS-mhckpt-py orbax dcp h5py}
 PEER_SIZES=${PEER_SIZES:-1024}
 MANY_MIB=${MANY_MIB:-1024}
 REPL_SIZES=${REPL_SIZES:-256 1024}
@@ -56,7 +59,8 @@ if sync && echo 1 2>/dev/null >/proc/sys/vm/drop_caches; then DROP=(--drop-cache
 drop_caches() { if $COLD; then sync; echo 1 >/proc/sys/vm/drop_caches; fi; }
 
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-git diff --quiet HEAD -- base worker io coordinator bench 2>/dev/null || commit="$commit+dirty"
+git diff --quiet HEAD -- base worker io coordinator bench python pyproject.toml 2>/dev/null || commit="$commit+dirty"
+export MHCKPT_BENCH_VERSION=$commit  # the version field of the mhckpt-py records
 mkdir -p "$CKPT_DIR"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp" "$CKPT_DIR"/run.*' EXIT

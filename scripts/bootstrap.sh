@@ -20,7 +20,7 @@
 # With MHCKPT_BENCH=1 (bench/run.sh sets it), also the benchmark's (the disk's own speed is measured with dd):
 #   python3-matplotlib            the plot of docs/PERFORMANCE.md
 #   python3-mpi4py                the plain h5py collective write (bench/peers/h5py_bench.py)
-#   python3-venv                  the virtualenv bench/.venv for the PyPI peers (Orbax, PyTorch DCP)
+#   python3-venv                  the virtualenv python/.venv for the PyPI peers (Orbax, PyTorch DCP)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -4,7 +4,11 @@
 #   1. scripts/bootstrap.sh (apt packages, configure, build into build/)
 #   2. the donation regression test under AddressSanitizer (build-address/)
 #      and ThreadSanitizer (build-thread/)
-#   3. ctest over build/ (unit, mpi at 1-4 ranks, reshard matrix, crash, fuzz,
+#   3. python/setup_venv.sh: the Python venv (python/.venv; the first run
+#      downloads jax and torch) and `pip install .` of the mhckpt package, for
+#      the python.* tests; MHCKPT_PYTHON_TESTS=0 skips it and leaves those tests out
+#   4. ctest over build/ (unit, mpi at 1-4 ranks, reshard matrix, crash, fuzz,
+#      python: pytest at 1-4 ranks and N -> M restores,
 #      slurm: a local Slurm cluster with a node failure; MHCKPT_SLURM_TESTS=0 skips it)
 # Extra arguments go to the last ctest, e.g. scripts/test.sh -L unit
 set -euo pipefail
@@ -20,10 +24,17 @@ if [ "${MHCKPT_SKIP_SANITIZERS:-0}" != 1 ]; then
   done
 fi
 
+exclude=()
+if [ "${MHCKPT_PYTHON_TESTS:-1}" = 0 ]; then
+  exclude+=(-E '^python\.')
+else
+  echo "== Python package (python/setup_venv.sh)"
+  python/setup_venv.sh
+fi
+
 echo "== test suite (build/)"
 cd "${BUILD_DIR:-build}"
 # The slurm label brings up a local Slurm cluster (slurm/local-cluster.sh);
 # MHCKPT_SLURM_TESTS=0 leaves it out.
-exclude=()
-[ "${MHCKPT_SLURM_TESTS:-1}" = 0 ] && exclude=(-LE slurm)
+[ "${MHCKPT_SLURM_TESTS:-1}" = 0 ] && exclude+=(-LE slurm)
 ctest --output-on-failure --timeout 300 "${exclude[@]}" "$@"

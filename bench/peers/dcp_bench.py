@@ -3,11 +3,11 @@
 
 Run with the venv's python (bench/peers/setup_venv.sh):
 
-  bench/.venv/bin/python bench/peers/dcp_bench.py --mib 256 --np 2 --restore-np 1 \
+  python/.venv/bin/python bench/peers/dcp_bench.py --mib 256 --np 2 --restore-np 1 \
       --dir /tmp/peers/dcp --reps 3 --json out.json [--drop-caches]
 
 The driver (the command above) starts the worker processes itself, N of them and then M,
-each as `bench/.venv/bin/python bench/peers/dcp_bench.py --role save|reshard ...` with
+each as `python/.venv/bin/python bench/peers/dcp_bench.py --role save|reshard ...` with
 RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1 and a free MASTER_PORT in the environment; they form
 a gloo process group.
 

@@ -2,7 +2,7 @@
 """Peer benchmark: a plain h5py collective write of the benchmark model (bench/peers/model.py).
 
 Run it with Debian's python (h5py built on parallel HDF5, python3-h5py-mpi, and
-python3-mpi4py), not inside bench/.venv:
+python3-mpi4py), not inside the venv (python/.venv):
 
   /usr/bin/python3 bench/peers/h5py_bench.py --mib 256 --np 2 --restore-np 1 \
       --dir /tmp/peers/h5py --reps 3 --json out.json [--drop-caches]

@@ -3,11 +3,11 @@
 
 Run with the venv's python (bench/peers/setup_venv.sh):
 
-  bench/.venv/bin/python bench/peers/orbax_bench.py --mib 256 --np 2 --restore-np 1 \
+  python/.venv/bin/python bench/peers/orbax_bench.py --mib 256 --np 2 --restore-np 1 \
       --dir /tmp/peers/orbax --reps 3 --json out.json [--drop-caches]
 
 The driver (the command above) starts N worker processes, then M, each as
-`bench/.venv/bin/python bench/peers/orbax_bench.py --role save|reshard ... --rank r --port P`;
+`python/.venv/bin/python bench/peers/orbax_bench.py --role save|reshard ... --rank r --port P`;
 every worker calls jax.distributed.initialize("127.0.0.1:P", num_processes, process_id) and
 has one CPU device, so the global mesh has one device per process (CPU collectives: gloo).
 

@@ -169,8 +169,10 @@ class CheckpointManager:
             commit marker (rank 0's); read back with :meth:`describe`.
 
         Raises (the same on every rank): InvalidArgumentError for a leaf,
-        shape, dtype, box or name that cannot be saved, or a state that
-        differs across ranks.
+        dtype, buffer or metadata that cannot be saved on any rank. What the
+        core checks next (boxes inside the array, a non-negative step, the
+        same arrays on every rank) fails the save on every rank, raised by
+        :meth:`wait_until_finished`.
         """
         err: Optional[BaseException] = None
         specs: List[Any] = []
@@ -179,8 +181,14 @@ class CheckpointManager:
         try:
             leaves, _ = _pytree.flatten(state, _leaves.is_leaf)
             values: Dict[str, Any] = {}
+            names = set()
             for path, leaf in leaves:
                 name = _pytree.path_name(path)
+                if name in names:  # e.g. keys "a/b" and "a" -> "b"
+                    raise InvalidArgumentError(
+                        f"leaf '{name}': two leaves of the state have this name"
+                    )
+                names.add(name)
                 if _leaves.is_value(leaf):
                     values[name] = leaf
                     continue

@@ -19,7 +19,8 @@ def _is_leaf_default(x: Any) -> bool:
 
 
 def _using_jax() -> bool:
-    return "jax" in sys.modules
+    # sys.modules["jax"] is None where a program blocks jax's import.
+    return sys.modules.get("jax") is not None
 
 
 def _jax_key_name(entry: Any) -> str:

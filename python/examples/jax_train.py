@@ -1,0 +1,268 @@
+"""Multi-process JAX training with asynchronous mhckpt checkpoints.
+
+This is the scenario that crashed an Orbax user (see docs/PYTHON.md): an async
+save returns, the training loop at once runs a jitted update that *donates* the
+state, and a background thread that still reads the replicated arrays lazily
+dies with ``RuntimeError: Array has been deleted``. mhckpt copies every local
+buffer to host memory before ``save`` returns, so the loop below may donate
+(and even ``.delete()``) everything it just saved.
+
+Run it with one JAX process per MPI rank (CPU devices, gloo collectives):
+
+    mpirun -np 2 python jax_train.py --ckpt /tmp/run1 --steps 10     # saves 0, 4, 8
+    mpirun -np 3 python jax_train.py --ckpt /tmp/run1 --steps 14 --resume
+
+The resumed job restores the latest step onto 3 processes (a new mesh, new
+shardings) and goes on. ``--fingerprint FILE`` writes the sha256 of every
+array's full global bytes at the last save and right after the restore: they
+are equal, bit for bit, whatever the process counts.
+
+``--naive-async`` swaps mhckpt for a small lazy writer that makes the seed's
+mistake and fails with JAX's "Array has been deleted".
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import json
+import os
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import mhckpt
+
+# Must be set before JAX starts its CPU backend: cross-process collectives on
+# CPU go through gloo.
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+
+D_IN, HIDDEN, BATCH = 24, 16, 32  # D_IN divides evenly over 1, 2, 3, 4 and 6 processes
+SHAPES = {"w1": (D_IN, HIDDEN), "w2": (HIDDEN,), "b": ()}
+LEARNING_RATE, MOMENTUM = 0.05, 0.9
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ckpt", required=True, help="checkpoint directory (shared by all processes)")
+    p.add_argument("--steps", type=int, default=10, help="train until this step")
+    p.add_argument("--save-every", type=int, default=4)
+    p.add_argument("--resume", action="store_true", help="restore the latest step first")
+    p.add_argument("--naive-async", action="store_true",
+                   help="use the lazy background writer of the seed bug instead of mhckpt")
+    p.add_argument("--port", type=int, default=12355, help="port of JAX's coordinator on 127.0.0.1")
+    p.add_argument("--fingerprint", help="process 0 writes the fingerprints here (JSON)")
+    return p.parse_args()
+
+
+# ------------------------------------------------------------------- the model
+
+def make_shardings(mesh: Mesh) -> dict:
+    """w1 is split by rows over the processes; everything else is replicated."""
+    rows, rep = NamedSharding(mesh, P("d", None)), NamedSharding(mesh, P())
+    params = {"w1": rows, "w2": rep, "b": rep}
+    return {"params": params, "momentum": dict(params)}
+
+
+def global_array(full: np.ndarray, sharding: NamedSharding) -> jax.Array:
+    """A global jax.Array from a numpy array every process holds whole: each
+    process fills only its own shards."""
+    return jax.make_array_from_callback(full.shape, sharding, lambda index: full[index])
+
+
+def init_state(shardings: dict) -> dict:
+    rng = np.random.default_rng(0)
+    params = {
+        "w1": rng.standard_normal(SHAPES["w1"], dtype=np.float32) / np.sqrt(D_IN),
+        "w2": rng.standard_normal(SHAPES["w2"], dtype=np.float32) / np.sqrt(HIDDEN),
+        "b": np.zeros(SHAPES["b"], np.float32),
+    }
+    return {
+        "params": {k: global_array(v, shardings["params"][k]) for k, v in params.items()},
+        "momentum": {k: global_array(np.zeros_like(v), shardings["momentum"][k])
+                     for k, v in params.items()},
+    }
+
+
+def batch_at(position: int, replicated: NamedSharding):
+    """Deterministic data: the batch that starts at sample ``position``."""
+    rng = np.random.default_rng(position)
+    x = rng.standard_normal((BATCH, D_IN), dtype=np.float32)
+    y = np.sin(x[:, :4].sum(axis=1)).astype(np.float32)
+    return global_array(x, replicated), global_array(y, replicated)
+
+
+def make_train_step(shardings: dict, replicated: NamedSharding):
+    # donate_argnums=0: XLA reuses the state's buffers for the new state, so
+    # the arrays passed in are deleted when the call returns.
+    @functools.partial(jax.jit, donate_argnums=0, out_shardings=(shardings, replicated))
+    def train_step(state, x, y):
+        def loss_fn(p):
+            pred = jnp.tanh(x @ p["w1"]) @ p["w2"] + p["b"]
+            return jnp.mean((pred - y) ** 2)
+
+        loss, grads = jax.value_and_grad(loss_fn)(state["params"])
+        momentum = jax.tree.map(lambda m, g: MOMENTUM * m + g, state["momentum"], grads)
+        params = jax.tree.map(lambda p, m: p - LEARNING_RATE * m, state["params"], momentum)
+        return {"params": params, "momentum": momentum}, loss
+
+    return train_step
+
+
+# ------------------------------------------------------------- fingerprints
+
+def fingerprint(tree) -> dict:
+    """sha256 of every array's full global bytes (gathered from all
+    processes), and the plain values as they are. Collective."""
+    out = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        name = "/".join(str(getattr(k, "key", k)) for k in path)
+        if isinstance(leaf, jax.Array):
+            full = np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
+            out[name] = f"{full.dtype}{list(full.shape)} " + hashlib.sha256(full.tobytes()).hexdigest()
+        else:
+            out[name] = leaf
+    return out
+
+
+# ----------------------------------------- the seed bug, without Orbax
+
+class NaiveAsyncCheckpointer:
+    """What went wrong, in miniature. ``save`` copies the *sharded* arrays to
+    host before returning (Orbax does too), but leaves the fully *replicated*
+    ones to a background thread, which reads them with ``np.asarray`` after
+    ``save`` has returned -- by then the training loop has donated them."""
+
+    def __init__(self, root: str):
+        self.root, self.thread, self.error = root, None, None
+
+    def save(self, step: int, tree: dict) -> None:
+        self.wait_until_finished()
+        flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+        eager, lazy = {}, {}
+        for path, leaf in flat:
+            name = "/".join(str(getattr(k, "key", k)) for k in path)
+            if isinstance(leaf, jax.Array) and not leaf.is_fully_replicated:
+                for i, shard in enumerate(leaf.addressable_shards):
+                    eager[f"{name}#{i}"] = np.asarray(shard.data)  # a host copy, now
+            elif isinstance(leaf, jax.Array):
+                lazy[name] = leaf  # the mistake: a reference, not a copy
+
+        def write():
+            try:
+                # A busy writer (a slow file system, earlier saves): by the time it
+                # gets to the replicated arrays, the training loop has donated them.
+                time.sleep(0.5)
+                host = dict(eager)
+                host.update({name: np.asarray(x) for name, x in lazy.items()})  # "Array has been deleted"
+                path = os.path.join(self.root, f"naive_{step}_process{jax.process_index()}.npz")
+                np.savez(path, **host)
+            except Exception as e:  # noqa: BLE001 -- handed to the training loop
+                self.error = e
+
+        self.thread = threading.Thread(target=write, name=f"naive-save-{step}")
+        self.thread.start()
+
+    def wait_until_finished(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        if self.error is not None:
+            raise RuntimeError(f"naive async checkpoint failed: {self.error}") from self.error
+
+    def __enter__(self):
+        os.makedirs(self.root, exist_ok=True)
+        return self
+
+    def __exit__(self, *exc):
+        if exc[0] is None:
+            self.wait_until_finished()
+
+
+# ------------------------------------------------------------------ training
+
+def main() -> None:
+    args = parse_args()
+    # One JAX process per MPI rank; mpirun tells each its rank.
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", 0))
+    nproc = int(os.environ.get("OMPI_COMM_WORLD_SIZE", 1))
+    jax.distributed.initialize(f"127.0.0.1:{args.port}", num_processes=nproc, process_id=rank)
+
+    mesh = Mesh(np.array(jax.devices()), ("d",))  # one CPU device per process
+    shardings = make_shardings(mesh)
+    replicated = NamedSharding(mesh, P())
+    train_step = make_train_step(shardings, replicated)
+
+    def log(*a):
+        if rank == 0:
+            print(*a, flush=True)
+
+    report = {"processes": nproc}
+    if args.naive_async and args.resume:
+        raise SystemExit("--naive-async writes nothing that --resume could read")
+    if args.naive_async:
+        ckpt = NaiveAsyncCheckpointer(args.ckpt)
+    else:
+        # Collective over MPI's world: every process opens the same directory.
+        ckpt = mhckpt.CheckpointManager(args.ckpt, max_to_keep=2)
+
+    with ckpt:
+        start, position = 0, 0
+        if args.resume:
+            step = ckpt.latest_step()
+            if step is None:
+                raise SystemExit(f"--resume: no committed checkpoint in {args.ckpt}")
+            # The target names what to build: shape, dtype and the *new* mesh's
+            # sharding for arrays; any placeholder for plain values.
+            target = {
+                "state": {group: {k: jax.ShapeDtypeStruct(SHAPES[k], jnp.float32, sharding=s)
+                                  for k, s in by_name.items()}
+                          for group, by_name in shardings.items()},
+                "step": 0,
+                "data": {"position": 0},
+            }
+            restored = ckpt.restore(step, target)
+            state, start, position = restored["state"], restored["step"], restored["data"]["position"]
+            report["restored"] = fingerprint(restored)
+            log(f"restored step {start} on {nproc} processes (saved on "
+                f"{ckpt.describe(step)['world_size']}); data position {position}")
+        else:
+            if not args.naive_async and ckpt.latest_step() is not None:
+                raise SystemExit(f"{args.ckpt} has checkpoints: pass --resume or use a new directory")
+            state = init_state(shardings)
+
+        for step in range(start, args.steps):
+            if step % args.save_every == 0 and not (args.resume and step == start):
+                saved = {"state": state, "step": step, "data": {"position": position}}
+                report["saved"] = fingerprint(saved)  # before the arrays go away
+                ckpt.save(step, saved)  # returns at once: the write goes on in the background
+                log(f"step {step}: save started")
+
+            x, y = batch_at(position, replicated)
+            position += BATCH
+            old = state
+            state, loss = train_step(state, x, y)  # donates every array of `old` ...
+            for a in jax.tree.leaves(old):
+                if not a.is_deleted():  # ... and whatever a backend did not donate goes too
+                    a.delete()
+            log(f"step {step}: loss {float(loss):.6f}")
+
+        ckpt.wait_until_finished()  # the last save is committed (or raises)
+    log(f"done: {args.steps} steps on {nproc} processes")
+
+    if args.fingerprint and rank == 0:
+        with open(args.fingerprint, "w") as f:
+            json.dump(report, f, indent=1, sort_keys=True)
+    for what in ("saved", "restored"):
+        for name, fp in report.get(what, {}).items():
+            log(f"fingerprint {what} {name}: {fp}")
+
+
+if __name__ == "__main__":
+    main()
