@@ -155,27 +155,6 @@ def row_bytes(shape, dtype):
     return n
 
 
-def nest(flat):
-    out = {}
-    for k, v in flat.items():
-        d = out
-        *head, last = k.split("/")
-        for h in head:
-            d = d.setdefault(h, {})
-        d[last] = v
-    return out
-
-
-def flatten(tree, prefix=""):
-    out = {}
-    for k, v in tree.items():
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{prefix}{k}/"))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 class Local:
     """One rank's boxes of a model: numpy arrays, every page touched."""
 
@@ -212,7 +191,7 @@ def numpy_state(mhckpt, local):
     flat = {}
     for name, _, shape, sharded, start, _, a in local.items:
         flat[name] = mhckpt.Shard(a, start, shape) if sharded else a
-    return nest(flat)
+    return model.nest(flat)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -337,7 +316,7 @@ def jax_state(ctx, mib):
         sharding = NamedSharding(mesh, P("x", None) if split else P())
         flat[name] = jax.make_array_from_single_device_arrays(shape, sharding, [jax.device_put(a, dev)])
     jax.block_until_ready(flat)
-    return nest(flat), local, rows
+    return model.nest(flat), local, rows
 
 
 def run_save(ctx):
@@ -468,7 +447,7 @@ def restore_target(ctx, dest):
     flat = {}
     for name, _, shape, sharded, start, _, arr in dest.items:
         flat[name] = ctx.mhckpt.Shard(arr, start, shape) if sharded else arr
-    return nest(flat)
+    return model.nest(flat)
 
 
 def jax_restore_target(ctx, spec_list):
@@ -480,13 +459,13 @@ def jax_restore_target(ctx, spec_list):
         sharded = split and shape[0] >= ctx.size and shape[0] % ctx.size == 0
         flat[name] = jax.ShapeDtypeStruct(shape, model.numpy_dtype(dt),
                                           sharding=NamedSharding(mesh, P("x", None) if sharded else P()))
-    return nest(flat)
+    return model.nest(flat)
 
 
 def jax_verify(ctx, got, spec_list):
     np = ctx.np
     bad = []
-    g = flatten(got)
+    g = model.flatten(got)
     for name, dt, shape, split in spec_list:
         for sh in g[name].addressable_shards:
             start = [sl.indices(n)[0] for sl, n in zip(sh.index, shape)]

@@ -47,6 +47,30 @@ SMALL = [(f"norms/{i:03d}", "float32", (COLS,)) for i in range(64)] + [
 ITEMSIZE = {"bfloat16": 2, "float32": 4, "int64": 8, "uint32": 4}
 
 
+def nest(flat):
+    """{"a/b": x} -> {"a": {"b": x}}: a model's flat names as a pytree."""
+    out = {}
+    for k, v in flat.items():
+        d = out
+        *head, last = k.split("/")
+        for h in head:
+            d = d.setdefault(h, {})
+        d[last] = v
+    return out
+
+
+def flatten(tree, prefix=""):
+    """The inverse of nest."""
+    out = {}
+    for k, v in tree.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, name + "/"))
+        else:
+            out[name] = v
+    return out
+
+
 def numpy_dtype(name):
     """The numpy dtype for a model dtype; bfloat16 is ml_dtypes' where present, else raw uint16."""
     if name == "bfloat16":

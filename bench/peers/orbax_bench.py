@@ -36,28 +36,6 @@ def padded_rows(mib, np_, restore_np):
     return -(-rows // m) * m
 
 
-def nest(flat):
-    out = {}
-    for k, v in flat.items():
-        d = out
-        *head, last = k.split("/")
-        for h in head:
-            d = d.setdefault(h, {})
-        d[last] = v
-    return out
-
-
-def flatten(tree, prefix=""):
-    out = {}
-    for k, v in tree.items():
-        name = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, name + "/"))
-        else:
-            out[name] = v
-    return out
-
-
 def worker(args):
     import jax
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -102,7 +80,7 @@ def worker(args):
         for name, dt, shape in model.SMALL:
             flat[name] = jax.make_array_from_single_device_arrays(
                 shape, replicated, [jax.device_put(model.small_array(name, dt, shape), dev)])
-        state = nest(flat)
+        state = model.nest(flat)
         jax.block_until_ready(state)
         barrier("built")
         base = model.rss_bytes()
@@ -126,7 +104,7 @@ def worker(args):
         abstract[name] = jax.ShapeDtypeStruct((rows, model.COLS), model.numpy_dtype(dt), sharding=row_sharding)
     for name, dt, shape in model.SMALL:
         abstract[name] = jax.ShapeDtypeStruct(shape, model.numpy_dtype(dt), sharding=replicated)
-    abstract = nest(abstract)
+    abstract = model.nest(abstract)
     verified = True
     for i in range(args.reps):
         maybe_drop(i)
@@ -135,7 +113,7 @@ def worker(args):
         jax.block_until_ready(got)
         res[key].append(tmax(model.now() - t0))
         if i == 0:
-            g = flatten(got)
+            g = model.flatten(got)
             for name, dt in model.LARGE:
                 shards = g[name].addressable_shards
                 b, e, _ = shards[0].index[0].indices(rows)

@@ -227,28 +227,19 @@ class PyManager {
             const std::map<std::string, std::string>& metadata, const PyError& py_error) {
     std::vector<ArrayToSave> arrays;
     Status local = Convert(py_error, [&] { arrays = ToSave(specs); });
-    CheckpointManager& mgr = Mgr();
-    Status s;
-    {
-      nb::gil_scoped_release release;
-      s = mgr.Agree(local);
+    Blocking([&](CheckpointManager& mgr) {
+      Status s = mgr.Agree(local);
       // Save's own error (a box outside the array, a negative step) is this
       // rank's alone; the save still runs and fails on every rank alike, so
       // wait_until_finished raises it, agreed. Raising it here too would
       // raise on some ranks only.
       if (s.ok()) (void)mgr.Save(step, arrays, metadata);
-    }
-    Check(s);
+      return s;
+    });
   }
 
   void Wait() {
-    CheckpointManager& mgr = Mgr();
-    Status s;
-    {
-      nb::gil_scoped_release release;
-      s = mgr.WaitUntilFinished();
-    }
-    Check(s);
+    Blocking([](CheckpointManager& mgr) { return mgr.WaitUntilFinished(); });
   }
 
   // Collective; errors found in Python or here are agreed first, as in Save.
@@ -256,25 +247,15 @@ class PyManager {
                const PyError& py_error) {
     std::vector<ArrayToRestore> arrays;
     Status local = Convert(py_error, [&] { arrays = ToRestore(specs); });
-    CheckpointManager& mgr = Mgr();
-    Status s;
-    {
-      nb::gil_scoped_release release;
-      s = mgr.Agree(local);
-      if (s.ok()) s = mgr.Restore(step, arrays, RestoreOptions{.strict = strict});
-    }
-    Check(s);
+    Blocking([&](CheckpointManager& mgr) {
+      Status s = mgr.Agree(local);
+      return s.ok() ? mgr.Restore(step, arrays, RestoreOptions{.strict = strict}) : s;
+    });
   }
 
   uint64_t Verify(int64_t step) {
-    CheckpointManager& mgr = Mgr();
     uint64_t bytes = 0;
-    Status s;
-    {
-      nb::gil_scoped_release release;
-      s = mgr.Verify(step, &bytes);
-    }
-    Check(s);
+    Blocking([&](CheckpointManager& mgr) { return mgr.Verify(step, &bytes); });
     return bytes;
   }
 
@@ -301,6 +282,18 @@ class PyManager {
   }
 
  private:
+  // Runs `call(manager)` with the GIL released, and raises its Status.
+  template <typename F>
+  void Blocking(F&& call) {
+    CheckpointManager& mgr = Mgr();
+    Status s;
+    {
+      nb::gil_scoped_release release;
+      s = call(mgr);
+    }
+    Check(s);
+  }
+
   // This rank's Status: the Python layer's error, else the conversion's.
   template <typename F>
   Status Convert(const PyError& py_error, F&& convert) const {
