@@ -435,7 +435,7 @@ json RunRestore(const Flags& f) {
     CheckOk(NotFound(fmt::format("no committed step in {}", root)), "restore");
   }
   const int64_t step = **latest;
-  Result<io::Marker> marker = mgr->Describe(step);
+  Result<StepDescription> marker = mgr->Describe(step);
   CheckOk(marker.status(), "describe");
 
   // The layout: arrays the save split over its ranks are split over ours.
@@ -449,7 +449,7 @@ json RunRestore(const Flags& f) {
   }
   std::vector<ArraySpec> specs;
   uint64_t global = 0;
-  for (const io::MarkerArray& a : marker->arrays) {
+  for (const StoredArray& a : marker->arrays) {
     specs.push_back(
         {a.name, a.dtype, a.shape, have_list ? sharded.contains(a.name) : !a.replicated});
     global += ArrayBytes(specs.back());

@@ -11,6 +11,8 @@
 
 namespace mhckpt::cli {
 
+using internal::StepsToDelete;
+
 Status RunGc(const GcArgs& args, std::FILE* out) {
   if (args.keep < 1) return InvalidArgument(fmt::format("--keep {}: keep at least 1", args.keep));
   MHCKPT_ASSIGN_OR_RETURN(std::vector<StepInfo> steps, ReadSteps(args.root));

@@ -25,6 +25,9 @@
 #include "io/posix_file.h"
 
 namespace mhckpt::cli {
+
+using internal::BroadcastStatus;
+using internal::Comm;
 namespace {
 
 // Rank 0: the steps to verify, and problems found in the listing.

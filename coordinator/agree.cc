@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-namespace mhckpt {
+namespace mhckpt::internal {
 
 Status AgreeAll(const Status& local, const Comm& comm) {
   // Why an allreduce: it is the one step that no rank can leave before every
@@ -25,4 +25,4 @@ Status BroadcastStatus(const Status& status, int root, const Comm& comm) {
   return Status::Deserialize(bytes);
 }
 
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

@@ -5,7 +5,7 @@
 #include "base/status.h"
 #include "coordinator/comm.h"
 
-namespace mhckpt {
+namespace mhckpt::internal {
 
 /// Collective. OK on every rank if `local` is OK on every rank; otherwise the
 /// error of the lowest failing rank, on every rank, noting how many ranks
@@ -15,4 +15,4 @@ Status AgreeAll(const Status& local, const Comm& comm);
 /// Collective. `root`'s status on every rank.
 Status BroadcastStatus(const Status& status, int root, const Comm& comm);
 
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

@@ -18,6 +18,16 @@
 #include "worker/copy.h"
 
 namespace mhckpt {
+
+using internal::AgreeAll;
+using internal::BroadcastStatus;
+using internal::Comm;
+using internal::SaveJob;
+using internal::Snapshot;
+using internal::SnapshotOptions;
+using internal::TakeSnapshot;
+using internal::Watchdog;
+
 namespace {
 
 // Rank 0's part of Open: create the root, remove steps without a marker.
@@ -36,9 +46,38 @@ Status PrepareRoot(const std::string& root, bool remove_uncommitted) {
   return removed ? io::FsyncDir(root) : OkStatus();
 }
 
+StepDescription DescribeMarker(const io::Marker& m) {
+  StepDescription d;
+  d.step = m.step;
+  d.format_version = m.format_version;
+  d.world_size = m.world_size;
+  d.created_unix_ms = m.created_unix_ms;
+  d.total_bytes = m.total_bytes;
+  d.user_metadata = m.user_metadata;
+  d.arrays.reserve(m.arrays.size());
+  for (const io::MarkerArray& a : m.arrays) {
+    StoredArray& out = d.arrays.emplace_back();
+    out.name = a.name;
+    out.dtype = a.dtype;
+    out.shape = a.shape;
+    out.replicated = a.replicated;
+    out.boxes.reserve(a.boxes.size());
+    for (const io::MarkerBox& b : a.boxes) out.boxes.push_back({b.box, b.writer, b.checksum});
+  }
+  return d;
+}
+
 }  // namespace
 
-CheckpointManager::Impl::Impl(Comm comm, std::string root, Options options, bool async)
+const StoredArray* StepDescription::Find(std::string_view name) const {
+  auto it = std::lower_bound(arrays.begin(), arrays.end(), name,
+                             [](const StoredArray& a, std::string_view n) { return a.name < n; });
+  return it != arrays.end() && it->name == name ? &*it : nullptr;
+}
+
+namespace internal {
+
+ManagerImpl::ManagerImpl(Comm comm, std::string root, Options options, bool async)
     : comm_(std::move(comm)),
       root_(std::move(root)),
       options_(options),
@@ -55,20 +94,23 @@ CheckpointManager::Impl::Impl(Comm comm, std::string root, Options options, bool
   if (async_) thread_ = std::make_unique<IoThread>();
 }
 
-Status CheckpointManager::Impl::RunOnIoThread(const std::function<Status()>& fn) {
+Status ManagerImpl::RunOnIoThread(const std::function<Status()>& fn) {
   if (!async_) return fn();
   std::promise<Status> done;
   thread_->Submit([&] { done.set_value(fn()); });
   return done.get_future().get();
 }
 
-void CheckpointManager::Impl::RecordSave(const Status& s, const SaveTimings& t) {
+void ManagerImpl::RecordSave(const Status& s, const SaveTimings& t) {
   std::lock_guard<std::mutex> lock(mu_);
   if (first_error_.ok()) first_error_ = s;
   last_timings_ = t;
 }
 
-CheckpointManager::CheckpointManager(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+}  // namespace internal
+
+CheckpointManager::CheckpointManager(std::unique_ptr<internal::ManagerImpl> impl)
+    : impl_(std::move(impl)) {}
 
 CheckpointManager::~CheckpointManager() {
   if (impl_->async_) impl_->thread_->Drain();
@@ -92,7 +134,8 @@ Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(MPI_Comm comm
   }
   // Why: only rank 0 touched the directory; every rank must see its outcome.
   MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, dup));
-  auto impl = std::make_unique<Impl>(std::move(dup), std::move(root), options, async);
+  auto impl =
+      std::make_unique<internal::ManagerImpl>(std::move(dup), std::move(root), options, async);
   // Why a second duplicate: collectives on one communicator must not run on
   // two threads at once, and the I/O thread owns the first.
   impl->caller_comm_ = Comm::Duplicate(comm);
@@ -155,12 +198,13 @@ Result<std::optional<int64_t>> CheckpointManager::LatestStep() const {
   return std::optional<int64_t>(steps.back());
 }
 
-Result<io::Marker> CheckpointManager::Describe(int64_t step) const {
+Result<StepDescription> CheckpointManager::Describe(int64_t step) const {
   Result<io::Marker> m = io::ReadMarker(io::MarkerPath(impl_->root_, step));
-  if (!m.ok() && m.status().code() == StatusCode::kNotFound) {
+  if (!m.ok()) {
+    if (m.status().code() != StatusCode::kNotFound) return m.status();
     return NotFound(fmt::format("step {} is not committed in '{}'", step, impl_->root_));
   }
-  return m;
+  return DescribeMarker(*m);
 }
 
 Status CheckpointManager::Restore(int64_t step, std::span<const ArrayToRestore> arrays,

@@ -21,14 +21,17 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/status.h"
 #include "base/types.h"
-#include "io/marker.h"
 #include "worker/array.h"
 
 namespace mhckpt {
+namespace internal {
+class ManagerImpl;  // coordinator/manager_impl.h
+}  // namespace internal
 
 /// Free-form key/value pairs stored in the commit marker (docs/FORMAT.md).
 using UserMetadata = std::map<std::string, std::string>;
@@ -106,6 +109,40 @@ struct VerifyReport {
   std::vector<std::string> problems;
 };
 
+/// One stored box of a committed array: where it lies in the array, which
+/// rank wrote it, and the checksum of its bytes (XXH3-64, row-major).
+struct StoredBox {
+  Box box;
+  int writer = 0;
+  uint64_t checksum = 0;
+};
+
+/// One array of a committed step.
+struct StoredArray {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  /// Every rank that listed the array held all of it when it was saved.
+  bool replicated = false;
+  /// The stored boxes; together they tile the array exactly once.
+  std::vector<StoredBox> boxes;
+};
+
+/// What a committed step holds (CheckpointManager::Describe), from its commit
+/// marker (docs/FORMAT.md).
+struct StepDescription {
+  int64_t step = 0;
+  int format_version = 0;  ///< of the commit marker
+  int world_size = 0;      ///< ranks that saved the step
+  int64_t created_unix_ms = 0;
+  uint64_t total_bytes = 0;         ///< bytes of array data
+  std::vector<StoredArray> arrays;  ///< sorted by name
+  UserMetadata user_metadata;
+
+  /// The array called `name`, or nullptr.
+  [[nodiscard]] const StoredArray* Find(std::string_view name) const;
+};
+
 /// Phases of the last finished save, in seconds (rank-local clocks).
 struct SaveTimings {
   double budget_wait = 0;      ///< waiting for staging memory (caller thread)
@@ -124,6 +161,8 @@ class CheckpointManager {
  public:
   /// Collective. Opens (creating it if needed) the checkpoint directory `root`
   /// on a shared file system. Removes uncommitted steps (see Options).
+  /// IoError, on every rank, if rank 0 cannot create `root` or remove an
+  /// uncommitted step.
   static Result<std::unique_ptr<CheckpointManager>> Open(MPI_Comm comm, std::string root,
                                                          Options options = {});
 
@@ -136,35 +175,45 @@ class CheckpointManager {
   /// this rank holds is copied into memory mhckpt owns: the caller may then
   /// overwrite or free every buffer. Every rank lists every array (same name,
   /// dtype, shape), with the boxes it holds. Returns this rank's input error,
-  /// if any; the save then fails on every rank, through WaitUntilFinished.
+  /// if any (InvalidArgument naming the array, the rank and the box, or a
+  /// negative step); the save then fails on every rank, through
+  /// WaitUntilFinished, which reports every other error.
   /// `metadata` is taken from rank 0.
   Status Save(int64_t step, std::span<const ArrayToSave> arrays, const UserMetadata& metadata = {});
 
   /// Collective. Waits for every save started so far to commit or fail, and
   /// returns the first failure since the last call, the same on every rank:
   /// InvalidArgument (inconsistent input, naming array, rank and box),
-  /// AlreadyExists (step committed before), IoError (naming the rank).
+  /// AlreadyExists (step committed before), DataLoss (with verify_replicas:
+  /// replicas that differ, naming the array, the box and both ranks), IoError
+  /// (a write, flush or commit failed, naming the rank), Internal (a bug or an
+  /// unexpected exception on the I/O thread, naming the rank).
   Status WaitUntilFinished();
 
   /// Local. The committed steps in `root`, ascending. A step is committed if
-  /// and only if its commit marker exists and is valid.
+  /// and only if its commit marker exists and is valid. IoError if `root`
+  /// cannot be listed.
   [[nodiscard]] Result<std::vector<int64_t>> CommittedSteps() const;
-  /// Local. The newest committed step, or nullopt if none.
+  /// Local. The newest committed step, or nullopt if none. Errors as
+  /// CommittedSteps.
   [[nodiscard]] Result<std::optional<int64_t>> LatestStep() const;
 
   /// Local. What committed step `step` holds, from its commit marker: every
   /// array's name, dtype, global shape and boxes (with writer and checksum),
   /// the world size at save, and the user metadata. NotFound if the step is
-  /// not committed; DataLoss if its marker is damaged. Use it to size
+  /// not committed; DataLoss if its marker is damaged; IoError if it cannot be
+  /// read. Use it to size
   /// destinations before Restore, or to read metadata saved with the step.
-  [[nodiscard]] Result<io::Marker> Describe(int64_t step) const;
+  [[nodiscard]] Result<StepDescription> Describe(int64_t step) const;
 
   /// Collective. Waits for pending saves, then fills every destination of
   /// `arrays` from committed step `step`. Ranks may ask for different arrays
   /// and boxes (any sharding), on any world size. Errors: NotFound (step not
   /// committed, unknown array), InvalidArgument (box outside the array, dtype
   /// other than the stored one, strict mode mismatch), DataLoss (damaged
-  /// file), each on every rank.
+  /// file, or bytes whose checksum differs), IoError (the file cannot be
+  /// opened or read, naming the rank), each on every rank. On an error the
+  /// destinations' contents are unspecified.
   Status Restore(int64_t step, std::span<const ArrayToRestore> arrays,
                  const RestoreOptions& options = {});
 
@@ -198,11 +247,9 @@ class CheckpointManager {
   [[nodiscard]] bool async() const;
   [[nodiscard]] const std::string& root() const;
 
-  class Impl;
-
  private:
-  explicit CheckpointManager(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  explicit CheckpointManager(std::unique_ptr<internal::ManagerImpl> impl);
+  std::unique_ptr<internal::ManagerImpl> impl_;
 };
 
 }  // namespace mhckpt

@@ -4,7 +4,7 @@
 #include <climits>
 #include <utility>
 
-namespace mhckpt {
+namespace mhckpt::internal {
 
 Comm Comm::Duplicate(MPI_Comm comm) {
   Comm c;
@@ -97,4 +97,4 @@ int Comm::AllreduceSum(int value) const {
 
 void Comm::Barrier() const { MPI_Barrier(comm_); }
 
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-namespace mhckpt {
+namespace mhckpt::internal {
 
 class Comm {
  public:
@@ -50,4 +50,4 @@ class Comm {
   int size_ = 1;
 };
 
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

@@ -7,7 +7,7 @@
 #include "io/layout.h"
 #include "io/posix_file.h"
 
-namespace mhckpt {
+namespace mhckpt::internal {
 
 Result<io::Marker> ReadMarkerEverywhere(const Comm& comm, const std::string& root, int64_t step) {
   Status s;
@@ -38,4 +38,4 @@ Status CheckChecksum(const io::MarkerArray& a, const io::MarkerBox& b, uint64_t 
       b.writer));
 }
 
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

@@ -10,7 +10,7 @@
 #include "io/marker.h"
 #include "io/storage.h"
 
-namespace mhckpt {
+namespace mhckpt::internal {
 
 /// Collective: rank 0 reads the commit marker of `step` under `root` and
 /// broadcasts its bytes; every rank parses the same bytes, so the outcome is
@@ -25,4 +25,4 @@ io::ArraySpec StoredSpec(const io::MarkerArray& a);
 /// otherwise DataLoss naming the array, the box and the rank that wrote it.
 Status CheckChecksum(const io::MarkerArray& a, const io::MarkerBox& b, uint64_t actual);
 
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

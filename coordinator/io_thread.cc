@@ -1,6 +1,6 @@
 #include "coordinator/io_thread.h"
 
-namespace mhckpt {
+namespace mhckpt::internal {
 
 IoThread::IoThread() : thread_([this] { Loop(); }) {}
 
@@ -42,4 +42,4 @@ void IoThread::Loop() {
   }
 }
 
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

@@ -8,7 +8,7 @@
 #include <mutex>
 #include <thread>
 
-namespace mhckpt {
+namespace mhckpt::internal {
 
 class IoThread {
  public:
@@ -32,4 +32,4 @@ class IoThread {
   std::thread thread_;  // last: started after the fields above exist
 };
 
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

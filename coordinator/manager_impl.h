@@ -16,7 +16,7 @@
 #include "worker/snapshot.h"
 #include "worker/staging_pool.h"
 
-namespace mhckpt {
+namespace mhckpt::internal {
 
 /// One save, as handed from the caller thread to the I/O thread.
 struct SaveJob {
@@ -27,9 +27,9 @@ struct SaveJob {
   SaveTimings timings;
 };
 
-class CheckpointManager::Impl {
+class ManagerImpl {
  public:
-  Impl(Comm comm, std::string root, Options options, bool async);
+  ManagerImpl(Comm comm, std::string root, Options options, bool async);
 
   /// Collective, on the I/O thread: plan, write, make durable, commit.
   Status RunSave(SaveJob& job);
@@ -68,4 +68,4 @@ class CheckpointManager::Impl {
   std::unique_ptr<IoThread> thread_;  // last: joined before the rest is destroyed
 };
 
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

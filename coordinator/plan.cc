@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-namespace mhckpt {
+namespace mhckpt::internal {
 namespace {
 
 using nlohmann::json;
@@ -319,4 +319,4 @@ Result<io::Marker> BuildPlan(const std::vector<RankDescription>& ranks,
   return plan;
 }
 
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

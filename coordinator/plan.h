@@ -14,7 +14,7 @@
 #include "io/marker.h"
 #include "worker/snapshot.h"
 
-namespace mhckpt {
+namespace mhckpt::internal {
 
 struct ArrayDescription {
   std::string name;
@@ -86,4 +86,4 @@ std::vector<Box> SplitRows(const Box& box, int parts);
 std::optional<std::pair<size_t, size_t>> RowRunBytes(const Box& whole, const Box& part,
                                                      size_t whole_bytes);
 
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-namespace mhckpt {
+namespace mhckpt::internal {
 namespace {
 
 Status DecodeReport(const std::string& bytes, std::vector<BoxSum>* sums) {
@@ -45,4 +45,4 @@ Status CollectReports(const std::vector<std::string>& reports,
   return first;
 }
 
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

@@ -9,7 +9,7 @@
 
 #include "base/status.h"
 
-namespace mhckpt {
+namespace mhckpt::internal {
 
 /// The checksum of box `box` of array `array` (indices into the plan).
 struct BoxSum {
@@ -25,4 +25,4 @@ std::string EncodeReport(const Status& s, const std::vector<BoxSum>& sums);
 Status CollectReports(const std::vector<std::string>& reports,
                       std::vector<std::vector<BoxSum>>* sums);
 
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

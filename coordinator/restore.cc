@@ -25,7 +25,7 @@
 #include "io/marker.h"
 #include "worker/copy.h"
 
-namespace mhckpt {
+namespace mhckpt::internal {
 namespace {
 
 // Checks this rank's requests against the marker (step 2).
@@ -147,8 +147,8 @@ Status ReadShards(io::StepReader& reader, size_t handle, const io::MarkerArray& 
 
 }  // namespace
 
-Status CheckpointManager::Impl::RunRestore(int64_t step, std::span<const ArrayToRestore> arrays,
-                                           const RestoreOptions& options) {
+Status ManagerImpl::RunRestore(int64_t step, std::span<const ArrayToRestore> arrays,
+                               const RestoreOptions& options) {
   const int rank = comm_.rank();
 
   // 1. The marker, from rank 0.
@@ -199,4 +199,4 @@ Status CheckpointManager::Impl::RunRestore(int64_t step, std::span<const ArrayTo
   return AgreeAll(local, comm_);
 }
 
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

@@ -2,7 +2,7 @@
 
 #include <cstddef>
 
-namespace mhckpt {
+namespace mhckpt::internal {
 
 std::vector<int64_t> StepsToDelete(const std::vector<int64_t>& committed, int max_to_keep,
                                    int64_t keep_period) {
@@ -19,4 +19,4 @@ std::vector<int64_t> StepsToDelete(const std::vector<int64_t>& committed, int ma
   return out;
 }
 
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

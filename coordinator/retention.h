@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace mhckpt {
+namespace mhckpt::internal {
 
 /// The steps of `committed` (ascending) to delete when keeping the newest
 /// `max_to_keep` (0: keep all) plus every step that is a multiple of
@@ -12,4 +12,4 @@ namespace mhckpt {
 std::vector<int64_t> StepsToDelete(const std::vector<int64_t>& committed, int max_to_keep,
                                    int64_t keep_period);
 
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

@@ -57,7 +57,7 @@
 #include "io/layout.h"
 #include "io/posix_file.h"
 
-namespace mhckpt {
+namespace mhckpt::internal {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -213,7 +213,7 @@ Status WriteBoxes(io::StepWriter& writer, Writes& w) {
 // One save on one rank: the steps of the protocol above, in order.
 class SaveRun {
  public:
-  SaveRun(CheckpointManager::Impl& impl, SaveJob& job)
+  SaveRun(ManagerImpl& impl, SaveJob& job)
       : impl_(impl), comm_(impl.comm_), job_(job), t_(job.timings), rank_(impl.comm_.rank()) {}
 
   Status Run() {
@@ -272,7 +272,7 @@ class SaveRun {
   // plans; its outcome and plan to every rank.
   Status GatherPlan() {
     std::vector<std::string> encoded = comm_.GatherBytes(
-        EncodeDescription(mhckpt::Describe(job_.step, job_.local, job_.snapshot)), 0);
+        EncodeDescription(internal::Describe(job_.step, job_.local, job_.snapshot)), 0);
     Status s;
     std::string plan_json;
     if (rank_ == 0) {
@@ -428,7 +428,7 @@ class SaveRun {
 
   void RemoveStepDir() const { io::RemoveAll(io::StepDir(impl_.root_, job_.step)).IgnoreError(); }
 
-  CheckpointManager::Impl& impl_;
+  ManagerImpl& impl_;
   const Comm& comm_;
   SaveJob& job_;
   SaveTimings& t_;
@@ -441,6 +441,6 @@ class SaveRun {
 
 }  // namespace
 
-Status CheckpointManager::Impl::RunSave(SaveJob& job) { return SaveRun(*this, job).Run(); }
+Status ManagerImpl::RunSave(SaveJob& job) { return SaveRun(*this, job).Run(); }
 
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

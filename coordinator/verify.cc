@@ -29,7 +29,7 @@
 #include "coordinator/manager_impl.h"
 #include "coordinator/plan.h"
 
-namespace mhckpt {
+namespace mhckpt::internal {
 namespace {
 
 constexpr uint64_t kSlabBytes = uint64_t{64} << 20;
@@ -278,10 +278,9 @@ class StepVerifier {
 
 }  // namespace
 
-Status CheckpointManager::Impl::RunVerify(int64_t step, const VerifyOptions& options,
-                                          VerifyReport* report) {
+Status ManagerImpl::RunVerify(int64_t step, const VerifyOptions& options, VerifyReport* report) {
   *report = VerifyReport();
   return StepVerifier(comm_, *engine_, root_, step, options).Run(report);
 }
 
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

@@ -2,7 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
-namespace mhckpt {
+namespace mhckpt::internal {
 
 Watchdog::Watchdog(MPI_Comm comm, int rank, double timeout_seconds)
     : comm_(comm), rank_(rank), timeout_(timeout_seconds) {
@@ -55,4 +55,4 @@ void Watchdog::Loop() {
   }
 }
 
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

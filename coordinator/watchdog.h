@@ -15,7 +15,7 @@
 #include <string>
 #include <thread>
 
-namespace mhckpt {
+namespace mhckpt::internal {
 
 class Watchdog {
  public:
@@ -57,4 +57,4 @@ class Watchdog {
   std::thread thread_;
 };
 
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

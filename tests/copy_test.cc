@@ -6,7 +6,7 @@
 
 #include "worker/copy.h"
 
-namespace mhckpt {
+namespace mhckpt::internal {
 namespace {
 
 TEST(ParallelCopy, CopiesEveryByteWithManyThreads) {
@@ -31,4 +31,4 @@ TEST(Cuda, AbsentDeviceIsReportedNotFatal) {
 }
 
 }  // namespace
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

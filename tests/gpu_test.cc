@@ -20,7 +20,7 @@ using testing::Rank;
 using testing::Size;
 
 TEST(Gpu, SavedThenFreedDeviceBuffersRestoreBitExact) {
-  if (!CudaAvailable()) GTEST_SKIP() << "no usable CUDA device";
+  if (!internal::CudaAvailable()) GTEST_SKIP() << "no usable CUDA device";
   const int p = Size(), r = Rank();
   auto mgr = OpenForTest(FreshDir());
   ASSERT_TRUE(mgr);

@@ -11,7 +11,7 @@
 #include "coordinator/plan.h"
 #include "io/marker.h"
 
-namespace mhckpt {
+namespace mhckpt::internal {
 namespace {
 
 using ::testing::HasSubstr;
@@ -148,4 +148,4 @@ TEST(Plan, DescriptionsRoundTrip) {
 }
 
 }  // namespace
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

@@ -6,7 +6,7 @@
 
 #include "coordinator/retention.h"
 
-namespace mhckpt {
+namespace mhckpt::internal {
 namespace {
 
 TEST(Retention, KeepsNewestAndPeriodSteps) {
@@ -18,4 +18,4 @@ TEST(Retention, KeepsNewestAndPeriodSteps) {
 }
 
 }  // namespace
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

@@ -119,7 +119,7 @@ TEST(SaveRestore, ReplicatedScalarsAndZeroLengthArrays) {
   EXPECT_EQ(mgr->Describe(2).status().code(), StatusCode::kNotFound);
   EXPECT_EQ(marker->world_size, Size());
   EXPECT_EQ(marker->user_metadata.at("note"), "hello");
-  const io::MarkerArray* step = marker->Find("step");
+  const StoredArray* step = marker->Find("step");
   ASSERT_NE(step, nullptr);
   EXPECT_TRUE(step->replicated);
   ASSERT_EQ(step->boxes.size(), 1u);

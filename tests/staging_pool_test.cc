@@ -7,7 +7,7 @@
 
 #include "worker/staging_pool.h"
 
-namespace mhckpt {
+namespace mhckpt::internal {
 namespace {
 
 TEST(StagingPool, ReusesBuffersBetweenSaves) {
@@ -61,4 +61,4 @@ TEST(StagingPool, DefaultBudgetIsOneSaveAndLargeRequestsAreServedAlone) {
 }
 
 }  // namespace
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

@@ -165,7 +165,8 @@ TEST_F(Validation, RanksDisagreeOnStepWhenThePlanIsCached) {
 }
 
 TEST_F(Validation, DeviceMemoryWithoutADevice) {
-  if (CudaAvailable()) GTEST_SKIP() << "a CUDA device is present (tests/gpu_test.cc covers it)";
+  if (internal::CudaAvailable())
+    GTEST_SKIP() << "a CUDA device is present (tests/gpu_test.cc covers it)";
   auto a = Rows("w");
   if (Rank() == Last()) a.shards[0].memory = Memory::kCuda;
   ExpectSaveFails(1, {a}, StatusCode::kInvalidArgument, "device memory, but no CUDA device");

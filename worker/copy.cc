@@ -5,7 +5,7 @@
 #include <thread>
 #include <vector>
 
-namespace mhckpt {
+namespace mhckpt::internal {
 namespace {
 
 // Below this a thread costs more than it saves.
@@ -48,4 +48,4 @@ void ParallelCopy(std::span<const CopyTask> tasks, int threads) {
   for (std::thread& t : pool) t.join();
 }
 
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

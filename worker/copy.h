@@ -8,7 +8,7 @@
 
 #include "base/status.h"
 
-namespace mhckpt {
+namespace mhckpt::internal {
 
 struct CopyTask {
   void* dst;
@@ -36,4 +36,4 @@ Status CopyHostToDevice(std::span<const CopyTask> tasks);
 void PinHostMemory(void* data, size_t bytes);
 void UnpinHostMemory(void* data);
 
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

@@ -8,7 +8,7 @@
 
 #include "worker/copy.h"
 
-namespace mhckpt {
+namespace mhckpt::internal {
 namespace {
 
 constexpr int kStreams = 4;
@@ -72,4 +72,4 @@ void UnpinHostMemory(void* data) {
   if (CudaAvailable()) cudaHostUnregister(data);
 }
 
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

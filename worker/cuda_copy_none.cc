@@ -1,7 +1,7 @@
 // worker/copy.h without the CUDA toolkit: no device is ever usable.
 #include "worker/copy.h"
 
-namespace mhckpt {
+namespace mhckpt::internal {
 
 bool CudaAvailable() { return false; }
 
@@ -16,4 +16,4 @@ Status CopyHostToDevice(std::span<const CopyTask>) {
 void PinHostMemory(void*, size_t) {}
 void UnpinHostMemory(void*) {}
 
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

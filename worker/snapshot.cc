@@ -7,7 +7,7 @@
 
 #include "worker/copy.h"
 
-namespace mhckpt {
+namespace mhckpt::internal {
 namespace {
 
 // Checks one shard of `a`; returns its byte size or the error.
@@ -132,4 +132,4 @@ Status TakeSnapshot(std::span<const ArrayToSave> arrays, const SnapshotOptions& 
   return first_error;
 }
 
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

@@ -13,7 +13,7 @@
 #include "worker/array.h"
 #include "worker/staging_pool.h"
 
-namespace mhckpt {
+namespace mhckpt::internal {
 
 /// A copied box: its place in the global array and its bytes in the staging
 /// buffer of the snapshot.
@@ -57,4 +57,4 @@ struct SnapshotOptions {
 Status TakeSnapshot(std::span<const ArrayToSave> arrays, const SnapshotOptions& options,
                     StagingPool& pool, Snapshot* out);
 
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

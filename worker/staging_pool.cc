@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 #include <utility>
 
-namespace mhckpt {
+namespace mhckpt::internal {
 namespace {
 
 constexpr size_t kHugePage = size_t{2} << 20;
@@ -147,4 +147,4 @@ void StagingPool::Return(std::byte* data) {
   cv_.notify_all();
 }
 
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

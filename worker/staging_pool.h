@@ -16,7 +16,7 @@
 
 #include "base/status.h"
 
-namespace mhckpt {
+namespace mhckpt::internal {
 
 class StagingPool;
 
@@ -87,4 +87,4 @@ class StagingPool {
   std::function<void(void*)> on_free_;
 };
 
-}  // namespace mhckpt
+}  // namespace mhckpt::internal

@@ -19,13 +19,13 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
+from . import _core
 from ._errors import InvalidArgumentError, NotFoundError
 from ._shard import Shard
 
-DTYPES = frozenset(
-    "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 bfloat16 float32 "
-    "float64 float8_e4m3fn float8_e5m2".split()
-)
+# name -> (bytes per element, raw bits): the core's dtype table (base/dtype.h).
+_TABLE: Dict[str, Tuple[int, bool]] = _core.dtypes()
+DTYPES = frozenset(_TABLE)
 VALUE_TYPES = (type(None), bool, int, float, str)
 
 Box = Tuple[List[int], List[int]]  # (start, count)
@@ -106,8 +106,9 @@ def numpy_dtype_name(name: str, dtype: Any) -> str:
 
 
 def numpy_dtype(name: str) -> np.dtype:
-    """The numpy dtype of an mhckpt dtype name (bfloat16 and float8 via ml_dtypes)."""
-    if name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+    """The numpy dtype of an mhckpt dtype name (the raw-bits ones, bfloat16 and
+    float8, via ml_dtypes)."""
+    if _TABLE[name][1]:
         import ml_dtypes
 
         return np.dtype(getattr(ml_dtypes, name))

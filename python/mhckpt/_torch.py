@@ -16,17 +16,12 @@ from typing import Any, List, Tuple
 import torch
 
 from ._errors import InvalidArgumentError
-from ._leaves import RestoreArray, SaveArray, check_target
-
-_SUPPORTED = frozenset(
-    "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 bfloat16 float32 "
-    "float64 float8_e4m3fn float8_e5m2".split()
-)
+from ._leaves import DTYPES, RestoreArray, SaveArray, check_target
 
 
 def dtype_name(name: str, dtype: torch.dtype) -> str:
     n = str(dtype).removeprefix("torch.")
-    if n not in _SUPPORTED:
+    if n not in DTYPES:
         raise InvalidArgumentError(f"array '{name}': dtype {dtype} is not supported")
     return n
 

@@ -171,11 +171,11 @@ nb::dict TimingsToDict(const SaveTimings& t) {
   return d;
 }
 
-nb::dict MarkerToDict(const io::Marker& m) {
+nb::dict DescriptionToDict(const StepDescription& m) {
   nb::list arrays;
-  for (const io::MarkerArray& a : m.arrays) {
+  for (const StoredArray& a : m.arrays) {
     nb::list boxes;
-    for (const io::MarkerBox& b : a.boxes) {
+    for (const StoredBox& b : a.boxes) {
       nb::dict box;
       box["start"] = b.box.start;
       box["count"] = b.box.count;
@@ -261,7 +261,7 @@ class PyManager {
 
   std::vector<int64_t> Steps() const { return Check(Mgr().CommittedSteps()); }
   std::optional<int64_t> Latest() const { return Check(Mgr().LatestStep()); }
-  nb::dict Describe(int64_t step) const { return MarkerToDict(Check(Mgr().Describe(step))); }
+  nb::dict Describe(int64_t step) const { return DescriptionToDict(Check(Mgr().Describe(step))); }
   nb::dict Timings() const { return TimingsToDict(Mgr().LastSaveTimings()); }
   size_t StagingBytes() const { return Mgr().StagingBytes(); }
   bool Async() const { return Mgr().async(); }
@@ -364,6 +364,16 @@ NB_MODULE(_core, m) {
   m.doc() = "mhckpt's C++ core. Use the mhckpt package, not this module.";
 
   m.def("_set_error_factory", [](nb::object f) { ErrorFactory() = std::move(f); });
+  // The dtype table (base/dtype.h), so that Python keeps no list of its own:
+  // name -> (bytes per element, stored as raw bits).
+  m.def("dtypes", [] {
+    nb::dict d;
+    for (const DTypeInfo& t : kDTypeTable) {
+      d[nb::str(t.name.data(), t.name.size())] =
+          nb::make_tuple(t.size, t.kind == DTypeKind::kRawBits);
+    }
+    return d;
+  });
   m.def("init_mpi", &InitMpi);
   m.def("finalize_mpi", &FinalizeMpi);
   m.def("mpi_initialized", [] {
