@@ -11,12 +11,13 @@ Status AgreeAll(const Status& local, const Comm& comm) {
   if (lowest == 0) return OkStatus();
   int root = comm.size() - lowest;
   int failed = comm.AllreduceSum(local.ok() ? 0 : 1);
-  Status s = BroadcastStatus(local, root, comm);
-  if (failed > 1) {
-    return {s.code(), fmt::format("{} (and {} more rank{} failed)", s.message(), failed - 1,
-                                  failed > 2 ? "s" : "")};
-  }
-  return s;
+  return WithFailedCount(BroadcastStatus(local, root, comm), failed);
+}
+
+Status WithFailedCount(const Status& first, int failed) {
+  if (first.ok() || failed <= 1) return first;
+  return {first.code(), fmt::format("{} (and {} more rank{} failed)", first.message(), failed - 1,
+                                    failed > 2 ? "s" : "")};
 }
 
 Status BroadcastStatus(const Status& status, int root, const Comm& comm) {

@@ -12,6 +12,10 @@ namespace mhckpt::internal {
 /// failed. One allreduce when all is well.
 Status AgreeAll(const Status& local, const Comm& comm);
 
+/// `first` (the lowest failing rank's error) noting that `failed` ranks failed
+/// in all: "... (and 2 more ranks failed)". Local.
+Status WithFailedCount(const Status& first, int failed);
+
 /// Collective. `root`'s status on every rank.
 Status BroadcastStatus(const Status& status, int root, const Comm& comm);
 

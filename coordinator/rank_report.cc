@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "coordinator/agree.h"
+
 namespace mhckpt::internal {
 namespace {
 
@@ -38,11 +40,7 @@ Status CollectReports(const std::vector<std::string>& reports,
     Status s = DecodeReport(reports[r], &(*sums)[r]);
     if (!s.ok() && failed++ == 0) first = s;
   }
-  if (failed > 1) {
-    return {first.code(), fmt::format("{} (and {} more rank{} failed)", first.message(), failed - 1,
-                                      failed > 2 ? "s" : "")};
-  }
-  return first;
+  return WithFailedCount(first, failed);
 }
 
 }  // namespace mhckpt::internal
