@@ -3,12 +3,16 @@
 // (checkpoint_manager.cc).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "coordinator/checkpoint_manager.h"
 #include "coordinator/comm.h"
+#include "coordinator/device_broadcast.h"
 #include "coordinator/io_thread.h"
 #include "coordinator/watchdog.h"
 #include "io/marker.h"
@@ -37,6 +41,11 @@ class ManagerImpl {
   Status RunRestore(int64_t step, std::span<const ArrayToRestore> arrays,
                     const RestoreOptions& options);
 
+  /// Collective, on the I/O thread (restore.cc).
+  DeviceBroadcaster* DeviceBroadcasterFor(
+      const io::Marker& m, const std::vector<int>& flags,
+      const std::map<std::string_view, const ArrayToRestore*>& mine);
+
   /// Collective, on the I/O thread.
   Status RunVerify(int64_t step, const VerifyOptions& options, VerifyReport* report);
 
@@ -64,6 +73,12 @@ class ManagerImpl {
   // (I/O thread only): a save with the same description reuses the plan.
   std::optional<io::Marker> last_plan_;
   uint64_t last_description_hash_ = 0;
+
+  // GPU-to-GPU broadcasts for restore (I/O thread only), made on the first
+  // restore that can use them; `device_broadcast_why_` says why there is none.
+  std::unique_ptr<DeviceBroadcaster> device_broadcast_;
+  bool device_broadcast_tried_ = false;
+  std::string device_broadcast_why_;
 
   std::unique_ptr<IoThread> thread_;  // last: joined before the rest is destroyed
 };

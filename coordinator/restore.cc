@@ -16,6 +16,7 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "base/checksum.h"
 #include "coordinator/agree.h"
@@ -77,26 +78,30 @@ Status CheckRequests(const io::Marker& m, std::span<const ArrayToRestore> arrays
 }
 
 // Where the bytes of one destination land first: the destination itself for
-// host memory, a host bounce buffer for device memory (then copied over).
+// host memory; for device memory, pinned host memory shared by the
+// destinations of one restore (then copied over, on the destination's device,
+// in order with its stream).
 class Landing {
  public:
-  Landing(const Destination& d, DType dtype)
+  Landing(const Destination& d, DType dtype, PinnedBuffer& bounce)
       : d_(d), bytes_(static_cast<size_t>(Volume(d.box.count).value_or(0)) * DTypeSize(dtype)) {
-    if (d.memory == Memory::kCuda) bounce_.reset(new std::byte[bytes_]);
+    if (d.memory != Memory::kCuda) return;
+    if (bounce.size() < bytes_) bounce = PinnedBuffer(bytes_);
+    bounce_ = bounce.data();
   }
-  [[nodiscard]] void* host() const { return bounce_ ? bounce_.get() : d_.data; }
+  [[nodiscard]] void* host() const { return bounce_ != nullptr ? bounce_ : d_.data; }
   [[nodiscard]] size_t bytes() const { return bytes_; }
   /// Moves the bytes to the device, if the destination lives there.
   [[nodiscard]] Status Finish() const {
-    if (!bounce_) return OkStatus();
-    CopyTask t{d_.data, bounce_.get(), bytes_};
+    if (bounce_ == nullptr) return OkStatus();
+    CopyTask t{d_.data, bounce_, bytes_, d_.device, d_.stream};
     return CopyHostToDevice({&t, 1});
   }
 
  private:
   const Destination& d_;
   size_t bytes_;
-  std::unique_ptr<std::byte[]> bounce_;
+  std::byte* bounce_ = nullptr;
 };
 
 // Checks every stored box of `a` whose bytes all lie, contiguously, in the
@@ -118,9 +123,9 @@ Status CheckStoredBoxes(const io::MarkerArray& a, const Box& box, const std::byt
 // Step 3 for an array every rank wants whole: rank 0 reads it once and
 // broadcasts it. `local` is this rank's error so far.
 Status ReadAndBroadcast(io::StepReader& reader, size_t handle, const io::MarkerArray& a,
-                        const Destination& whole, const Comm& comm, Status local) {
-  // (Seam: device destinations could be broadcast with NCCL instead.)
-  Landing land(whole, a.dtype);
+                        const Destination& whole, const Comm& comm, PinnedBuffer& bounce,
+                        Status local) {
+  Landing land(whole, a.dtype, bounce);
   if (comm.rank() == 0 && local.ok()) local = reader.Read(handle, whole.box, land.host());
   if (comm.rank() == 0 && local.ok()) {
     local =
@@ -131,12 +136,28 @@ Status ReadAndBroadcast(io::StepReader& reader, size_t handle, const io::MarkerA
   return local;
 }
 
+// Step 3 for an array every rank wants whole into device memory, with NCCL:
+// rank 0 reads it into its GPU, NCCL copies it to the others' GPUs.
+Status ReadAndBroadcastOnDevices(io::StepReader& reader, size_t handle, const io::MarkerArray& a,
+                                 const Destination& whole, int rank, DeviceBroadcaster& nccl,
+                                 PinnedBuffer& bounce, Status local) {
+  Landing land(whole, a.dtype, bounce);
+  if (rank == 0 && local.ok()) local = reader.Read(handle, whole.box, land.host());
+  if (rank == 0 && local.ok()) {
+    local =
+        CheckStoredBoxes(a, whole.box, static_cast<const std::byte*>(land.host()), land.bytes());
+  }
+  if (rank == 0 && local.ok()) local = land.Finish();
+  Status sent = nccl.Broadcast(whole.data, land.bytes(), 0, whole.stream);
+  return local.ok() ? sent : local;
+}
+
 // Step 3 for the boxes this rank asked for of array `a`.
 Status ReadShards(io::StepReader& reader, size_t handle, const io::MarkerArray& a,
-                  const ArrayToRestore& request) {
+                  const ArrayToRestore& request, PinnedBuffer& bounce) {
   for (const Destination& d : request.shards) {
     if (Volume(d.box.count).value_or(0) == 0) continue;
-    Landing land(d, a.dtype);
+    Landing land(d, a.dtype, bounce);
     MHCKPT_RETURN_IF_ERROR(reader.Read(handle, d.box, land.host()));
     MHCKPT_RETURN_IF_ERROR(
         CheckStoredBoxes(a, d.box, static_cast<const std::byte*>(land.host()), land.bytes()));
@@ -145,7 +166,70 @@ Status ReadShards(io::StepReader& reader, size_t handle, const io::MarkerArray& 
   return OkStatus();
 }
 
+// Per array, OR-ed over ranks: wanted at all; wanted by some rank other than
+// whole at once; wanted whole into host memory; wanted whole into device
+// memory on another device than this rank's first such array.
+enum : size_t { kWanted, kPartly, kOnHost, kOtherDevice, kFlags };
+
+// This rank's device for a destination in device memory, or -1.
+int DeviceOf(const Destination& d) {
+  if (d.memory != Memory::kCuda) return -1;
+  if (d.device >= 0) return d.device;
+  Result<int> device = DeviceOfPointer(d.data);
+  return device.ok() ? *device : -1;
+}
+
+// This rank's flags (step 2), and the device of its first whole-array device
+// destination in `*first_device` (-1 if none).
+std::vector<int> WantedFlags(const io::Marker& m,
+                             const std::map<std::string_view, const ArrayToRestore*>& mine,
+                             int* first_device = nullptr) {
+  std::vector<int> flags(kFlags * m.arrays.size(), 0);
+  int first = -1;
+  for (size_t i = 0; i < m.arrays.size(); ++i) {
+    int* f = &flags[kFlags * i];
+    auto it = mine.find(m.arrays[i].name);
+    bool whole = it != mine.end() && it->second->shards.size() == 1 &&
+                 it->second->shards[0].box == FullBox(m.arrays[i].shape);
+    f[kWanted] = it != mine.end() ? 1 : 0;
+    f[kPartly] = whole ? 0 : 1;
+    if (!whole) continue;
+    int device = DeviceOf(it->second->shards[0]);
+    f[kOnHost] = device < 0 ? 1 : 0;
+    if (device >= 0 && first < 0) first = device;
+    f[kOtherDevice] = device >= 0 && device != first ? 1 : 0;
+  }
+  if (first_device != nullptr) *first_device = first;
+  return flags;
+}
+
 }  // namespace
+
+// Collective; `flags` agreed. The NCCL broadcaster if some replicated array
+// goes whole into device memory on every rank and NCCL can serve these ranks
+// on their devices; nullptr otherwise (MPI through pinned host memory).
+DeviceBroadcaster* ManagerImpl::DeviceBroadcasterFor(
+    const io::Marker& m, const std::vector<int>& flags,
+    const std::map<std::string_view, const ArrayToRestore*>& mine) {
+  bool any = false;
+  for (size_t i = 0; i < m.arrays.size(); ++i) {
+    const int* f = &flags[kFlags * i];
+    any = any || (m.arrays[i].replicated && f[kWanted] && !f[kPartly] && !f[kOnHost]);
+  }
+  if (!any) return nullptr;  // the same on every rank: `flags` are agreed
+  int device = -1;
+  (void)WantedFlags(m, mine, &device);
+  if (!device_broadcast_tried_) {
+    device_broadcast_tried_ = true;
+    device_broadcast_ = DeviceBroadcaster::Create(comm_, device, &device_broadcast_why_);
+    if (!device_broadcast_ && comm_.rank() == 0) {
+      spdlog::info("mhckpt: device broadcasts go through MPI: {}", device_broadcast_why_);
+    }
+  }
+  if (!device_broadcast_) return nullptr;
+  bool moved = comm_.AllreduceMax(device_broadcast_->device() != device ? 1 : 0) != 0;
+  return moved ? nullptr : device_broadcast_.get();
+}
 
 Status ManagerImpl::RunRestore(int64_t step, std::span<const ArrayToRestore> arrays,
                                const RestoreOptions& options) {
@@ -158,25 +242,19 @@ Status ManagerImpl::RunRestore(int64_t step, std::span<const ArrayToRestore> arr
   MHCKPT_RETURN_IF_ERROR(AgreeAll(CheckRequests(m, arrays, options, rank), comm_));
   std::map<std::string_view, const ArrayToRestore*> mine;
   for (const ArrayToRestore& a : arrays) mine[a.name] = &a;
-  // Per array: [wanted by anyone, wanted by someone other than whole-at-once].
-  std::vector<int> flags(2 * m.arrays.size(), 0);
-  for (size_t i = 0; i < m.arrays.size(); ++i) {
-    auto it = mine.find(m.arrays[i].name);
-    bool whole = it != mine.end() && it->second->shards.size() == 1 &&
-                 it->second->shards[0].box == FullBox(m.arrays[i].shape);
-    flags[2 * i] = it != mine.end() ? 1 : 0;
-    flags[2 * i + 1] = whole ? 0 : 1;
-  }
+  std::vector<int> flags = WantedFlags(m, mine);
   comm_.AllreduceMax(&flags);
+  DeviceBroadcaster* nccl = DeviceBroadcasterFor(m, flags, mine);
 
   // 3. Read.
   Status local;
+  PinnedBuffer bounce;  // grown to the largest device destination
   Result<std::unique_ptr<io::StepReader>> reader = engine_->Open(root_, step, comm_.get());
   if (!reader.ok()) {
     local = DataLoss(fmt::format("step {}: {}", step, reader.status().message()));
   } else {
     for (size_t i = 0; i < m.arrays.size(); ++i) {
-      if (!flags[2 * i]) continue;
+      if (!flags[kFlags * i + kWanted]) continue;
       const io::MarkerArray& a = m.arrays[i];
       Result<size_t> handle = (*reader)->OpenArray(StoredSpec(a));
       if (!handle.ok()) {
@@ -184,11 +262,15 @@ Status ManagerImpl::RunRestore(int64_t step, std::span<const ArrayToRestore> arr
         continue;
       }
       auto it = mine.find(a.name);
-      if (a.replicated && !flags[2 * i + 1]) {
+      if (a.replicated && !flags[kFlags * i + kPartly] && nccl != nullptr &&
+          !flags[kFlags * i + kOnHost] && !flags[kFlags * i + kOtherDevice]) {
+        local = ReadAndBroadcastOnDevices(**reader, *handle, a, it->second->shards[0], rank, *nccl,
+                                          bounce, local);
+      } else if (a.replicated && !flags[kFlags * i + kPartly]) {
         // Why a broadcast: every rank wants the whole array; one read serves all.
-        local = ReadAndBroadcast(**reader, *handle, a, it->second->shards[0], comm_, local);
+        local = ReadAndBroadcast(**reader, *handle, a, it->second->shards[0], comm_, bounce, local);
       } else if (it != mine.end() && local.ok()) {
-        local = ReadShards(**reader, *handle, a, *it->second);
+        local = ReadShards(**reader, *handle, a, *it->second, bounce);
       }
     }
     Status closed = (*reader)->Close();

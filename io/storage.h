@@ -100,7 +100,13 @@ class Engine {
                                                    MPI_Comm comm) = 0;
 };
 
-/// The engine for `options`: parallel HDF5.
+/// The engine for `options`: parallel HDF5. Its readers count what they read
+/// (BytesRead).
 std::unique_ptr<Engine> MakeEngine(const StorageOptions& options);
+
+/// Bytes of array data this process has read through StepReader::Read, over
+/// all engines and steps: how tests and benchmarks see that a box wanted by
+/// several ranks was read from storage once.
+uint64_t BytesRead();
 
 }  // namespace mhckpt::io

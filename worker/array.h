@@ -18,6 +18,16 @@ struct Shard {
   Box box;
   const void* data = nullptr;
   Memory memory = Memory::kHost;
+  /// Device memory only. The CUDA device holding `data`; -1: the device CUDA
+  /// reports for the pointer.
+  int device = -1;
+  /// Device memory only. The caller's `cudaStream_t` (as a pointer, so this
+  /// header needs no CUDA header) on which the last writes of `data` were
+  /// issued: the copy to host is ordered after them, so Save may be called
+  /// while a kernel still writes the buffer. nullptr: the device's legacy
+  /// default stream (which waits for the blocking streams, not for streams
+  /// created with cudaStreamNonBlocking — pass those explicitly).
+  void* stream = nullptr;
 };
 
 /// An array to save. Every rank lists every array of the checkpoint, with the
@@ -36,6 +46,12 @@ struct Destination {
   Box box;
   void* data = nullptr;
   Memory memory = Memory::kHost;
+  /// Device memory only: the CUDA device holding `data` (-1: the device CUDA
+  /// reports for the pointer), and the caller's `cudaStream_t` that must not
+  /// touch `data` before it is filled (it is made to wait for the copies;
+  /// nullptr: the legacy default stream). Restore returns after the copies.
+  int device = -1;
+  void* stream = nullptr;
 };
 
 /// An array to restore. Ranks may ask for any boxes (any sharding, any world

@@ -48,4 +48,16 @@ void ParallelCopy(std::span<const CopyTask> tasks, int threads) {
   for (std::thread& t : pool) t.join();
 }
 
+PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      pinned_(std::exchange(other.pinned_, false)) {}
+
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
+  std::swap(data_, other.data_);
+  std::swap(size_, other.size_);
+  std::swap(pinned_, other.pinned_);
+  return *this;
+}
+
 }  // namespace mhckpt::internal

@@ -13,7 +13,16 @@ Status CopyHostToDevice(std::span<const CopyTask>) {
   return FailedPrecondition("device memory given, but mhckpt was built without CUDA");
 }
 
+Result<int> DeviceOfPointer(const void*) {
+  return FailedPrecondition("mhckpt was built without CUDA");
+}
+
 void PinHostMemory(void*, size_t) {}
 void UnpinHostMemory(void*) {}
+
+PinnedBuffer::PinnedBuffer(size_t bytes)
+    : data_(bytes == 0 ? nullptr : new std::byte[bytes]), size_(bytes) {}
+
+PinnedBuffer::~PinnedBuffer() { delete[] data_; }
 
 }  // namespace mhckpt::internal

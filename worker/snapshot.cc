@@ -35,6 +35,8 @@ struct Copy {
   const void* src;
   size_t offset, size;
   Memory memory;
+  int device;    // device memory: Shard::device
+  void* stream;  // device memory: Shard::stream
 };
 
 // Why array `a` cannot be saved at all (its name, dtype or shape), or OK.
@@ -82,7 +84,7 @@ Status PlanCopies(std::span<const ArrayToSave> arrays, int rank, Snapshot* out,
         continue;
       }
       out->arrays.back().boxes.push_back(StagedBox{s.box, *total, *bytes});
-      copies->push_back(Copy{s.data, *total, *bytes, s.memory});
+      copies->push_back(Copy{s.data, *total, *bytes, s.memory, s.device, s.stream});
       *total += *bytes;
     }
   }
@@ -93,7 +95,7 @@ Status PlanCopies(std::span<const ArrayToSave> arrays, int rank, Snapshot* out,
 Status CopyBoxes(const std::vector<Copy>& copies, std::byte* buffer, int threads) {
   std::vector<CopyTask> host, device;
   for (const Copy& c : copies) {
-    CopyTask t{buffer + c.offset, c.src, c.size};
+    CopyTask t{buffer + c.offset, c.src, c.size, c.device, c.stream};
     if (c.size == 0) continue;
     (c.memory == Memory::kCuda ? device : host).push_back(t);
   }

@@ -69,12 +69,21 @@ DType ParseDType(const std::string& name, const std::string& array) {
   return *d;
 }
 
-// A buffer as mhckpt sees it: a pointer and its memory kind. Takes any object
+// A buffer as mhckpt sees it: a pointer, its memory kind and, for device
+// memory, its CUDA device. Device memory taken through DLPack is ordered on
+// the legacy default stream: the producer (torch, JAX) has made that stream
+// wait for its work, and mhckpt's copies wait for that stream. Takes any object
 // with the buffer protocol or DLPack, without a copy; refuses what the C++
 // core cannot take as one row-major run of `count` elements of `dtype`.
+struct PyBuffer {
+  void* data;
+  Memory memory;
+  int device;
+};
+
 template <typename Array>
-std::pair<void*, Memory> Buffer(nb::handle obj, const std::vector<int64_t>& count, DType dtype,
-                                const std::string& what) {
+PyBuffer Buffer(nb::handle obj, const std::vector<int64_t>& count, DType dtype,
+                const std::string& what) {
   Array a;
   if (!nb::try_cast(obj, a)) {
     throw LocalError{what + ": " + nb::type_name(obj.type()).c_str() +
@@ -104,7 +113,8 @@ std::pair<void*, Memory> Buffer(nb::handle obj, const std::vector<int64_t>& coun
                        "device type " + std::to_string(a.device_type()) + ")"};
   }
   // The caller's Python objects (in `specs`) keep the memory alive for the call.
-  return {const_cast<void*>(static_cast<const void*>(a.data())), memory};
+  return {const_cast<void*>(static_cast<const void*>(a.data())), memory,
+          memory == Memory::kCuda ? static_cast<int>(a.device_id()) : -1};
 }
 
 std::string BoxWhat(const std::string& name, const std::vector<int64_t>& start,
@@ -126,9 +136,8 @@ std::vector<ArrayToSave> ToSave(const std::vector<SaveSpec>& specs) {
   for (const auto& [name, dtype, shape, shards] : specs) {
     ArrayToSave a{name, ParseDType(dtype, name), shape, {}};
     for (const auto& [start, count, obj] : shards) {
-      auto [data, memory] =
-          Buffer<nb::ndarray<nb::ro>>(obj, count, a.dtype, BoxWhat(name, start, count));
-      a.shards.push_back(Shard{Box{start, count}, data, memory});
+      PyBuffer b = Buffer<nb::ndarray<nb::ro>>(obj, count, a.dtype, BoxWhat(name, start, count));
+      a.shards.push_back(Shard{Box{start, count}, b.data, b.memory, b.device});
     }
     arrays.push_back(std::move(a));
   }
@@ -141,8 +150,8 @@ std::vector<ArrayToRestore> ToRestore(const std::vector<RestoreSpec>& specs) {
   for (const auto& [name, dtype, shards] : specs) {
     ArrayToRestore a{name, ParseDType(dtype, name), {}};
     for (const auto& [start, count, obj] : shards) {
-      auto [data, memory] = Buffer<nb::ndarray<>>(obj, count, a.dtype, BoxWhat(name, start, count));
-      a.shards.push_back(Destination{Box{start, count}, data, memory});
+      PyBuffer b = Buffer<nb::ndarray<>>(obj, count, a.dtype, BoxWhat(name, start, count));
+      a.shards.push_back(Destination{Box{start, count}, b.data, b.memory, b.device});
     }
     arrays.push_back(std::move(a));
   }

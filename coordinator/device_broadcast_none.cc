@@ -1,0 +1,12 @@
+// coordinator/device_broadcast.h without NCCL: restore always broadcasts
+// with MPI.
+#include "coordinator/device_broadcast.h"
+
+namespace mhckpt::internal {
+
+std::unique_ptr<DeviceBroadcaster> DeviceBroadcaster::Create(const Comm&, int, std::string* why) {
+  *why = "mhckpt was built without NCCL";
+  return nullptr;
+}
+
+}  // namespace mhckpt::internal
