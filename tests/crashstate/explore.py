@@ -19,11 +19,12 @@ and, for a sample, with the mhckpt CLI (list, verify --all):
         --mpiexec "mpiexec --oversubscribe ..." [--np 2] [--check-np 1] \\
         [--model ext4,posix] [--max-states 300] [--random-per-cut 4] [--seed 1] \\
         [--granularity page|write] [--cli mhckpt --cli-sample 3] [--max-to-keep K] \\
-        [--collective] [--rows 512] [--controls nofsync] [--keep]
+        [--collective] [--rows 512] [--controls nofsync,nodirfsync]
 
-The control `nofsync` removes the fsyncs of the new step's data file from the
-trace (a library that forgot them) and must find violations, which shows
-that the checks can fail. Exit status: 0 if every state passed (and every
+The controls remove fsyncs from the trace, as a library that forgot them would
+have made it, and must find violations, which shows that the checks can fail:
+`nofsync` the new data file's fsyncs, `nodirfsync` the step directory's fsync
+before the marker (the bug fixed in c592d6c). Exit status: 0 if every state passed (and every
 control found its violation), 1 otherwise.
 """
 import argparse
@@ -352,7 +353,8 @@ def check_all(runner, work, chosen, distinct, cli_sample, batch_size=40):
     if a.cli and cli_sample:
         marked = [k for k in chosen if distinct[k]["facts"]["marker"]]
         other = [k for k in chosen if not distinct[k]["facts"]["marker"]]
-        cli_keys = set(marked[:(cli_sample + 1) // 2] + other[:cli_sample // 2])
+        n_marked = min(len(marked), max((cli_sample + 1) // 2, cli_sample - len(other)))
+        cli_keys = set(marked[:n_marked] + other[:cli_sample - n_marked])
     violations = []
     for i in range(0, len(chosen), batch_size):
         batch = [(k, distinct[k]) for k in chosen[i:i + batch_size]]
@@ -419,15 +421,28 @@ def explore(runner, work, base, kinds, ops, final_data, rng, models, barriers=No
             "cli_checked": cli_runs, "violations": violations}
 
 
-def control_nofsync(runner, work, base, kinds, ops, final_data, rng):
-    """The trace without the fsyncs of the new data file: must fail."""
-    data = step_rel(NEW, "data.h5")
-    barriers = [op for op in ops if op.kind in ("fsync", "sync") and op.path != data]
-    removed = sum(1 for op in ops if op.kind == "fsync" and op.path == data)
-    r = explore(runner, work, base, kinds, ops, final_data, rng, ["ext4"], barriers,
+def control(name, runner, work, base, kinds, ops, final_data, rng):
+    """The trace with some fsyncs removed, as a library that forgot them
+    would have made it; the checks must find violations.
+      nofsync     the fsyncs of the new data file (ext4 model)
+      nodirfsync  the fsync of the new step's directory before the marker's
+                  rename (posix model: the marker can outlive data.h5's name)
+    """
+    rename = next((op for op in ops if op.kind == "rename" and
+                   op.path2 == step_rel(NEW, "commit.json")), None)
+    if name == "nofsync":
+        model, drop = "ext4", lambda op: op.path == step_rel(NEW, "data.h5")
+    elif name == "nodirfsync":
+        model = "posix"
+        drop = lambda op: op.path == step_rel(NEW) and rename and op.t1 < rename.t0  # noqa: E731
+    else:
+        raise SystemExit("unknown control %s" % name)
+    fsyncs = [op for op in ops if op.kind in ("fsync", "sync")]
+    barriers = [op for op in fsyncs if not drop(op)]
+    r = explore(runner, work, base, kinds, ops, final_data, rng, [model], barriers,
                 max_states=runner.args.control_states, only_marked=True)
-    r["fsyncs_removed"] = removed
-    r["passed"] = removed > 0 and len(r["violations"]) > 0
+    r["fsyncs_removed"] = len(fsyncs) - len(barriers)
+    r["passed"] = r["fsyncs_removed"] > 0 and len(r["violations"]) > 0
     return r
 
 
@@ -462,7 +477,7 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--cli", help="the mhckpt CLI")
     p.add_argument("--cli-sample", type=int, default=0)
-    p.add_argument("--controls", default="nofsync", help="'' for none")
+    p.add_argument("--controls", default="nofsync,nodirfsync", help="'' for none")
     p.add_argument("--control-states", type=int, default=30)
     p.add_argument("--strace-check", action="store_true")
     p.add_argument("--json", help="write the summary here too")
@@ -516,9 +531,7 @@ def main(argv):
                                 a.model.split(","))
     passed = passed and not summary["result"]["violations"]
     for c in filter(None, a.controls.split(",")):
-        if c != "nofsync":
-            raise SystemExit("unknown control %s" % c)
-        summary["controls"][c] = control_nofsync(runner, a.work, base, kinds, ops, final_data, rng)
+        summary["controls"][c] = control(c, runner, a.work, base, kinds, ops, final_data, rng)
         passed = passed and summary["controls"][c]["passed"]
     summary["passed"], summary["seconds"] = passed, time.time() - t0
     report(summary)
