@@ -12,8 +12,9 @@ and, for a sample, with the mhckpt CLI (list, verify --all):
   (b) the step committed before the recorded save is always committed and
       restores (with --max-to-keep 1 the save may delete it, but only once the
       new step is durably committed);
-  (c) the new step is committed only in states where its data file is whole
-      (byte-identical to the file the save left).
+  (c) the new step is committed only in states where its data files are whole
+      (byte-identical to the files the save left: data.h5, or whatever files
+      another engine writes in the step directory).
 
     explore.py --job state_job --shim librecord_fs.so --work DIR \\
         --mpiexec "mpiexec --oversubscribe ..." [--np 2] [--check-np 1] \\
@@ -229,9 +230,21 @@ def describe(explorer, recipe):
             "dropped_kinds": kinds, "dropped": [op.describe() for op in dropped[:12]]}
 
 
+def final_files(work):
+    """{relative path: bytes} of the new step's data files as the save left
+    them (every file of its directory but the marker): data.h5 for the HDF5
+    engine, whatever another engine writes."""
+    out, sdir = {}, os.path.join(work, "final", step_rel(NEW))
+    for name in sorted(os.listdir(sdir)):
+        if name != "commit.json":
+            with open(os.path.join(sdir, name), "rb") as f:
+                out[step_rel(NEW, name)] = f.read()
+    return out
+
+
 def facts(state, final_data):
     return {"marker": state.file_bytes(step_rel(NEW, "commit.json")) is not None,
-            "data_whole": state.file_bytes(step_rel(NEW, "data.h5")) == final_data}
+            "data_whole": all(state.file_bytes(rel) == b for rel, b in final_data.items())}
 
 
 def generate(explorer, per_cut, write_cuts, final_data, distinct):
@@ -274,7 +287,7 @@ def verdict(check, info, retention):
     if PREV not in committed and not (retention and new_ok):
         out.append("(b) step %d is not committed (committed: %s)" % (PREV, committed))
     if NEW in committed and not info["facts"]["data_whole"]:
-        out.append("(c) step %d is committed but its data file is not whole" % NEW)
+        out.append("(c) step %d is committed but its data files are not whole" % NEW)
     return out
 
 
@@ -424,14 +437,14 @@ def explore(runner, work, base, kinds, ops, final_data, rng, models, barriers=No
 def control(name, runner, work, base, kinds, ops, final_data, rng):
     """The trace with some fsyncs removed, as a library that forgot them
     would have made it; the checks must find violations.
-      nofsync     the fsyncs of the new data file (ext4 model)
+      nofsync     the fsyncs of the new step's data files (ext4 model)
       nodirfsync  the fsync of the new step's directory before the marker's
                   rename (posix model: the marker can outlive data.h5's name)
     """
     rename = next((op for op in ops if op.kind == "rename" and
                    op.path2 == step_rel(NEW, "commit.json")), None)
     if name == "nofsync":
-        model, drop = "ext4", lambda op: op.path == step_rel(NEW, "data.h5")
+        model, drop = "ext4", lambda op: op.path in final_data
     elif name == "nodirfsync":
         model = "posix"
         drop = lambda op: op.path == step_rel(NEW) and rename and op.t1 < rename.t0  # noqa: E731
@@ -525,8 +538,7 @@ def main(argv):
         if strace != mine:
             print("strace counted %s, the shim %s" % (strace, mine))
             passed = False
-    with open(os.path.join(a.work, "final", step_rel(NEW, "data.h5")), "rb") as f:
-        final_data = f.read()
+    final_data = final_files(a.work)
     summary["result"] = explore(runner, a.work, base, kinds, ops, final_data, rng,
                                 a.model.split(","))
     passed = passed and not summary["result"]["violations"]

@@ -23,9 +23,10 @@
  * when they touch the root (link, symlink, a stdio stream opened for writing,
  * a shared writable mmap, aio_write, libaio's io_submit, copy_file_range), so
  * that it refuses the trace instead of building wrong states (io_uring is
- * invisible here: explore.py --strace-check catches it). An O_DIRECT open is
- * recorded like any other (its flags are logged): direct writes are not
- * durable before an fsync either. */
+ * invisible here: a write missed makes explore.py's replay differ from the
+ * saved root, which stops it). An O_DIRECT open is recorded like any other
+ * (its flags are logged): direct writes are not durable before an fsync
+ * either. */
 #define _GNU_SOURCE
 #include <aio.h>
 #include <dlfcn.h>
