@@ -27,9 +27,10 @@
 //      H5Fflush(GLOBAL), which syncs through MPI-IO), then closes it.
 //   5. Agree. One gather: every rank's outcome, and the checksums (XXH3) of
 //      the boxes it wrote, which go into the marker.
-//   6. Commit. Rank 0 gives back the unused reserved space and writes the
-//      marker (io::WriteFileAtomic: temp file, fsync, rename, fsync the
-//      directory), or on failure removes the step directory. It broadcasts
+//   6. Commit. Rank 0 gives back the unused reserved space, fsyncs the step
+//      directory (the data files' names durable before the marker's), and
+//      writes the marker (io::WriteFileAtomic: temp file, fsync, rename, fsync
+//      the directory), or on failure removes the step directory. It broadcasts
 //      the outcome (after step 7); every rank returns it.
 //   7. Retention. Before broadcasting the outcome, rank 0 deletes the steps
 //      the policy no longer keeps (marker first, io::DeleteStep). A failure
@@ -383,6 +384,11 @@ class SaveRun {
       for (const BoxSum& b : rank_sums) plan_.arrays[b.array].boxes[b.box].checksum = b.sum;
     }
     if (s.ok()) s = writer_->Seal();  // the space reserved in step 3 beyond what was used
+    // The names of the step's files durable before the marker's can be: with
+    // only the marker's rename and the fsync after it, a file system that does
+    // not journal names in order may keep the marker and lose data.h5's name
+    // (found by tests/crashstate, docs/RELIABILITY.md "Crash states").
+    if (s.ok()) s = io::FsyncDir(io::StepDir(impl_.root_, job_.step));
     if (s.ok()) s = fault::Hit("before_marker");
     if (s.ok()) {
       plan_.created_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(

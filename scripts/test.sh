@@ -7,7 +7,7 @@
 #   3. python/setup_venv.sh: the Python venv (python/.venv; the first run
 #      downloads jax and torch) and `pip install .` of the mhckpt package, for
 #      the python.* tests; MHCKPT_PYTHON_TESTS=0 skips it and leaves those tests out
-#   4. ctest over build/ (unit, mpi at 1-4 ranks, reshard matrix, crash, fuzz,
+#   4. ctest over build/ (unit, mpi at 1-4 ranks, reshard matrix, crash, crashstate, fuzz,
 #      python: pytest at 1-4 ranks and N -> M restores,
 #      slurm: a local Slurm cluster with a node failure; MHCKPT_SLURM_TESTS=0 skips it)
 # Extra arguments go to the last ctest, e.g. scripts/test.sh -L unit
