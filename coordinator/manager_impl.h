@@ -12,6 +12,7 @@
 #include "coordinator/io_thread.h"
 #include "coordinator/watchdog.h"
 #include "io/marker.h"
+#include "io/root_lock.h"
 #include "io/storage.h"
 #include "worker/snapshot.h"
 #include "worker/staging_pool.h"
@@ -64,6 +65,10 @@ class ManagerImpl {
   // (I/O thread only): a save with the same description reuses the plan.
   std::optional<io::Marker> last_plan_;
   uint64_t last_description_hash_ = 0;
+
+  // Rank 0 with Options::own_root: the root's lock and lease, released after
+  // the I/O thread (declared after it) has finished every job.
+  std::unique_ptr<io::RootLock> root_lock_;
 
   std::unique_ptr<IoThread> thread_;  // last: joined before the rest is destroyed
 };

@@ -382,7 +382,10 @@ class SaveRun {
     for (const auto& rank_sums : all) {
       for (const BoxSum& b : rank_sums) plan_.arrays[b.array].boxes[b.box].checksum = b.sum;
     }
-    if (s.ok()) s = writer_->Seal();  // the space reserved in step 3 beyond what was used
+    if (s.ok()) {
+      s = writer_->Seal();  // the space reserved in step 3 beyond what was used
+      if (!s.ok()) s = Status(s.code(), fmt::format("rank 0: seal the data file: {}", s.message()));
+    }
     if (s.ok()) s = fault::Hit("before_marker");
     if (s.ok()) {
       plan_.created_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
