@@ -3,9 +3,10 @@
 // it costs one predictable branch per point.
 //
 // Configured by the environment (for real jobs under mpirun):
-//   MHCKPT_FAULT="rank=1,point=mid_write,action=kill[,after_bytes=4096][,step=3]"
+//   MHCKPT_FAULT="rank=1,point=mid_write,action=kill[,after_bytes=4096][,step=3][,times=2]"
 // or by Configure() (for tests inside one process). Several faults are
-// separated by ';'.
+// separated by ';'. `times=N` makes a fault fire N times, then never again
+// (for a transient error such as EINTR, which a retry must get past).
 //
 // Points (where the protocol calls Hit):
 //   after_snapshot  Save has copied, before the job is queued (caller thread)
@@ -16,13 +17,25 @@
 //   mid_marker      commit.json.tmp written and fsynced, not yet renamed
 //   retention       a step's marker is unlinked, its files not yet removed
 //   h5_write        a dataset write (use an errno action)
-//   write, fsync (files), fsync_dir, rename, mkdir, fallocate
-//                   POSIX calls of io/posix_file.cc (errno actions)
+//   h5_read         a dataset read (errno action)
+//   data_fsync      the data file's flush to disk (HDF5: H5Fflush, which ends
+//                   in MPI_File_sync), in place of the flush (errno action)
+//   write, read, fsync (the marker's temp file), fsync_dir, rename, mkdir,
+//   fallocate, truncate and truncate_fsync (trimming the data file's
+//   reserve), unlink (a file: the marker in retention, the lease), remove (a
+//   directory tree), remove_step (retention's removal of a step's files),
+//   lock (the root's lock file), lease (writing the root's lease)
+//                   POSIX calls of io/posix_file.cc (errno actions; `write`
+//                   also `short`; `write` and `read` also `eintr`)
 // Actions:
 //   exit            _exit(41): the process vanishes, nothing flushed
 //   kill            SIGKILL to itself
 //   hang            sleeps forever (a stuck rank; see the watchdog)
 //   enospc, eio, eacces   the call fails with that errno (points that return a Status)
+//   eintr           the call is interrupted (EINTR): the caller must retry it
+//   short           a write writes half of what it was given (at least a byte)
+//   wait            (with file=PATH) creates PATH.reached, then waits until
+//                   PATH exists and goes on: a test's gate inside a save
 #pragma once
 
 #include <atomic>
@@ -38,11 +51,16 @@ namespace internal {
 extern std::atomic<bool> g_enabled;
 Status HitSlow(std::string_view point, uint64_t bytes);
 int ErrnoSlow(std::string_view point);
+size_t ShortSlow(std::string_view point, size_t n);
 }  // namespace internal
 
 /// Replaces the configuration (the same syntax as MHCKPT_FAULT); "" clears it.
 /// Returns InvalidArgument for a spec it cannot parse.
 Status Configure(const std::string& spec);
+
+/// How many times a configured fault has fired in this process since the
+/// last Configure (or start): a test's proof that its fault was reached.
+int64_t Fired();
 
 /// This process's rank, for matching `rank=`.
 void SetRank(int rank);
@@ -59,6 +77,12 @@ inline Status Hit(std::string_view point, uint64_t bytes = 0) {
 /// For a system call: the errno to fake, or 0.
 inline int Errno(std::string_view point) {
   return internal::g_enabled.load(std::memory_order_relaxed) ? internal::ErrnoSlow(point) : 0;
+}
+
+/// For a write of `n` bytes: how many to write (fewer than `n` when a
+/// `short` fault matches).
+inline size_t ShortWrite(std::string_view point, size_t n) {
+  return internal::g_enabled.load(std::memory_order_relaxed) ? internal::ShortSlow(point, n) : n;
 }
 
 }  // namespace mhckpt::fault

@@ -106,7 +106,7 @@ Status RunVerify(const VerifyArgs& args, MPI_Comm comm, std::FILE* out) {
   // 2. The root, opened read-only in effect.
   Options options;
   options.async = false;
-  options.remove_uncommitted_on_open = false;
+  options.own_root = false;  // a job may be saving into the root: take nothing, remove nothing
   options.collective_timeout_seconds = 0;  // a verify of a huge step may take long
   MHCKPT_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointManager> mgr,
                           CheckpointManager::Open(comm, args.root, options));

@@ -30,10 +30,27 @@ using internal::Watchdog;
 
 namespace {
 
-// Rank 0's part of Open: create the root, remove steps without a marker.
-Status PrepareRoot(const std::string& root, bool remove_uncommitted) {
+// Rank 0's part of Open: create the root, take ownership of it (the lock
+// and lease of io/root_lock.h), then remove steps without a marker — only
+// once the root is ours, so that a job still saving never loses its step.
+Status PrepareRoot(const std::string& root, const Options& options,
+                   std::unique_ptr<io::RootLock>* lock) {
+  if (options.own_root && !(options.root_lease_seconds > 0)) {
+    return InvalidArgument(fmt::format("Options::root_lease_seconds is {}; it must be positive",
+                                       options.root_lease_seconds));
+  }
   MHCKPT_RETURN_IF_ERROR(io::MakeDirs(root));
-  if (!remove_uncommitted) return OkStatus();
+  if (!options.own_root) return OkStatus();
+  MHCKPT_ASSIGN_OR_RETURN(
+      *lock, io::RootLock::Acquire(root, {options.root_lease_seconds, options.root_wait_seconds}));
+  if (const auto& before = (*lock)->taken_over()) {
+    const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::system_clock::now().time_since_epoch())
+                            .count();
+    spdlog::warn("mhckpt: took over {}: its previous owner ({}) is gone or its lease is stale",
+                 root, io::DescribeHolder(*before, now));
+  }
+  if (!options.remove_uncommitted_on_open) return OkStatus();
   MHCKPT_ASSIGN_OR_RETURN(std::vector<std::string> names, io::ListDir(root));
   bool removed = false;
   for (const std::string& name : names) {
@@ -124,8 +141,9 @@ Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(MPI_Comm comm
   Comm dup = Comm::Duplicate(comm);
   fault::SetRank(dup.rank());
   Status s;
+  std::unique_ptr<io::RootLock> lock;
   if (dup.rank() == 0) {
-    s = PrepareRoot(root, options.remove_uncommitted_on_open);
+    s = PrepareRoot(root, options, &lock);
     if (options.async && !async) {
       spdlog::warn(
           "mhckpt: MPI was not initialised with MPI_THREAD_MULTIPLE; saves commit "
@@ -136,6 +154,7 @@ Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(MPI_Comm comm
   MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, dup));
   auto impl =
       std::make_unique<internal::ManagerImpl>(std::move(dup), std::move(root), options, async);
+  impl->root_lock_ = std::move(lock);
   // Why a second duplicate: collectives on one communicator must not run on
   // two threads at once, and the I/O thread owns the first.
   impl->caller_comm_ = Comm::Duplicate(comm);
@@ -157,6 +176,11 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
   if (job->local.ok() && step < 0) {
     job->local =
         InvalidArgument(fmt::format("rank {}: step {} is negative", impl_->comm_.rank(), step));
+  }
+  if (job->local.ok() && !impl_->options_.own_root) {
+    job->local = FailedPrecondition(fmt::format(
+        "rank {}: '{}' was opened without ownership (Options::own_root is false): it cannot save",
+        impl_->comm_.rank(), impl_->root_));
   }
   job->timings.budget_wait = job->snapshot.budget_wait_seconds;
   job->timings.snapshot =

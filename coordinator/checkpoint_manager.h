@@ -55,6 +55,23 @@ struct Options {
   bool async = true;
   /// Open removes step directories that have no commit marker (crashed saves).
   bool remove_uncommitted_on_open = true;
+  /// Open takes ownership of `root` for the manager's lifetime: rank 0 locks
+  /// ROOT/mhckpt.lock (flock) and keeps a lease, ROOT/mhckpt.lease, naming
+  /// its host, pid and job id with a heartbeat (docs/RELIABILITY.md, "One job
+  /// per root"). While a job owns a root, another Open of it fails and
+  /// removes nothing. false: a reader that takes no ownership and removes
+  /// nothing (remove_uncommitted_on_open is ignored); its Save fails with
+  /// FailedPrecondition. `mhckpt verify` opens roots this way.
+  bool own_root = true;
+  /// A lease whose heartbeat is older than this many seconds is stale. It
+  /// matters only where the lock does not reach the holder (NFS or Lustre
+  /// mounted without working locks): a fresh lease of a process that may be
+  /// alive then keeps the root in use. The heartbeat is renewed every
+  /// quarter of it. Clocks of the hosts must agree to well within it.
+  double root_lease_seconds = 60;
+  /// How long Open keeps trying while the root is in use (a restarted job
+  /// racing its predecessor's exit); 0: fail at once.
+  double root_wait_seconds = 0;
   /// After each commit, keep only the newest `max_to_keep` committed steps
   /// (0: keep all), plus those kept by `keep_period`. The newest is never
   /// deleted. Deletion runs on the I/O thread and removes the marker first.
@@ -160,9 +177,13 @@ struct SaveTimings {
 class CheckpointManager {
  public:
   /// Collective. Opens (creating it if needed) the checkpoint directory `root`
-  /// on a shared file system. Removes uncommitted steps (see Options).
-  /// IoError, on every rank, if rank 0 cannot create `root` or remove an
-  /// uncommitted step.
+  /// on a shared file system, takes ownership of it and removes uncommitted
+  /// steps (see Options). Errors, the same on every rank:
+  /// FailedPrecondition if another job (or another manager of this process)
+  /// owns `root`, naming its host, pid, job id and heartbeat age — nothing
+  /// in `root` is changed; InvalidArgument for a root_lease_seconds that is
+  /// not positive; IoError if rank 0 cannot create `root`, use its lock or
+  /// lease file, or remove an uncommitted step.
   static Result<std::unique_ptr<CheckpointManager>> Open(MPI_Comm comm, std::string root,
                                                          Options options = {});
 

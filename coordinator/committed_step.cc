@@ -19,7 +19,8 @@ Result<io::Marker> ReadMarkerEverywhere(const Comm& comm, const std::string& roo
     } else if (r.status().code() == StatusCode::kNotFound) {
       s = NotFound(fmt::format("step {} is not committed in '{}'", step, root));
     } else {
-      s = r.status();
+      s = Status(r.status().code(), fmt::format("rank 0: read the commit marker of step {}: {}",
+                                                step, r.status().message()));
     }
   }
   MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, comm));

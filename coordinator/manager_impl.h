@@ -16,6 +16,7 @@
 #include "coordinator/io_thread.h"
 #include "coordinator/watchdog.h"
 #include "io/marker.h"
+#include "io/root_lock.h"
 #include "io/storage.h"
 #include "worker/snapshot.h"
 #include "worker/staging_pool.h"
@@ -79,6 +80,10 @@ class ManagerImpl {
   std::unique_ptr<DeviceBroadcaster> device_broadcast_;
   bool device_broadcast_tried_ = false;
   std::string device_broadcast_why_;
+
+  // Rank 0 with Options::own_root: the root's lock and lease, released after
+  // the I/O thread (declared after it) has finished every job.
+  std::unique_ptr<io::RootLock> root_lock_;
 
   std::unique_ptr<IoThread> thread_;  // last: joined before the rest is destroyed
 };

@@ -383,7 +383,10 @@ class SaveRun {
     for (const auto& rank_sums : all) {
       for (const BoxSum& b : rank_sums) plan_.arrays[b.array].boxes[b.box].checksum = b.sum;
     }
-    if (s.ok()) s = writer_->Seal();  // the space reserved in step 3 beyond what was used
+    if (s.ok()) {
+      s = writer_->Seal();  // the space reserved in step 3 beyond what was used
+      if (!s.ok()) s = Status(s.code(), fmt::format("rank 0: seal the data file: {}", s.message()));
+    }
     // The names of the step's files durable before the marker's can be: with
     // only the marker's rename and the fsync after it, a file system that does
     // not journal names in order may keep the marker and lose data.h5's name

@@ -1,11 +1,8 @@
 #include "io/catalog.h"
 
-#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <map>
 #include <mutex>
 
@@ -109,12 +106,10 @@ Result<std::vector<int64_t>> CommittedSteps(const std::string& root) {
 
 Status DeleteStep(const std::string& root, int64_t step) {
   const std::string marker = MarkerPath(root, step);
-  if (::unlink(marker.c_str()) != 0 && errno != ENOENT) {
-    return IoError(fmt::format("unlink '{}': {}", marker, std::strerror(errno)));
-  }
+  MHCKPT_RETURN_IF_ERROR(RemoveFile(marker));
   if (PathExists(StepDir(root, step))) MHCKPT_RETURN_IF_ERROR(FsyncDir(StepDir(root, step)));
   MHCKPT_RETURN_IF_ERROR(fault::Hit("retention"));  // uncommitted now, files still there
-  MHCKPT_RETURN_IF_ERROR(RemoveAll(StepDir(root, step)));
+  MHCKPT_RETURN_IF_ERROR(RemoveAll(StepDir(root, step), "remove_step"));
   return FsyncDir(root);
 }
 

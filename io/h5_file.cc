@@ -1,8 +1,6 @@
 #include "io/h5_file.h"
 
-#include <fcntl.h>
 #include <hdf5.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -14,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "base/fault.h"
+#include "io/posix_file.h"
 
 static_assert(sizeof(hid_t) == sizeof(int64_t), "HDF5 1.10+ has 64-bit hid_t");
 
@@ -202,14 +201,7 @@ Status TrimToRecordedEnd(const std::string& path) {
   herr_t rc = H5Fget_eoa(f, &eoa);
   H5Fclose(f);
   if (rc < 0) return H5Error(fmt::format("get end of '{}'", path));
-  int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return IoError(fmt::format("open '{}': {}", path, std::strerror(errno)));
-  Status s;
-  if (::ftruncate(fd, static_cast<off_t>(eoa)) != 0 || ::fsync(fd) != 0) {
-    s = IoError(fmt::format("trim '{}' to {} bytes: {}", path, eoa, std::strerror(errno)));
-  }
-  ::close(fd);
-  return s;
+  return TruncateFile(path, eoa);  // behind the fault seam (io/posix_file.h)
 }
 
 // ---- Dataset ----
@@ -244,7 +236,10 @@ uint64_t Dataset::EndInFile() const {
 }
 
 Status Dataset::WriteNothing() { return Transfer(nullptr, nullptr, true); }
-Status Dataset::Read(const Box& box, void* data) { return Transfer(&box, data, false); }
+Status Dataset::Read(const Box& box, void* data) {
+  MHCKPT_RETURN_IF_ERROR(fault::Hit("h5_read"));
+  return Transfer(&box, data, false);
+}
 
 Status Dataset::Transfer(const Box* box, void* data, bool write) {
   Handle file_space(H5Dget_space(id_));
@@ -374,6 +369,12 @@ Result<Dataset> H5File::OpenDataset(const std::string& name, DType dtype,
 Status H5File::FlushAndClose() {
   Status s;
   if (H5Fflush(id_, H5F_SCOPE_GLOBAL) < 0) s = H5Error(fmt::format("flush '{}'", path_));
+  // The data file's fsync (H5Fflush ends in MPI_File_sync) behind the fault
+  // seam. The flush is collective, so it still runs on every rank; an
+  // injected error stands in for its outcome.
+  if (int e = fault::Errno("data_fsync"); e != 0 && s.ok()) {
+    s = IoError(fmt::format("flush '{}': {} (injected at data_fsync)", path_, std::strerror(e)));
+  }
   if (H5Fclose(id_) < 0 && s.ok()) s = H5Error(fmt::format("close '{}'", path_));
   id_ = -1;
   return s;

@@ -1,6 +1,8 @@
 // Where a checkpoint lives on disk (docs/FORMAT.md):
 //   ROOT/step_0000000042/data.h5      the arrays, as global HDF5 datasets
 //   ROOT/step_0000000042/commit.json  the commit marker; present = committed
+//   ROOT/mhckpt.lock                   locked (flock) by the job that owns ROOT
+//   ROOT/mhckpt.lease                  who owns ROOT, with a heartbeat
 #pragma once
 
 #include <cstdint>
@@ -12,6 +14,8 @@ namespace mhckpt::io {
 
 inline constexpr std::string_view kDataFileName = "data.h5";
 inline constexpr std::string_view kMarkerFileName = "commit.json";
+inline constexpr std::string_view kLockFileName = "mhckpt.lock";
+inline constexpr std::string_view kLeaseFileName = "mhckpt.lease";
 
 /// "step_0000000042".
 std::string StepDirName(int64_t step);

@@ -1,6 +1,7 @@
 #include "io/posix_file.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -28,7 +29,11 @@ std::string Parent(const std::string& path) {
 // (base/fault.h) so a test can make it fail with ENOSPC, EIO or EACCES.
 ssize_t SysWrite(int fd, const void* data, size_t n) {
   if (int e = fault::Errno("write")) return errno = e, -1;
-  return ::write(fd, data, n);
+  return ::write(fd, data, fault::ShortWrite("write", n));
+}
+ssize_t SysRead(int fd, void* data, size_t n) {
+  if (int e = fault::Errno("read")) return errno = e, -1;
+  return ::read(fd, data, n);
 }
 int SysFsync(int fd, const char* point) {
   if (int e = fault::Errno(point)) return errno = e, -1;
@@ -37,6 +42,14 @@ int SysFsync(int fd, const char* point) {
 int SysRename(const char* from, const char* to) {
   if (int e = fault::Errno("rename")) return errno = e, -1;
   return ::rename(from, to);
+}
+int SysFtruncate(int fd, uint64_t bytes) {
+  if (int e = fault::Errno("truncate")) return errno = e, -1;
+  return ::ftruncate(fd, static_cast<off_t>(bytes));
+}
+int SysUnlink(const char* path) {
+  if (int e = fault::Errno("unlink")) return errno = e, -1;
+  return ::unlink(path);
 }
 
 // Writes all of `bytes` to `fd`, retrying short writes and EINTR.
@@ -80,7 +93,7 @@ Result<std::string> ReadSmallFile(const std::string& path, size_t max_bytes) {
   std::string out;
   char buf[65536];
   for (;;) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
+    ssize_t n = SysRead(fd, buf, sizeof buf);
     if (n < 0) {
       if (errno == EINTR) continue;
       int err = errno;
@@ -117,7 +130,10 @@ Status MakeDirs(const std::string& dir) {
   return OkStatus();
 }
 
-Status RemoveAll(const std::string& path) {
+Status RemoveAll(const std::string& path, const char* fault_point) {
+  if (int e = fault::Errno(fault_point)) {
+    return IoError(fmt::format("remove '{}': {}", path, std::strerror(e)));
+  }
   std::error_code ec;
   std::filesystem::remove_all(path, ec);
   if (ec) return IoError(fmt::format("remove '{}': {}", path, ec.message()));
@@ -146,6 +162,64 @@ Status Preallocate(const std::string& path, uint64_t bytes) {
     return IoError(fmt::format("reserve {} bytes for '{}': {}", bytes, path, std::strerror(rc)));
   }
   return OkStatus();
+}
+
+Status TruncateFile(const std::string& path, uint64_t bytes) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return Errno("open", path, errno);
+  Status s;
+  if (SysFtruncate(fd, bytes) != 0) {
+    s = IoError(fmt::format("truncate '{}' to {} bytes: {}", path, bytes, std::strerror(errno)));
+  } else if (SysFsync(fd, "truncate_fsync") != 0) {
+    s = Errno("fsync", path, errno);
+  }
+  ::close(fd);
+  return s;
+}
+
+Status RemoveFile(const std::string& path) {
+  if (SysUnlink(path.c_str()) != 0 && errno != ENOENT) return Errno("unlink", path, errno);
+  return OkStatus();
+}
+
+Result<std::optional<int>> TryLockFile(const std::string& path, bool* unsupported) {
+  *unsupported = false;
+  if (int e = fault::Errno("lock")) return Errno("lock", path, e);
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno("open", path, errno);
+  int rc;
+  do {
+    rc = ::flock(fd, LOCK_EX | LOCK_NB);
+  } while (rc != 0 && errno == EINTR);
+  if (rc == 0) return std::optional<int>(fd);
+  int err = errno;
+  if (err == ENOSYS || err == EOPNOTSUPP || err == ENOLCK) {
+    *unsupported = true;  // e.g. Lustre mounted without -o flock
+    return std::optional<int>(fd);
+  }
+  ::close(fd);
+  if (err == EWOULDBLOCK) return std::optional<int>();
+  return Errno("lock", path, err);
+}
+
+void UnlockFile(int fd) { ::close(fd); }
+
+Status WriteFileReplacing(const std::string& path, const std::string& bytes) {
+  if (int e = fault::Errno("lease")) return Errno("write", path, e);
+  const std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno("open", tmp, errno);
+  size_t done = 0;
+  Status s;
+  while (s.ok() && done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno != EINTR) s = Errno("write", tmp, errno);
+    if (n > 0) done += static_cast<size_t>(n);
+  }
+  if (::close(fd) != 0 && s.ok()) s = Errno("close", tmp, errno);
+  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) s = Errno("rename", tmp, errno);
+  if (!s.ok()) ::unlink(tmp.c_str());
+  return s;
 }
 
 bool PathExists(const std::string& path) {

@@ -3,6 +3,8 @@
 // here, so that one place decides what "durable" means.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,7 +29,8 @@ Status FsyncDir(const std::string& dir);
 Status MakeDirs(const std::string& dir);
 
 /// Removes a file or a whole directory tree; a missing path is not an error.
-Status RemoveAll(const std::string& path);
+/// `fault_point`: its name at the fault seam (base/fault.h).
+Status RemoveAll(const std::string& path, const char* fault_point = "remove");
 
 /// The names of the entries of `dir` (no "." or "..").
 Result<std::vector<std::string>> ListDir(const std::string& dir);
@@ -35,6 +38,27 @@ Result<std::vector<std::string>> ListDir(const std::string& dir);
 /// Allocates the first `bytes` of an existing file on disk (posix_fallocate),
 /// so later writes into that range cannot fail for lack of space.
 Status Preallocate(const std::string& path, uint64_t bytes);
+
+/// Sets an existing file's size to `bytes` and fsyncs it.
+Status TruncateFile(const std::string& path, uint64_t bytes);
+
+/// Unlinks a file; a missing file is not an error.
+Status RemoveFile(const std::string& path);
+
+/// Opens (creating it) `path` and takes an exclusive advisory lock on it
+/// (flock) without waiting: the descriptor holding the lock, or nullopt if
+/// another open file holds it (another process, or another open of it in this
+/// one). The kernel releases the lock when the process dies; UnlockFile
+/// releases it earlier. Where the file system has no locks (ENOSYS,
+/// EOPNOTSUPP, ENOLCK), sets `*unsupported` and returns the descriptor
+/// without a lock.
+Result<std::optional<int>> TryLockFile(const std::string& path, bool* unsupported);
+void UnlockFile(int fd);
+
+/// Replaces `path` with `bytes` by writing `path`.tmp and renaming it, without
+/// fsync: a reader sees the old or the new content, a crash may lose both (for
+/// small advisory files such as the root's lease, never for data).
+Status WriteFileReplacing(const std::string& path, const std::string& bytes);
 
 /// True if `path` exists.
 bool PathExists(const std::string& path);

@@ -1,7 +1,8 @@
 // Agreed errors: a failing system call on one rank, or a genuinely full file
-// system, gives the same Status on every rank, naming the rank and the cause;
-// nothing is committed; nothing hangs; the previous step is intact; the next
-// save succeeds once the cause is gone.
+// system, gives the same Status on every rank, naming the rank, the operation
+// and the cause; nothing is committed; nothing hangs; the previous step still
+// restores bit-exactly; the next save succeeds once the cause is gone.
+// Transient errors (short writes, EINTR) are retried and change nothing.
 #include <sys/mount.h>
 
 #include <gmock/gmock.h>
@@ -28,15 +29,16 @@ using testing::OpenForTest;
 using testing::Rank;
 using testing::SameOnAllRanks;
 using testing::Size;
+using testing::SumOverRanks;
 
 class Faults : public ::testing::Test {
  protected:
   void TearDown() override { ASSERT_TRUE(fault::Configure("").ok()); }
 
   // Use as ASSERT_TRUE(Open(dir)): false (on every rank) if Open failed.
-  bool Open(const std::string& dir) {
+  bool Open(const std::string& dir, const Options& options = {}) {
     dir_ = dir;
-    mgr_ = OpenForTest(dir_);
+    mgr_ = OpenForTest(dir_, options);
     return mgr_ != nullptr;
   }
 
@@ -66,6 +68,21 @@ class Faults : public ::testing::Test {
     EXPECT_TRUE(SameOnAllRanks(s)) << s.ToString();
     EXPECT_FALSE(std::filesystem::exists(io::StepDir(dir_, step)));
   }
+
+  // The Status of a restore of `step` (the whole array), with `spec`
+  // configured for its duration only.
+  Status RestoreWithFault(int64_t step, const std::string& spec, int64_t rows = 64) {
+    std::vector<int64_t> shape{rows, 1024};
+    std::vector<std::byte> out(static_cast<size_t>(rows) * 1024 * 4);
+    EXPECT_TRUE(fault::Configure(spec).ok());
+    Status s = mgr_->Restore(
+        step, std::vector<ArrayToRestore>{{"w", DType::kFloat32, {{FullBox(shape), out.data()}}}});
+    EXPECT_TRUE(fault::Configure("").ok());
+    return s;
+  }
+
+  // Collective: how often the configured faults fired, over all ranks.
+  static uint64_t FiredEverywhere() { return SumOverRanks(static_cast<uint64_t>(fault::Fired())); }
 
   int Last() const { return Size() - 1; }
 
@@ -131,6 +148,133 @@ TEST_F(Faults, InjectedFailureAtEachPhaseIsAgreed) {
   ASSERT_TRUE(SaveStep(step).ok());
 }
 
+// The data file's fsync (H5Fflush -> MPI_File_sync) fails on one rank, with
+// EIO or with ENOSPC (a file system that only finds out it is full when it
+// writes back).
+TEST_F(Faults, DataFileFsyncFails) {
+  ASSERT_TRUE(Open(FreshDir()));
+  ASSERT_TRUE(SaveStep(1).ok());
+  int64_t step = 2;
+  for (const char* action : {"eio", "enospc"}) {
+    ASSERT_TRUE(
+        fault::Configure(fmt::format("rank={},point=data_fsync,action={}", Last(), action)).ok());
+    const std::string why =
+        action == std::string("eio") ? std::strerror(EIO) : std::strerror(ENOSPC);
+    ExpectAgreedFailure(SaveStep(step), step,
+                        fmt::format("rank {}: flush '{}': {} (injected at data_fsync)", Last(),
+                                    io::DataPath(dir_, step), why));
+    ++step;
+  }
+  ASSERT_TRUE(fault::Configure("").ok());
+  EXPECT_EQ(mgr_->CommittedSteps().value(), std::vector<int64_t>{1});
+  ExpectRestores(1);
+  ASSERT_TRUE(SaveStep(step).ok());
+  ExpectRestores(step);
+}
+
+// Rank 0 trims the reserved space off the data file before the marker: its
+// ftruncate, then its fsync, fail.
+TEST_F(Faults, TrimmingTheDataFileFails) {
+  ASSERT_TRUE(Open(FreshDir()));
+  ASSERT_TRUE(SaveStep(1).ok());
+  ASSERT_TRUE(fault::Configure("rank=0,point=truncate,action=eio").ok());
+  ExpectAgreedFailure(
+      SaveStep(2), 2,
+      fmt::format("rank 0: seal the data file: truncate '{}' to ", io::DataPath(dir_, 2)));
+  ASSERT_TRUE(fault::Configure("rank=0,point=truncate_fsync,action=eio").ok());
+  ExpectAgreedFailure(SaveStep(3), 3,
+                      fmt::format("rank 0: seal the data file: fsync '{}': {}",
+                                  io::DataPath(dir_, 3), std::strerror(EIO)));
+  ASSERT_TRUE(fault::Configure("").ok());
+  EXPECT_EQ(mgr_->CommittedSteps().value(), std::vector<int64_t>{1});
+  ExpectRestores(1);
+  ASSERT_TRUE(SaveStep(4).ok());
+  ExpectRestores(4);
+}
+
+// Short writes and EINTR are retried: the save commits on every rank and
+// restores bit-exactly.
+TEST_F(Faults, ShortWritesAndEintrAreRetried) {
+  ASSERT_TRUE(Open(FreshDir()));
+  ASSERT_TRUE(SaveStep(1).ok());
+  ASSERT_TRUE(fault::Configure("point=write,action=short").ok());  // every write, all ranks
+  Status s = SaveStep(2);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(SameOnAllRanks(s));
+  EXPECT_GT(FiredEverywhere(), 1u) << "the marker is written in several short writes";
+  ASSERT_TRUE(fault::Configure("point=write,action=eintr,times=3").ok());
+  s = SaveStep(3);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(SameOnAllRanks(s));
+  EXPECT_EQ(FiredEverywhere(), 3u);
+  ASSERT_TRUE(fault::Configure("").ok());
+  EXPECT_EQ(mgr_->CommittedSteps().value(), (std::vector<int64_t>{1, 2, 3}));
+  // A read interrupted three times (the marker, read by rank 0) still restores.
+  ASSERT_TRUE(fault::Configure("rank=0,point=read,action=eintr,times=3").ok());
+  ExpectRestores(3);
+  EXPECT_EQ(FiredEverywhere(), 3u);
+  ASSERT_TRUE(fault::Configure("").ok());
+  ExpectRestores(1);
+  ExpectRestores(2);
+}
+
+// EIO on a read: the commit marker (rank 0) or the data (the last rank).
+// Restore fails the same way everywhere; once the cause is gone, the step
+// restores bit-exactly.
+TEST_F(Faults, EioOnRead) {
+  ASSERT_TRUE(Open(FreshDir()));
+  ASSERT_TRUE(SaveStep(1).ok());
+  Status s = RestoreWithFault(1, "rank=0,point=read,action=eio");
+  EXPECT_EQ(s.code(), StatusCode::kIoError) << s.ToString();
+  EXPECT_THAT(s.message(),
+              HasSubstr(fmt::format("rank 0: read the commit marker of step 1: read '{}': {}",
+                                    io::MarkerPath(dir_, 1), std::strerror(EIO))));
+  EXPECT_TRUE(SameOnAllRanks(s)) << s.ToString();
+  s = RestoreWithFault(1, fmt::format("rank={},point=h5_read,action=eio", Last()));
+  EXPECT_EQ(s.code(), StatusCode::kIoError) << s.ToString();
+  EXPECT_THAT(s.message(), HasSubstr(fmt::format("rank {}: {} (injected at h5_read)", Last(),
+                                                 std::strerror(EIO))));
+  EXPECT_TRUE(SameOnAllRanks(s)) << s.ToString();
+  ExpectRestores(1);
+}
+
+// Retention's unlink of an old marker, or its removal of the old step's
+// files, fails on rank 0. Retention failures are logged, not returned (the
+// new step is committed either way, coordinator/save.cc step 7): the save
+// is OK on every rank, and every step that is still committed restores.
+TEST_F(Faults, RetentionDeletesFail) {
+  Options o;
+  o.max_to_keep = 1;
+  ASSERT_TRUE(Open(FreshDir(), o));
+  ASSERT_TRUE(SaveStep(1).ok());
+  ASSERT_TRUE(fault::Configure("rank=0,point=unlink,action=eio").ok());
+  Status s = SaveStep(2);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(SameOnAllRanks(s));
+  ASSERT_TRUE(fault::Configure("").ok());
+  // The marker could not be unlinked: step 1 is still committed and whole.
+  EXPECT_EQ(mgr_->CommittedSteps().value(), (std::vector<int64_t>{1, 2}));
+  ExpectRestores(1);
+  ExpectRestores(2);
+  ASSERT_TRUE(fault::Configure("rank=0,point=remove_step,action=eio").ok());
+  s = SaveStep(3);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(SameOnAllRanks(s));
+  ASSERT_TRUE(fault::Configure("").ok());
+  // Step 1's marker is gone (uncommitted: the next Open removes its files);
+  // the failure stopped retention before step 2.
+  EXPECT_EQ(mgr_->CommittedSteps().value(), (std::vector<int64_t>{2, 3}));
+  EXPECT_TRUE(std::filesystem::exists(io::StepDir(dir_, 1)));
+  ExpectRestores(2);
+  ExpectRestores(3);
+  mgr_.reset();
+  ASSERT_TRUE(Open(dir_, o));
+  EXPECT_FALSE(std::filesystem::exists(io::StepDir(dir_, 1)));
+  ASSERT_TRUE(SaveStep(4).ok());
+  EXPECT_EQ(mgr_->CommittedSteps().value(), std::vector<int64_t>{4});
+  ExpectRestores(4);
+}
+
 TEST_F(Faults, GenuinelyFullFileSystem) {
   // Outside FreshDir's tree, so a mount left by a killed run cannot block it.
   const std::string mnt = fmt::format("/tmp/mhckpt-tiny-np{}", Size());
@@ -147,9 +291,11 @@ TEST_F(Faults, GenuinelyFullFileSystem) {
   ASSERT_TRUE(Open(mnt));
   ASSERT_TRUE(SaveStep(1, 64).ok());  // 256 KiB
   Status s = SaveStep(2, 2048);       // 8 MiB into what is left of 4 MiB
+  // Caught where rank 0 reserves the step's space, before any collective flush.
   EXPECT_EQ(s.code(), StatusCode::kIoError) << s.ToString();
   EXPECT_TRUE(SameOnAllRanks(s)) << s.ToString();
-  EXPECT_THAT(s.message(), HasSubstr("rank "));
+  EXPECT_THAT(s.message(), HasSubstr("rank 0: reserve "));
+  EXPECT_THAT(s.message(), HasSubstr("No space left on device"));
   EXPECT_FALSE(std::filesystem::exists(io::MarkerPath(dir_, 2)));
   ExpectRestores(1, 64);
   ASSERT_TRUE(SaveStep(3, 64).ok()) << "space is back once the failed step is removed";
