@@ -229,7 +229,9 @@ class CheckpointManager {
   /// and boxes (any sharding), on any world size. Errors: NotFound (step not
   /// committed, unknown array), InvalidArgument (box outside the array, dtype
   /// other than the stored one, strict mode mismatch), DataLoss (damaged
-  /// file, or bytes whose checksum differs), IoError (the file cannot be
+  /// file, or bytes whose checksum differs, naming the array, the stored box,
+  /// the chunk and the ranks; every byte returned is checked unless
+  /// `options.verify_checksums` is false), IoError (the file cannot be
   /// opened or read, naming the rank), each on every rank. On an error the
   /// destinations' contents are unspecified.
   Status Restore(int64_t step, std::span<const ArrayToRestore> arrays,

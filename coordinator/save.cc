@@ -77,9 +77,8 @@ Status PrepareStepDir(const std::string& root, int64_t step) {
   return io::FsyncDir(root);
 }
 
-// Rank 0's part of the plan round.
-// The plan uses rank 0's Options::replica_parallel_min_bytes and
-// checksum_chunk_bytes: the plan is
+// Rank 0's part of the plan round. The plan uses rank 0's
+// Options::replica_parallel_min_bytes and checksum_chunk_bytes: the plan is
 // made here and broadcast, so a different value on another rank is ignored.
 Result<io::Marker> PlanOnRoot(const std::vector<std::string>& encoded, const std::string& root,
                               int64_t step, const Options& options) {
