@@ -2,7 +2,9 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <charconv>
+#include <cstddef>
 
 #include <fmt/format.h>
 
@@ -16,12 +18,42 @@ ChecksumStream::ChecksumStream() : state_(XXH3_createState()) {
 
 ChecksumStream::~ChecksumStream() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
 
+void ChecksumStream::Reset() { XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_)); }
+
 void ChecksumStream::Update(const void* data, size_t bytes) {
   XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, bytes);
 }
 
 uint64_t ChecksumStream::Digest() const {
   return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_));
+}
+
+uint64_t ChecksumChunks(const void* data, size_t bytes, size_t chunk_bytes,
+                        std::vector<uint64_t>* chunks) {
+  // A chunk of 1 MiB or more does not stay in L2 while it is hashed twice;
+  // pieces of 256 KiB do, so each piece is read from memory once and fed to
+  // both the chunk's and the box's stream.
+  constexpr size_t kPiece = 256 << 10;
+  const auto* p = static_cast<const std::byte*>(data);
+  ChecksumStream whole, chunk;
+  size_t done = 0;
+  do {
+    const size_t n = std::min(chunk_bytes, bytes - done);
+    if (n <= kPiece) {
+      chunks->push_back(Checksum(p + done, n));
+      whole.Update(p + done, n);
+    } else {
+      chunk.Reset();
+      for (size_t k = 0; k < n; k += kPiece) {
+        const size_t m = std::min(kPiece, n - k);
+        chunk.Update(p + done + k, m);
+        whole.Update(p + done + k, m);
+      }
+      chunks->push_back(chunk.Digest());
+    }
+    done += n;
+  } while (done < bytes);
+  return whole.Digest();
 }
 
 std::string ChecksumToString(uint64_t checksum) { return fmt::format("xxh3:{:016x}", checksum); }

@@ -82,6 +82,8 @@ struct Flags {
   uint64_t replica_split_bytes = 0;
   bool keep = false;
   bool drop_caches = false;
+  uint64_t chunk_bytes = 0;  // Options::checksum_chunk_bytes
+  bool no_verify_checksums = false;
 };
 
 int Rank() {
@@ -147,6 +149,7 @@ Options MakeOptions(const Flags& f) {
   o.snapshot_threads = f.threads;
   o.max_to_keep = 2;  // bounds the disk; the deletes run before the commit is reported
   o.replica_parallel_min_bytes = f.replica_split_bytes;
+  o.checksum_chunk_bytes = f.chunk_bytes;
   return o;
 }
 
@@ -232,14 +235,17 @@ struct RestoreRun {
 
 // `reps` restores of `step` into `d`, each verified; with `drop`, the page
 // cache is dropped before each.
-RestoreRun RunRestores(CheckpointManager& mgr, int64_t step, Destinations& d, int reps, bool drop) {
+RestoreRun RunRestores(CheckpointManager& mgr, int64_t step, Destinations& d, int reps, bool drop,
+                       bool verify_checksums = true) {
   RestoreRun out;
+  RestoreOptions options;
+  options.verify_checksums = verify_checksums;
   for (int i = 0; i < reps; ++i) {
     d.Scrub(std::byte{0xA5});
     if (drop) out.drop_caches_ok &= DropCaches();
     Barrier();
     auto t0 = Clock::now();
-    Status s = mgr.Restore(step, d.arrays);
+    Status s = mgr.Restore(step, d.arrays, options);
     const double dt = Since(t0);
     CheckOk(s, "restore");
     out.restore.push_back(MaxOverRanks(dt));
@@ -461,7 +467,7 @@ json RunRestore(const Flags& f) {
 
   Destinations d = AllocateDestinations(std::move(specs), rank, size);
   MemoryFigure mem = StartMemory();
-  RestoreRun v = RunRestores(*mgr, step, d, f.reps, f.drop_caches);
+  RestoreRun v = RunRestores(*mgr, step, d, f.reps, f.drop_caches, !f.no_verify_checksums);
   const uint64_t rss_extra = ExtraPeakRss(mem);
   if (f.drop_caches && !v.drop_caches_ok && rank == 0) {
     fmt::print(stderr, "{}: cannot write /proc/sys/vm/drop_caches: the page cache stays warm\n",
@@ -485,6 +491,8 @@ json RunRestore(const Flags& f) {
   r["hwm_reset"] = mem.hwm_reset;
   r["drop_caches"] = f.drop_caches;
   r["drop_caches_ok"] = f.drop_caches && v.drop_caches_ok;
+  r["verify_checksums"] = !f.no_verify_checksums;
+  r["format_version"] = marker->format_version;
   r["file_bytes"] = FileBytes(root, step);
   r["verified"] = v.verified;
   r["root"] = root;
@@ -618,6 +626,10 @@ int Main(int argc, char** argv, int provided) {
   app.add_option("--launcher", f.launcher, "The \"launcher\" field")->capture_default_str();
   app.add_option("--note", f.note, "Appended to the \"notes\" field");
   app.add_flag("--keep", f.keep, "Keep the checkpoints written (save: for a later restore)");
+  app.add_option("--chunk-bytes", f.chunk_bytes,
+                 "Options::checksum_chunk_bytes of the saves (0: the library's default)");
+  app.add_flag("--no-verify-checksums", f.no_verify_checksums,
+               "restore: RestoreOptions::verify_checksums = false (the bytes are still compared)");
   app.add_flag("--drop-caches", f.drop_caches,
                "Before each restore, rank 0 syncs and writes 1 to /proc/sys/vm/drop_caches");
   try {

@@ -102,11 +102,29 @@ struct Options {
   /// shared boxes are written whole by one holder (rank 0 for a fully
   /// replicated array). 0 = off.
   uint64_t replica_parallel_min_bytes = 0;
+  /// Each stored box is cut into chunks of whole rows (dimension 0) of about
+  /// this many bytes (at least one row), and each chunk's checksum goes into
+  /// the commit marker, so that a restore reading part of a box checks every
+  /// byte it returns (RestoreOptions::verify_checksums) by reading the whole
+  /// chunks around it. Larger chunks: a smaller marker, more bytes read
+  /// beyond those asked for when the sharding differs from the save's.
+  /// Rank 0's value is used. 0 = the default, 1 MiB (docs/PERFORMANCE.md).
+  uint64_t checksum_chunk_bytes = 0;
 };
 
 struct RestoreOptions {
   /// Fail unless the request names exactly the arrays of the checkpoint.
   bool strict = false;
+  /// Check every byte returned against the checksums of the commit marker
+  /// (DataLoss on a mismatch, naming the array, the stored box, the chunk,
+  /// the rank that wrote it and the rank that read it). A step saved by this
+  /// version (marker format 2) is checked at any world size and sharding:
+  /// each read takes the whole checksummed chunks (about 1 MiB of whole rows)
+  /// of the stored boxes it overlaps. A step in format 1 is checked only where
+  /// a read covers whole stored boxes (e.g. the same sharding as at save);
+  /// other reads of it are not checked. False skips every check (the bytes
+  /// are read as asked, no more).
+  bool verify_checksums = true;
 };
 
 struct VerifyOptions {
@@ -232,7 +250,9 @@ class CheckpointManager {
   /// and boxes (any sharding), on any world size. Errors: NotFound (step not
   /// committed, unknown array), InvalidArgument (box outside the array, dtype
   /// other than the stored one, strict mode mismatch), DataLoss (damaged
-  /// file, or bytes whose checksum differs), IoError (the file cannot be
+  /// file, or bytes whose checksum differs, naming the array, the stored box,
+  /// the chunk and the ranks; every byte returned is checked unless
+  /// `options.verify_checksums` is false), IoError (the file cannot be
   /// opened or read, naming the rank), each on every rank. On an error the
   /// destinations' contents are unspecified.
   Status Restore(int64_t step, std::span<const ArrayToRestore> arrays,

@@ -1,5 +1,7 @@
 #include "coordinator/committed_step.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "base/checksum.h"
@@ -36,6 +38,23 @@ Status CheckChecksum(const io::MarkerArray& a, const io::MarkerBox& b, uint64_t 
       "array '{}' box {}: checksum mismatch: the marker says {}, the file holds {} (written by "
       "rank {})",
       a.name, BoxToString(b.box), ChecksumToString(b.checksum), ChecksumToString(actual),
+      b.writer));
+}
+
+Status CheckChunkChecksum(const io::MarkerArray& a, const io::MarkerBox& b, int64_t chunk,
+                          uint64_t actual) {
+  const uint64_t expected = b.chunks[static_cast<size_t>(chunk)];
+  if (actual == expected) return OkStatus();
+  std::string rows;
+  if (!b.box.count.empty()) {
+    const int64_t first = b.box.start[0] + chunk * b.chunk_rows;
+    const int64_t end = std::min(first + b.chunk_rows, b.box.start[0] + b.box.count[0]);
+    rows = fmt::format(" (rows {}..{})", first, end);
+  }
+  return DataLoss(fmt::format(
+      "array '{}' box {} chunk {}{}: checksum mismatch: the marker says {}, the file holds {} "
+      "(written by rank {})",
+      a.name, BoxToString(b.box), chunk, rows, ChecksumToString(expected), ChecksumToString(actual),
       b.writer));
 }
 

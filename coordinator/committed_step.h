@@ -25,4 +25,10 @@ io::ArraySpec StoredSpec(const io::MarkerArray& a);
 /// otherwise DataLoss naming the array, the box and the rank that wrote it.
 Status CheckChecksum(const io::MarkerArray& a, const io::MarkerBox& b, uint64_t actual);
 
+/// OK if `actual` is the checksum the marker records for chunk `chunk` of
+/// box `b` of `a` (a version-2 marker); otherwise DataLoss naming the array,
+/// the box, the chunk and its rows, and the rank that wrote it.
+Status CheckChunkChecksum(const io::MarkerArray& a, const io::MarkerBox& b, int64_t chunk,
+                          uint64_t actual);
+
 }  // namespace mhckpt::internal

@@ -255,7 +255,7 @@ void AddSlices(const Holding& h, std::vector<int64_t>& load, io::MarkerArray* ma
   for (size_t i = 0; i < slices.size(); ++i) {
     const int writer = h.holders[i];
     load[static_cast<size_t>(writer)] += slices[i].count[0] * row_bytes;
-    ma->boxes.push_back(io::MarkerBox{slices[i], writer});
+    ma->boxes.push_back(io::MarkerBox{slices[i], writer, 0, 0, {}});
   }
 }
 
@@ -282,7 +282,7 @@ io::MarkerArray PlanArray(const std::string& name, const ArrayDescription& ref,
       }
       load[static_cast<size_t>(writer)] += h.bytes;
     }
-    ma.boxes.push_back(io::MarkerBox{h.box, writer});
+    ma.boxes.push_back(io::MarkerBox{h.box, writer, 0, 0, {}});
   }
   return ma;
 }
@@ -290,7 +290,7 @@ io::MarkerArray PlanArray(const std::string& name, const ArrayDescription& ref,
 }  // namespace
 
 Result<io::Marker> BuildPlan(const std::vector<RankDescription>& ranks,
-                             uint64_t replica_parallel_min_bytes) {
+                             uint64_t replica_parallel_min_bytes, uint64_t chunk_bytes) {
   const int world = static_cast<int>(ranks.size());
   MHCKPT_RETURN_IF_ERROR(CheckRanks(ranks));
   Reference reference;
@@ -316,6 +316,8 @@ Result<io::Marker> BuildPlan(const std::vector<RankDescription>& ranks,
     for (const Holding& h : hs) plan.total_bytes += static_cast<uint64_t>(h.bytes);
     plan.arrays.push_back(PlanArray(name, *ref, hs, replica_parallel_min_bytes, load));
   }
+  // Each writer fills in its boxes' chunk checksums while writing (save.cc).
+  io::PlanChunks(&plan, chunk_bytes > 0 ? chunk_bytes : io::kChunkBytes);
   return plan;
 }
 

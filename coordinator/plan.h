@@ -71,7 +71,8 @@ Status CheckTiling(const std::string& name, const std::vector<int64_t>& shape,
 /// The array's `replicated` flag still says whether every holder held the
 /// whole array.
 Result<io::Marker> BuildPlan(const std::vector<RankDescription>& ranks,
-                             uint64_t replica_parallel_min_bytes = 0);
+                             uint64_t replica_parallel_min_bytes = 0,
+                             uint64_t chunk_bytes = io::kChunkBytes);
 
 /// `box` cut along dimension 0 into min(parts, rows) contiguous slices of
 /// near-equal row counts, in order (the first `rows % n` one row longer).

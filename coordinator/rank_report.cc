@@ -12,8 +12,8 @@ Status DecodeReport(const std::string& bytes, std::vector<BoxSum>* sums) {
   try {
     nlohmann::json j = nlohmann::json::from_cbor(bytes);
     for (const auto& b : j.at(2)) {
-      sums->push_back(
-          BoxSum{b.at(0).get<uint32_t>(), b.at(1).get<uint32_t>(), b.at(2).get<uint64_t>()});
+      sums->push_back(BoxSum{b.at(0).get<uint32_t>(), b.at(1).get<uint32_t>(),
+                             b.at(2).get<uint64_t>(), b.at(3).get<std::vector<uint64_t>>()});
     }
     return Status(static_cast<StatusCode>(j.at(0).get<int>()), j.at(1).get<std::string>());
   } catch (const nlohmann::json::exception& e) {
@@ -26,7 +26,7 @@ Status DecodeReport(const std::string& bytes, std::vector<BoxSum>* sums) {
 std::string EncodeReport(const Status& s, const std::vector<BoxSum>& sums) {
   nlohmann::json j =
       nlohmann::json::array({static_cast<int>(s.code()), s.message(), nlohmann::json::array()});
-  for (const BoxSum& b : sums) j[2].push_back({b.array, b.box, b.sum});
+  for (const BoxSum& b : sums) j[2].push_back({b.array, b.box, b.sum, b.chunks});
   std::vector<uint8_t> cbor = nlohmann::json::to_cbor(j);
   return {cbor.begin(), cbor.end()};
 }

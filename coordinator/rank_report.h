@@ -11,11 +11,14 @@
 
 namespace mhckpt::internal {
 
-/// The checksum of box `box` of array `array` (indices into the plan).
+/// The checksum of box `box` of array `array` (indices into the plan), and
+/// the checksums of its chunks (io::MarkerBox::chunks; empty in the replica
+/// check).
 struct BoxSum {
   uint32_t array;
   uint32_t box;
   uint64_t sum;
+  std::vector<uint64_t> chunks;
 };
 
 std::string EncodeReport(const Status& s, const std::vector<BoxSum>& sums);

@@ -9,8 +9,12 @@
 //      rank reads its boxes as hyperslabs (independent transfers), so any
 //      sharding on any world size is a plain read. A replicated array that
 //      every rank wants whole is read once by rank 0 and broadcast.
-//      Where a read covers a whole stored box (the box itself, or a slice of
-//      whole rows of it), its checksum is checked.
+//      Every byte returned is checked (RestoreOptions::verify_checksums):
+//      in a version-2 step each read takes the whole checksummed chunks of
+//      the stored boxes it overlaps, checks them as they arrive, and copies
+//      out the part asked for (coordinator/checked_read.h). In a version-1
+//      step only a read that covers a whole stored box (the box itself, or
+//      a slice of whole rows of it) can be checked; parts of boxes are not.
 //   4. Close; one agreement.
 #include <memory>
 #include <set>
@@ -20,6 +24,7 @@
 
 #include "base/checksum.h"
 #include "coordinator/agree.h"
+#include "coordinator/checked_read.h"
 #include "coordinator/committed_step.h"
 #include "coordinator/manager_impl.h"
 #include "coordinator/plan.h"
@@ -120,16 +125,33 @@ Status CheckStoredBoxes(const io::MarkerArray& a, const Box& box, const std::byt
   return OkStatus();
 }
 
+// How step 3 reads: checked or not, and the bounce buffer of checked reads.
+struct ReadMode {
+  int format_version;
+  bool verify;
+  std::vector<std::byte> bounce;
+};
+
+// Reads `box` of array `a` into `host` (`bytes` of them), checking what
+// `mode` says to check.
+Status ReadBox(io::StepReader& reader, size_t handle, const io::MarkerArray& a, const Box& box,
+               void* host, size_t bytes, ReadMode& mode) {
+  auto* out = static_cast<std::byte*>(host);
+  if (mode.verify && mode.format_version >= 2) {
+    return ReadChecked(reader, handle, a, box, out, mode.bounce);
+  }
+  MHCKPT_RETURN_IF_ERROR(reader.Read(handle, box, host));
+  return mode.verify ? CheckStoredBoxes(a, box, out, bytes) : OkStatus();
+}
+
 // Step 3 for an array every rank wants whole: rank 0 reads it once and
 // broadcasts it. `local` is this rank's error so far.
 Status ReadAndBroadcast(io::StepReader& reader, size_t handle, const io::MarkerArray& a,
                         const Destination& whole, const Comm& comm, PinnedBuffer& bounce,
-                        Status local) {
+                        Status local, ReadMode& mode) {
   Landing land(whole, a.dtype, bounce);
-  if (comm.rank() == 0 && local.ok()) local = reader.Read(handle, whole.box, land.host());
   if (comm.rank() == 0 && local.ok()) {
-    local =
-        CheckStoredBoxes(a, whole.box, static_cast<const std::byte*>(land.host()), land.bytes());
+    local = ReadBox(reader, handle, a, whole.box, land.host(), land.bytes(), mode);
   }
   comm.BroadcastBuffer(land.host(), land.bytes(), 0);
   if (local.ok()) local = land.Finish();
@@ -140,12 +162,10 @@ Status ReadAndBroadcast(io::StepReader& reader, size_t handle, const io::MarkerA
 // rank 0 reads it into its GPU, NCCL copies it to the others' GPUs.
 Status ReadAndBroadcastOnDevices(io::StepReader& reader, size_t handle, const io::MarkerArray& a,
                                  const Destination& whole, int rank, DeviceBroadcaster& nccl,
-                                 PinnedBuffer& bounce, Status local) {
+                                 PinnedBuffer& bounce, Status local, ReadMode& mode) {
   Landing land(whole, a.dtype, bounce);
-  if (rank == 0 && local.ok()) local = reader.Read(handle, whole.box, land.host());
   if (rank == 0 && local.ok()) {
-    local =
-        CheckStoredBoxes(a, whole.box, static_cast<const std::byte*>(land.host()), land.bytes());
+    local = ReadBox(reader, handle, a, whole.box, land.host(), land.bytes(), mode);
   }
   if (rank == 0 && local.ok()) local = land.Finish();
   Status sent = nccl.Broadcast(whole.data, land.bytes(), 0, whole.stream);
@@ -154,13 +174,11 @@ Status ReadAndBroadcastOnDevices(io::StepReader& reader, size_t handle, const io
 
 // Step 3 for the boxes this rank asked for of array `a`.
 Status ReadShards(io::StepReader& reader, size_t handle, const io::MarkerArray& a,
-                  const ArrayToRestore& request, PinnedBuffer& bounce) {
+                  const ArrayToRestore& request, PinnedBuffer& bounce, ReadMode& mode) {
   for (const Destination& d : request.shards) {
     if (Volume(d.box.count).value_or(0) == 0) continue;
     Landing land(d, a.dtype, bounce);
-    MHCKPT_RETURN_IF_ERROR(reader.Read(handle, d.box, land.host()));
-    MHCKPT_RETURN_IF_ERROR(
-        CheckStoredBoxes(a, d.box, static_cast<const std::byte*>(land.host()), land.bytes()));
+    MHCKPT_RETURN_IF_ERROR(ReadBox(reader, handle, a, d.box, land.host(), land.bytes(), mode));
     MHCKPT_RETURN_IF_ERROR(land.Finish());
   }
   return OkStatus();
@@ -249,6 +267,7 @@ Status ManagerImpl::RunRestore(int64_t step, std::span<const ArrayToRestore> arr
   // 3. Read.
   Status local;
   PinnedBuffer bounce;  // grown to the largest device destination
+  ReadMode mode{m.format_version, options.verify_checksums, {}};
   Result<std::unique_ptr<io::StepReader>> reader = engine_->Open(root_, step, comm_.get());
   if (!reader.ok()) {
     local = DataLoss(fmt::format("step {}: {}", step, reader.status().message()));
@@ -265,12 +284,13 @@ Status ManagerImpl::RunRestore(int64_t step, std::span<const ArrayToRestore> arr
       if (a.replicated && !flags[kFlags * i + kPartly] && nccl != nullptr &&
           !flags[kFlags * i + kOnHost] && !flags[kFlags * i + kOtherDevice]) {
         local = ReadAndBroadcastOnDevices(**reader, *handle, a, it->second->shards[0], rank, *nccl,
-                                          bounce, local);
+                                          bounce, local, mode);
       } else if (a.replicated && !flags[kFlags * i + kPartly]) {
         // Why a broadcast: every rank wants the whole array; one read serves all.
-        local = ReadAndBroadcast(**reader, *handle, a, it->second->shards[0], comm_, bounce, local);
+        local = ReadAndBroadcast(**reader, *handle, a, it->second->shards[0], comm_, bounce, local,
+                                 mode);
       } else if (it != mine.end() && local.ok()) {
-        local = ReadShards(**reader, *handle, a, *it->second, bounce);
+        local = ReadShards(**reader, *handle, a, *it->second, bounce, mode);
       }
     }
     Status closed = (*reader)->Close();

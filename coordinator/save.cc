@@ -78,17 +78,18 @@ Status PrepareStepDir(const std::string& root, int64_t step) {
   return io::FsyncDir(root);
 }
 
-// Rank 0's part of the plan round.
-// The plan uses rank 0's Options::replica_parallel_min_bytes: the plan is
+// Rank 0's part of the plan round. The plan uses rank 0's
+// Options::replica_parallel_min_bytes and checksum_chunk_bytes: the plan is
 // made here and broadcast, so a different value on another rank is ignored.
 Result<io::Marker> PlanOnRoot(const std::vector<std::string>& encoded, const std::string& root,
-                              int64_t step, uint64_t replica_parallel_min_bytes) {
+                              int64_t step, const Options& options) {
   std::vector<RankDescription> ranks;
   for (const std::string& e : encoded) {
     MHCKPT_ASSIGN_OR_RETURN(RankDescription d, DecodeDescription(e));
     ranks.push_back(std::move(d));
   }
-  MHCKPT_ASSIGN_OR_RETURN(io::Marker plan, BuildPlan(ranks, replica_parallel_min_bytes));
+  MHCKPT_ASSIGN_OR_RETURN(io::Marker plan, BuildPlan(ranks, options.replica_parallel_min_bytes,
+                                                     options.checksum_chunk_bytes));
   MHCKPT_RETURN_IF_ERROR(PrepareStepDir(root, step));
   return plan;
 }
@@ -129,8 +130,10 @@ std::vector<BoxSum> HoldingChecksums(const io::Marker& plan, const Snapshot& sna
       std::span<const std::byte> bytes =
           FindStaged(snapshot, it->second, plan.arrays[i].boxes[k].box);
       if (bytes.data() != nullptr) {
-        sums.push_back({static_cast<uint32_t>(i), static_cast<uint32_t>(k),
-                        Checksum(bytes.data(), bytes.size())});
+        sums.push_back({static_cast<uint32_t>(i),
+                        static_cast<uint32_t>(k),
+                        Checksum(bytes.data(), bytes.size()),
+                        {}});
       }
     }
   }
@@ -165,6 +168,23 @@ struct Writes {
   std::vector<BoxSum> sums;
 };
 
+// The checksums of planned box `bi` of array `ai`, whose bytes are `box`: of
+// the whole box and of each of its chunks (io::MarkerBox::chunks), in one
+// pass while the writer has the bytes at hand.
+BoxSum BoxChecksums(const io::MarkerArray& a, size_t ai, size_t bi,
+                    std::span<const std::byte> box) {
+  const io::MarkerBox& b = a.boxes[bi];
+  BoxSum sum{static_cast<uint32_t>(ai), static_cast<uint32_t>(bi), 0, {}};
+  size_t chunk_bytes = box.size();
+  if (!b.box.count.empty() && b.box.count[0] > 0) {
+    chunk_bytes = box.size() / static_cast<size_t>(b.box.count[0]) *
+                  static_cast<size_t>(std::max<int64_t>(b.chunk_rows, 1));
+  }
+  sum.chunks.reserve(b.chunks.size());
+  sum.sum = ChecksumChunks(box.data(), box.size(), std::max<size_t>(chunk_bytes, 1), &sum.chunks);
+  return sum;
+}
+
 // Step 3, one array: the boxes of plan array `ai` that this rank writes.
 // Keeps making every collective call after a local error, which it returns.
 Status WriteArray(io::StepWriter& writer, size_t ai, const StagedArray* staged, Writes& w,
@@ -187,8 +207,7 @@ Status WriteArray(io::StepWriter& writer, size_t ai, const StagedArray* staged, 
       if (w.collective) writer.WriteNothing(ai).IgnoreError();
       continue;
     }
-    w.sums.push_back(
-        {static_cast<uint32_t>(ai), static_cast<uint32_t>(bi), Checksum(box.data(), box.size())});
+    w.sums.push_back(BoxChecksums(a, ai, bi, box));
     local = writer.Write(ai, b.box, box.data());
     w.written += box.size();
     if (local.ok()) local = fault::Hit("mid_write", w.written);
@@ -277,8 +296,7 @@ class SaveRun {
     Status s;
     std::string plan_json;
     if (rank_ == 0) {
-      Result<io::Marker> p =
-          PlanOnRoot(encoded, impl_.root_, job_.step, impl_.options_.replica_parallel_min_bytes);
+      Result<io::Marker> p = PlanOnRoot(encoded, impl_.root_, job_.step, impl_.options_);
       s = p.status();
       if (s.code() == StatusCode::kIoError) {
         s = Status(s.code(), fmt::format("rank 0: {}", s.message()));
@@ -333,6 +351,11 @@ class SaveRun {
     specs.reserve(plan_.arrays.size());
     for (const io::MarkerArray& a : plan_.arrays) specs.push_back(StoredSpec(a));
     local_ = writer_->CreateArrays(specs);
+    // Where each array lies in the data file, for readers that bypass the
+    // engine's per-array opens (docs/FORMAT.md); rank 0 writes the marker.
+    for (size_t i = 0; local_.ok() && rank_ == 0 && i < plan_.arrays.size(); ++i) {
+      plan_.arrays[i].offset = writer_->FileOffset(i);
+    }
     if (local_.ok() && ReserveEverywhere()) {
       Writes w{plan_, job_.snapshot, rank_, impl_.options_.transfer == Transfer::kCollective, 0,
                {}};
@@ -381,7 +404,11 @@ class SaveRun {
     std::vector<std::vector<BoxSum>> all;
     Status s = CollectReports(reports, &all);
     for (const auto& rank_sums : all) {
-      for (const BoxSum& b : rank_sums) plan_.arrays[b.array].boxes[b.box].checksum = b.sum;
+      for (const BoxSum& b : rank_sums) {
+        io::MarkerBox& box = plan_.arrays[b.array].boxes[b.box];
+        box.checksum = b.sum;
+        box.chunks = b.chunks;
+      }
     }
     if (s.ok()) {
       s = writer_->Seal();  // the space reserved in step 3 beyond what was used

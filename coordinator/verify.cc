@@ -13,7 +13,10 @@
 //      (largest first, each to the least loaded rank). Each rank reads its
 //      boxes in slabs of whole rows of at most kSlabBytes, so a huge box
 //      never becomes a huge allocation, and checks each box's checksum
-//      against the marker. A problem is noted and the walk goes on.
+//      against the marker — and, in a version-2 step, each chunk's (slabs
+//      hold whole chunks), so a marker whose chunk checksums disagree with
+//      the file fails here and not at a later restore. A problem is noted
+//      and the walk goes on.
 //   4. Close. Rank 0 gathers every rank's problems and bytes read, and
 //      broadcasts the report, so that every rank returns the same Status:
 //      DataLoss naming the first problem and counting the others, or OK.
@@ -62,8 +65,10 @@ std::vector<BoxRead> PlanReads(const io::Marker& m,
         read.slabs.push_back(box);
       } else {
         const uint64_t row_bytes = static_cast<uint64_t>(volume / box.count[0]) * elem;
-        const int64_t rows_per_slab =
-            std::max<int64_t>(1, static_cast<int64_t>(kSlabBytes / row_bytes));
+        int64_t rows_per_slab = std::max<int64_t>(1, static_cast<int64_t>(kSlabBytes / row_bytes));
+        const int64_t chunk_rows = a.boxes[b].chunk_rows;
+        if (chunk_rows > 0)
+          rows_per_slab = std::max(chunk_rows, rows_per_slab / chunk_rows * chunk_rows);
         for (int64_t r = 0; r < box.count[0]; r += rows_per_slab) {
           Box slab = box;
           slab.start[0] = box.start[0] + r;
@@ -225,12 +230,34 @@ class StepVerifier {
         return;
       }
       checksum.Update(buffer.data(), static_cast<size_t>(bytes));
+      if (!box.chunks.empty() && !CheckChunks(a, box, slab, buffer.data(), bytes)) return;
     }
     if (Status s = CheckChecksum(a, box, checksum.Digest()); !s.ok()) {
       Problem(s.message());
       return;
     }
     mine_.bytes += read.bytes;
+  }
+
+  // 3, one slab of a version-2 box: the checksum of each chunk in it (the
+  // slab starts on a chunk). False after noting a mismatch.
+  bool CheckChunks(const io::MarkerArray& a, const io::MarkerBox& box, const Box& slab,
+                   const std::byte* bytes, uint64_t size) {
+    int64_t chunk = 0;
+    uint64_t chunk_bytes = size;
+    if (!box.box.count.empty()) {
+      chunk = (slab.start[0] - box.box.start[0]) / box.chunk_rows;
+      chunk_bytes =
+          size / static_cast<uint64_t>(slab.count[0]) * static_cast<uint64_t>(box.chunk_rows);
+    }
+    for (uint64_t at = 0; at < size; at += chunk_bytes, ++chunk) {
+      const size_t n = static_cast<size_t>(std::min(chunk_bytes, size - at));
+      if (Status s = CheckChunkChecksum(a, box, chunk, Checksum(bytes + at, n)); !s.ok()) {
+        Problem(s.message());
+        return false;
+      }
+    }
+    return true;
   }
 
   // 4. Every rank's findings to rank 0, and the report back to every rank.

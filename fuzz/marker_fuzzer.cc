@@ -47,7 +47,12 @@ bool Tolerated(const char* bug) {
 }
 
 void CheckValid(const Marker& m, const std::string& input) {
-  if (m.format_version != mhckpt::io::kFormatVersion) Fail("accepted another version", input);
+  if (m.format_version < mhckpt::io::kOldestFormatVersion ||
+      m.format_version > mhckpt::io::kFormatVersion) {
+    Fail("accepted another version", input);
+  }
+  const bool chunked = m.format_version >= 2;
+  if (chunked && m.chunk_bytes == 0) Fail("accepted chunk size 0", input);
   if (m.step < 0) Fail("accepted a negative step", input);
   if (m.world_size < 1) Fail("accepted a world size below 1", input);
   for (size_t i = 0; i < m.arrays.size(); ++i) {
@@ -61,7 +66,12 @@ void CheckValid(const Marker& m, const std::string& input) {
     for (const auto& b : a.boxes) {
       if (!mhckpt::CheckBoxInShape(b.box, a.shape).empty()) Fail("accepted a box outside", input);
       if (b.writer < 0 || b.writer >= m.world_size) Fail("accepted a writer outside", input);
+      if (chunked && (b.chunk_rows < 1 || static_cast<int64_t>(b.chunks.size()) !=
+                                              mhckpt::io::ChunkCount(b.box, b.chunk_rows))) {
+        Fail("accepted chunks that do not cover the box", input);
+      }
     }
+    if (chunked && a.offset < -1) Fail("accepted a negative offset", input);
   }
 }
 
@@ -85,6 +95,9 @@ void CheckLossless(const json& in, const json& out, const std::string& input) {
     for (size_t j = 0; j < ib.size(); ++j) {
       for (const char* k : {"start", "count", "writer"}) {
         if (ib[j].at(k) != ob[j].at(k)) Fail(std::string("box field '") + k + "' changed", input);
+      }
+      if (in.at("format_version") == 2 && ib[j].at("chunk_rows") != ob[j].at("chunk_rows")) {
+        Fail("box field 'chunk_rows' changed", input);
       }
     }
   }

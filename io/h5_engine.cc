@@ -31,6 +31,10 @@ class H5StepWriter final : public StepWriter {
     return Preallocate(path_, end + end / 100 + (1u << 20));
   }
 
+  [[nodiscard]] int64_t FileOffset(size_t array) const override {
+    return datasets_[array].OffsetInFile();
+  }
+
   Status Write(size_t array, const Box& box, const void* data) override {
     return datasets_[array].Write(box, data);
   }

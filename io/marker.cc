@@ -57,7 +57,8 @@ struct Num {
 struct BoxSlots {
   Slot<std::string> checksum;
   Slot<std::vector<int64_t>> start, count;
-  Slot<Num> writer;
+  Slot<Num> writer, chunk_rows;
+  Slot<std::vector<std::string>> chunks;
 };
 
 struct ArraySlots {
@@ -65,12 +66,13 @@ struct ArraySlots {
   Slot<std::vector<int64_t>> shape;
   Slot<bool> replicated;
   Slot<std::vector<BoxSlots>> boxes;
+  Slot<Num> offset;
 };
 
 struct MarkerSlots {
   bool is_object = false;
   Slot<std::string> format, data_file;
-  Slot<Num> format_version, step, world_size, created_unix_ms, total_bytes;
+  Slot<Num> format_version, step, world_size, created_unix_ms, total_bytes, chunk_bytes;
   Slot<std::map<std::string, std::string>> user_metadata;
   Slot<std::vector<ArraySlots>> arrays;
 };
@@ -174,6 +176,11 @@ class MarkerSax final : public nlohmann::json_sax<json> {
       Push(Kind::kBoxes);
       return true;
     }
+    if (f.kind == Kind::kBox && key_ == "chunks") {
+      box_->chunks.Set({});
+      Push(Kind::kStrings, nullptr, &box_->chunks);
+      return true;
+    }
     if (Slot<std::vector<int64_t>>* ints = IntsSlot()) {
       ints->Set({});
       Push(Kind::kInts, ints);
@@ -203,16 +210,21 @@ class MarkerSax final : public nlohmann::json_sax<json> {
     kBoxes,
     kBox,
     kInts,
+    kStrings,
     kSkip
   };
   enum class Value : uint8_t { kBool, kNumber, kString, kOther };
   struct Frame {
     Kind kind;
-    Slot<std::vector<int64_t>>* ints = nullptr;  // kInts
+    Slot<std::vector<int64_t>>* ints = nullptr;      // kInts
+    Slot<std::vector<std::string>>* strs = nullptr;  // kStrings
   };
 
   Frame& Top() { return stack_.back(); }
-  void Push(Kind k, Slot<std::vector<int64_t>>* ints = nullptr) { stack_.push_back({k, ints}); }
+  void Push(Kind k, Slot<std::vector<int64_t>>* ints = nullptr,
+            Slot<std::vector<std::string>>* strs = nullptr) {
+    stack_.push_back({k, ints, strs});
+  }
   bool Pop() {
     stack_.pop_back();
     return true;
@@ -240,6 +252,7 @@ class MarkerSax final : public nlohmann::json_sax<json> {
         if (key_ == "world_size") out_->world_size.Bad();
         if (key_ == "created_unix_ms") out_->created_unix_ms.Bad();
         if (key_ == "total_bytes") out_->total_bytes.Bad();
+        if (key_ == "chunk_bytes") out_->chunk_bytes.Bad();
         if (key_ == "user_metadata") out_->user_metadata.Bad();
         if (key_ == "arrays") out_->arrays.Bad();
         break;
@@ -251,6 +264,7 @@ class MarkerSax final : public nlohmann::json_sax<json> {
         if (key_ == "shape") array_->shape.Bad();
         if (key_ == "replicated") array_->replicated.Bad();
         if (key_ == "boxes") array_->boxes.Bad();
+        if (key_ == "offset") array_->offset.Bad();
         break;
       case Kind::kBoxes: array_->boxes.Bad(); break;
       case Kind::kBox:
@@ -258,8 +272,11 @@ class MarkerSax final : public nlohmann::json_sax<json> {
         if (key_ == "start") box_->start.Bad();
         if (key_ == "count") box_->count.Bad();
         if (key_ == "writer") box_->writer.Bad();
+        if (key_ == "chunk_rows") box_->chunk_rows.Bad();
+        if (key_ == "chunks") box_->chunks.Bad();
         break;
       case Kind::kInts: f.ints->Bad(); break;
+      case Kind::kStrings: f.strs->Bad(); break;
       case Kind::kRoot:
       case Kind::kSkip: break;
     }
@@ -279,6 +296,7 @@ class MarkerSax final : public nlohmann::json_sax<json> {
           if (key_ == "world_size") return out_->world_size.Set(num_), true;
           if (key_ == "created_unix_ms") return out_->created_unix_ms.Set(num_), true;
           if (key_ == "total_bytes") return out_->total_bytes.Set(num_), true;
+          if (key_ == "chunk_bytes") return out_->chunk_bytes.Set(num_), true;
         }
         break;
       case Kind::kUserMetadata:
@@ -292,11 +310,19 @@ class MarkerSax final : public nlohmann::json_sax<json> {
         if (v == Value::kString && key_ == "dtype")
           return array_->dtype.Set(std::move(*str_)), true;
         if (v == Value::kBool && key_ == "replicated") return array_->replicated.Set(bool_), true;
+        if (v == Value::kNumber && key_ == "offset") return array_->offset.Set(num_), true;
         break;
       case Kind::kBox:
         if (v == Value::kString && key_ == "checksum")
           return box_->checksum.Set(std::move(*str_)), true;
         if (v == Value::kNumber && key_ == "writer") return box_->writer.Set(num_), true;
+        if (v == Value::kNumber && key_ == "chunk_rows") return box_->chunk_rows.Set(num_), true;
+        break;
+      case Kind::kStrings:
+        if (v == Value::kString && f.strs->ok()) {
+          f.strs->value.push_back(std::move(*str_));
+          return true;
+        }
         break;
       case Kind::kInts:
         if (v == Value::kNumber && f.ints->ok()) {
@@ -335,10 +361,12 @@ Status Validate(const Marker& m, const std::string& origin) {
   auto bad = [&](const std::string& what) {
     return DataLoss(fmt::format("commit marker '{}': {}", origin, what));
   };
-  if (m.format_version != kFormatVersion) {
-    return bad(fmt::format("unknown format version {} (this build reads {})", m.format_version,
-                           kFormatVersion));
+  if (m.format_version < kOldestFormatVersion || m.format_version > kFormatVersion) {
+    return bad(fmt::format("unknown format version {} (this build reads {} to {})",
+                           m.format_version, kOldestFormatVersion, kFormatVersion));
   }
+  const bool chunked = m.format_version >= 2;
+  if (chunked && m.chunk_bytes == 0) return bad("chunk size 0");
   if (m.step < 0) return bad(fmt::format("negative step {}", m.step));
   if (m.world_size < 1) return bad(fmt::format("world size {} is not positive", m.world_size));
   for (size_t i = 0; i < m.arrays.size(); ++i) {
@@ -361,12 +389,48 @@ Status Validate(const Marker& m, const std::string& origin) {
         return bad(fmt::format("array '{}' box {}: writer rank {} outside world size {}", a.name,
                                BoxToString(b.box), b.writer, m.world_size));
       }
+      if (chunked && (b.chunk_rows < 1 ||
+                      b.chunks.size() != static_cast<uint64_t>(ChunkCount(b.box, b.chunk_rows)))) {
+        return bad(
+            fmt::format("array '{}' box {}: {} chunk checksums of {} rows each do not "
+                        "cover it",
+                        a.name, BoxToString(b.box), b.chunks.size(), b.chunk_rows));
+      }
+    }
+    if (chunked && a.offset < -1) {
+      return bad(fmt::format("array '{}': negative file offset {}", a.name, a.offset));
     }
   }
   return OkStatus();
 }
 
 }  // namespace
+
+int64_t ChunkRows(const Box& box, DType dtype, uint64_t chunk_bytes) {
+  if (box.count.empty() || box.count[0] <= 0) return 1;
+  const uint64_t row_bytes =
+      static_cast<uint64_t>(Volume(box.count).value_or(0) / box.count[0]) * DTypeSize(dtype);
+  if (row_bytes == 0) return box.count[0];
+  return std::max<int64_t>(1, static_cast<int64_t>(std::min<uint64_t>(
+                                  chunk_bytes / row_bytes, static_cast<uint64_t>(box.count[0]))));
+}
+
+int64_t ChunkCount(const Box& box, int64_t chunk_rows) {
+  if (box.count.empty()) return 1;
+  if (chunk_rows < 1 || box.count[0] <= 0) return 0;
+  return (box.count[0] - 1) / chunk_rows + 1;
+}
+
+void PlanChunks(Marker* marker, uint64_t chunk_bytes) {
+  marker->format_version = kFormatVersion;
+  marker->chunk_bytes = chunk_bytes;
+  for (MarkerArray& a : marker->arrays) {
+    for (MarkerBox& b : a.boxes) {
+      b.chunk_rows = ChunkRows(b.box, a.dtype, chunk_bytes);
+      b.chunks.assign(static_cast<size_t>(ChunkCount(b.box, b.chunk_rows)), 0);
+    }
+  }
+}
 
 const MarkerArray* Marker::Find(const std::string& name) const {
   auto it = std::lower_bound(arrays.begin(), arrays.end(), name,
@@ -395,6 +459,7 @@ void AppendString(std::string& out, const std::string& s) { out += json(s).dump(
 // than the rest of the commit (docs/PERFORMANCE.md, "Many small arrays"). The
 // text is the one nlohmann::json::dump gives (keys sorted, one line).
 std::string MarkerToJson(const Marker& m) {
+  const bool chunked = m.format_version >= 2;
   std::string out;
   out.reserve(256 + m.arrays.size() * 160);
   out += "{\"arrays\":[";
@@ -407,6 +472,14 @@ std::string MarkerToJson(const Marker& m) {
       if (k > 0) out += ',';
       out += "{\"checksum\":";
       AppendString(out, ChecksumToString(b.checksum));
+      if (chunked) {
+        fmt::format_to(std::back_inserter(out), ",\"chunk_rows\":{},\"chunks\":[", b.chunk_rows);
+        for (size_t c = 0; c < b.chunks.size(); ++c) {
+          if (c > 0) out += ',';
+          fmt::format_to(std::back_inserter(out), "\"xxh3:{:016x}\"", b.chunks[c]);
+        }
+        out += ']';
+      }
       out += ",\"count\":";
       AppendInts(out, b.box.count);
       out += ",\"start\":";
@@ -417,12 +490,15 @@ std::string MarkerToJson(const Marker& m) {
     AppendString(out, std::string(DTypeName(a.dtype)));
     out += ",\"name\":";
     AppendString(out, a.name);
+    if (chunked) fmt::format_to(std::back_inserter(out), ",\"offset\":{}", a.offset);
     out += a.replicated ? ",\"replicated\":true,\"shape\":" : ",\"replicated\":false,\"shape\":";
     AppendInts(out, a.shape);
     out += '}';
   }
+  out += ']';
+  if (chunked) fmt::format_to(std::back_inserter(out), ",\"chunk_bytes\":{}", m.chunk_bytes);
   fmt::format_to(std::back_inserter(out),
-                 "],\"created_unix_ms\":{},\"data_file\":", m.created_unix_ms);
+                 ",\"created_unix_ms\":{},\"data_file\":", m.created_unix_ms);
   AppendString(out, m.data_file);
   fmt::format_to(std::back_inserter(out),
                  ",\"format\":\"mhckpt\",\"format_version\":{},\"step\":{},\"total_bytes\":{},"
@@ -432,6 +508,27 @@ std::string MarkerToJson(const Marker& m) {
   fmt::format_to(std::back_inserter(out), ",\"world_size\":{}}}\n", m.world_size);
   return out;  // one line: markers of 10k arrays stay small
 }
+
+namespace {
+
+// The chunk fields of a version-2 box.
+Status ParseChunks(BoxSlots& sb, const std::string& origin, const std::string& array,
+                   MarkerBox* box) {
+  box->chunk_rows = NeedInt<int64_t>(sb.chunk_rows, "chunk_rows");
+  const std::vector<std::string>& sums = Need(sb.chunks, "chunks");
+  box->chunks.reserve(sums.size());
+  for (const std::string& sum : sums) {
+    auto checksum = ChecksumFromString(sum);
+    if (!checksum) {
+      return DataLoss(fmt::format("commit marker '{}': array '{}': bad chunk checksum '{}'", origin,
+                                  array, sum));
+    }
+    box->chunks.push_back(*checksum);
+  }
+  return OkStatus();
+}
+
+}  // namespace
 
 Result<Marker> ParseMarker(const std::string& text, const std::string& origin) {
   auto malformed = [&](const std::string& why) {
@@ -447,7 +544,11 @@ Result<Marker> ParseMarker(const std::string& text, const std::string& origin) {
       return DataLoss(fmt::format("commit marker '{}': not an mhckpt marker", origin));
     }
     m.format_version = NeedInt<int>(s.format_version, "format_version");
-    if (m.format_version != kFormatVersion) return Validate(m, origin);
+    if (m.format_version < kOldestFormatVersion || m.format_version > kFormatVersion) {
+      return Validate(m, origin);
+    }
+    const bool chunked = m.format_version >= 2;
+    if (chunked) m.chunk_bytes = NeedInt<uint64_t>(s.chunk_bytes, "chunk_bytes");
     m.step = NeedInt<int64_t>(s.step, "step");
     m.world_size = NeedInt<int>(s.world_size, "world_size");
     m.created_unix_ms = NeedInt<int64_t>(s.created_unix_ms, "created_unix_ms");
@@ -469,6 +570,7 @@ Result<Marker> ParseMarker(const std::string& text, const std::string& origin) {
       a.shape = std::move(sa.shape.value);
       Need(sa.shape, "shape");
       a.replicated = Need(sa.replicated, "replicated");
+      if (chunked) a.offset = NeedInt<int64_t>(sa.offset, "offset");
       a.boxes.reserve(Need(sa.boxes, "boxes").size());
       for (BoxSlots& sb : sa.boxes.value) {
         const std::string& sum = Need(sb.checksum, "checksum");
@@ -480,7 +582,11 @@ Result<Marker> ParseMarker(const std::string& text, const std::string& origin) {
         Need(sb.start, "start");
         Need(sb.count, "count");
         a.boxes.push_back(MarkerBox{Box{std::move(sb.start.value), std::move(sb.count.value)},
-                                    NeedInt<int>(sb.writer, "writer"), *checksum});
+                                    NeedInt<int>(sb.writer, "writer"),
+                                    *checksum,
+                                    0,
+                                    {}});
+        if (chunked) MHCKPT_RETURN_IF_ERROR(ParseChunks(sb, origin, a.name, &a.boxes.back()));
       }
       m.arrays.push_back(std::move(a));
     }

@@ -13,7 +13,14 @@
 
 namespace mhckpt::io {
 
-inline constexpr int kFormatVersion = 1;
+/// The version this build writes; it reads kOldestFormatVersion to it.
+/// Version 2 adds chunk checksums (MarkerBox::chunks) and dataset offsets.
+inline constexpr int kFormatVersion = 2;
+inline constexpr int kOldestFormatVersion = 1;
+/// The chunk size a save aims at (Marker::chunk_bytes): a restore that reads
+/// part of a stored box reads, and checks, the whole chunks around it
+/// (docs/PERFORMANCE.md, "Checked restores", for how it was chosen).
+inline constexpr uint64_t kChunkBytes = uint64_t{1} << 20;
 /// A marker larger than this is refused unread (a forged or damaged file).
 inline constexpr size_t kMaxMarkerBytes = size_t{1} << 30;
 
@@ -21,6 +28,11 @@ struct MarkerBox {
   Box box;
   int writer = 0;         ///< the rank that wrote this box
   uint64_t checksum = 0;  ///< XXH3-64 of the box's bytes, row-major (base/checksum.h)
+  /// Version 2: the box cut along dimension 0 into chunks of `chunk_rows`
+  /// rows (the last may be shorter; a 0-d box is one chunk), and the XXH3-64
+  /// of each chunk's bytes. Version 1: 0 and empty.
+  int64_t chunk_rows = 0;
+  std::vector<uint64_t> chunks;
 };
 
 struct MarkerArray {
@@ -31,6 +43,9 @@ struct MarkerArray {
   /// replica-parallel saving) row slices of it, each by a different writer.
   bool replicated = false;
   std::vector<MarkerBox> boxes;
+  /// Version 2: where the array's bytes start in the data file (contiguous,
+  /// row-major), or -1 (version 1, no bytes, or an engine without offsets).
+  int64_t offset = -1;
 };
 
 struct Marker {
@@ -42,10 +57,20 @@ struct Marker {
   std::vector<MarkerArray> arrays;  ///< sorted by name
   std::map<std::string, std::string> user_metadata;
   uint64_t total_bytes = 0;  ///< bytes of array data in the step
+  uint64_t chunk_bytes = 0;  ///< version 2: the chunk size the save aimed at
 
   /// The array called `name`, or nullptr.
   [[nodiscard]] const MarkerArray* Find(const std::string& name) const;
 };
+
+/// Rows of `box` per chunk for a chunk size of `chunk_bytes`: as many whole
+/// rows (dimension 0) as fit, at least one; 1 for a 0-d box.
+int64_t ChunkRows(const Box& box, DType dtype, uint64_t chunk_bytes);
+/// Chunks of `box` at `chunk_rows` rows each: 1 for a 0-d box.
+int64_t ChunkCount(const Box& box, int64_t chunk_rows);
+/// Sizes the chunks of every box of `marker` for `chunk_bytes` (their
+/// checksums zero, to be filled by the writers) and makes it version 2.
+void PlanChunks(Marker* marker, uint64_t chunk_bytes);
 
 /// JSON text of a marker.
 std::string MarkerToJson(const Marker& marker);

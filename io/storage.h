@@ -54,6 +54,11 @@ class StepWriter {
   /// `i` of Write and WriteNothing is `arrays[i]`. Stops at the first
   /// failure, which every rank meets alike.
   virtual Status CreateArrays(std::span<const ArraySpec> arrays) = 0;
+  /// After CreateArrays: where array `array`'s bytes start in the step's
+  /// data file, stored contiguously and row-major (recorded in the commit
+  /// marker for readers that read at offsets), or -1 if the engine stores
+  /// them otherwise or the array has no bytes.
+  [[nodiscard]] virtual int64_t FileOffset(size_t array) const = 0;
   /// One rank, after CreateArrays: reserves the storage the arrays take, so
   /// that a full file system fails here, before any write or flush in which
   /// one rank's error could strand the others. IoError.

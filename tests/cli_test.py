@@ -170,8 +170,8 @@ def case_verify_damage(cli, fixture, work):
         f["values/f32_arange"][6, 4] = 12345.0
     for mpi in (False, True):
         out = cli.fails("verify", root, mpi=mpi)
-        check("array 'values/f32_arange' box [5:7, 0:5]: checksum mismatch" in out
-              and "(written by rank 2)" in out, "the damaged box and its writer are named")
+        check("array 'values/f32_arange' box [5:7, 0:5] chunk 0 (rows 5..7): "
+              "checksum mismatch" in out and "(written by rank 2)" in out, "the damaged box and its writer are named")
     cli.ok("verify", root, "--step", 41)
 
     # One byte of a marker changed: the shape of values/i64 from [5] to [6].

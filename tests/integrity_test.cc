@@ -106,7 +106,9 @@ TEST_F(Integrity, FlippedByteIsFoundByVerifyAndByRestoreOfThatBox) {
   Damage([&] { FlipByte(Offset("/w") + 5); });
   auto [b, e] = SplitRange(shape_[0], Size(), 0);
   std::string box = BoxToString(Box{{b, 0}, {e - b, 6}});
-  ExpectDataLoss(mgr_->Verify(1), "array 'w' box " + box + ": checksum mismatch");
+  // Verify names the chunk (rows of the box) whose checksum differs.
+  ExpectDataLoss(mgr_->Verify(1), "array 'w' box " + box + " chunk 0 (rows ");
+  ExpectDataLoss(mgr_->Verify(1), "checksum mismatch");
   // Restoring exactly that box checks it; every rank reports it.
   Box first{{b, 0}, {e - b, 6}};
   ExpectDataLoss(RestoreW(Rank() == 0 ? first : Box{{0, 0}, {0, 6}}), "array 'w' box " + box);

