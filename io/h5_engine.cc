@@ -27,8 +27,10 @@ class H5StepWriter final : public StepWriter {
   Status Reserve() override {
     uint64_t end = 0;
     for (const Dataset& d : datasets_) end = std::max(end, d.EndInFile());
-    // The slack covers metadata written after the last dataset.
-    return Preallocate(path_, end + end / 100 + (1u << 20));
+    // Exactly the data: the file is at least this long when HDF5 closes it
+    // (its end of allocation lies past every dataset), so nothing is to be
+    // trimmed afterwards.
+    return Preallocate(path_, end);
   }
 
   Status Write(size_t array, const Box& box, const void* data) override {
@@ -37,12 +39,12 @@ class H5StepWriter final : public StepWriter {
 
   Status WriteNothing(size_t array) override { return datasets_[array].WriteNothing(); }
 
+  Status FinishWrites() override { return OkStatus(); }  // H5Dwrite has returned
+
   Status Flush() override {
     datasets_.clear();  // every dataset is closed before the file
     return file_.FlushAndClose();
   }
-
-  Status Seal() override { return TrimToRecordedEnd(path_); }
 
  private:
   H5File file_;

@@ -1,11 +1,6 @@
 #include "io/h5_file.h"
 
-#include <fcntl.h>
 #include <hdf5.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
 
 #include <array>
 #include <mutex>
@@ -194,24 +189,6 @@ struct H5Shared {
   std::array<hid_t, kNumDTypes> types{};
 };
 
-Status TrimToRecordedEnd(const std::string& path) {
-  SilenceHdf5();
-  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);  // serial (sec2) driver
-  if (f < 0) return H5Error(fmt::format("open '{}' to trim it", path));
-  haddr_t eoa = 0;
-  herr_t rc = H5Fget_eoa(f, &eoa);
-  H5Fclose(f);
-  if (rc < 0) return H5Error(fmt::format("get end of '{}'", path));
-  int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return IoError(fmt::format("open '{}': {}", path, std::strerror(errno)));
-  Status s;
-  if (::ftruncate(fd, static_cast<off_t>(eoa)) != 0 || ::fsync(fd) != 0) {
-    s = IoError(fmt::format("trim '{}' to {} bytes: {}", path, eoa, std::strerror(errno)));
-  }
-  ::close(fd);
-  return s;
-}
-
 // ---- Dataset ----
 
 Dataset::Dataset(Dataset&& o) noexcept { *this = std::move(o); }
@@ -235,12 +212,17 @@ Status Dataset::Write(const Box& box, const void* data) {
   return Transfer(&box, const_cast<void*>(data), true);  // NOLINT: H5Dwrite reads only
 }
 uint64_t Dataset::EndInFile() const {
+  std::optional<uint64_t> offset = OffsetInFile();
+  return offset ? *offset + H5Dget_storage_size(id_) : 0;
+}
+
+std::optional<uint64_t> Dataset::OffsetInFile() const {
   haddr_t offset = H5Dget_offset(id_);
   if (offset == HADDR_UNDEF) {
     H5Eclear2(H5E_DEFAULT);
-    return 0;
+    return std::nullopt;
   }
-  return static_cast<uint64_t>(offset) + H5Dget_storage_size(id_);
+  return static_cast<uint64_t>(offset);
 }
 
 Status Dataset::WriteNothing() { return Transfer(nullptr, nullptr, true); }
