@@ -74,6 +74,8 @@ struct Flags {
   int arrays = kManySmallArrays;
   int threads = 0;
   std::string transfer = "independent";
+  std::string data_path = "direct";
+  int writer_threads = 0;
   std::string dir;
   std::string json_path;
   std::string version_tag;
@@ -147,7 +149,11 @@ Options MakeOptions(const Flags& f) {
   Options o;
   o.transfer = f.transfer == "collective" ? Transfer::kCollective : Transfer::kIndependent;
   o.snapshot_threads = f.threads;
-  o.max_to_keep = 2;  // bounds the disk; the deletes run before the commit is reported
+  o.data_path = f.data_path == "hdf5"       ? DataPath::kHdf5
+                : f.data_path == "buffered" ? DataPath::kBuffered
+                                            : DataPath::kDirect;
+  o.writer_threads = f.writer_threads;
+  o.max_to_keep = 2;  // bounds the disk; the deletes run after the commit is reported
   o.replica_parallel_min_bytes = f.replica_split_bytes;
   o.checksum_chunk_bytes = f.chunk_bytes;
   return o;
@@ -350,6 +356,8 @@ json Record(const Flags& f, const std::string& kase) {
               {"notes", ""},
               {"samples", json::object()},
               {"transfer", f.transfer},
+              {"data_path", f.data_path},
+              {"writer_threads", f.writer_threads},
               {"snapshot_threads", f.threads},
               {"replica_split_bytes", f.replica_split_bytes},
               {"date", UtcNow()},
@@ -386,7 +394,8 @@ void AddSaves(json& r, const SaveRun& s, const Model& m) {
 
 constexpr const char* kSaveNotes =
     "stall_s: Save() call; commit_s: Save() start until WaitUntilFinished() returns (data "
-    "fsync'd, marker committed, older steps deleted: max_to_keep 2, gc_s of it); memcpy_s: the "
+    "fsync'd, marker committed; older steps are deleted after it: max_to_keep 2, gc_s); memcpy_s: "
+    "the "
     "same local bytes into touched memory; per rep the slowest rank, median over reps; the "
     "first save (fresh staging) apart as first_stall_s";
 
@@ -613,6 +622,13 @@ int Main(int argc, char** argv, int provided) {
       ->capture_default_str();
   app.add_option("--transfer", f.transfer, "HDF5 transfer mode")
       ->check(CLI::IsMember({"independent", "collective"}))
+      ->capture_default_str();
+  app.add_option("--data-path", f.data_path, "Options::data_path (independent transfer)")
+      ->check(CLI::IsMember({"direct", "buffered", "hdf5"}))
+      ->capture_default_str();
+  app.add_option("--writer-threads", f.writer_threads,
+                 "Options::writer_threads (0: the library's default)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--replica-split-bytes", f.replica_split_bytes,
                  "Options::replica_parallel_min_bytes (0: rank 0 writes replicated arrays)")

@@ -94,6 +94,20 @@ const StoredArray* StepDescription::Find(std::string_view name) const {
 
 namespace internal {
 
+namespace {
+
+io::StorageOptions StorageFor(const Options& options) {
+  io::StorageOptions s;
+  s.transfer = options.transfer == Transfer::kCollective ? io::Transfer::kCollective
+                                                         : io::Transfer::kIndependent;
+  s.pwrite = options.data_path != DataPath::kHdf5;
+  s.direct = options.data_path == DataPath::kDirect;
+  if (options.writer_threads > 0) s.writer_threads = options.writer_threads;
+  return s;
+}
+
+}  // namespace
+
 ManagerImpl::ManagerImpl(Comm comm, std::string root, Options options, bool async)
     : comm_(std::move(comm)),
       root_(std::move(root)),
@@ -101,9 +115,7 @@ ManagerImpl::ManagerImpl(Comm comm, std::string root, Options options, bool asyn
       async_(async),
       pool_(options.staging_budget_bytes),
       watchdog_(comm_.get(), comm_.rank(), options.collective_timeout_seconds),
-      engine_(io::MakeEngine({options.transfer == Transfer::kCollective
-                                  ? io::Transfer::kCollective
-                                  : io::Transfer::kIndependent})) {
+      engine_(io::MakeEngine(StorageFor(options))) {
   if (CudaAvailable()) {
     // Pinned once per buffer; buffers are reused, so pinning is not per save.
     pool_.SetHooks(PinHostMemory, UnpinHostMemory);
@@ -118,10 +130,20 @@ Status ManagerImpl::RunOnIoThread(const std::function<Status()>& fn) {
   return done.get_future().get();
 }
 
-void ManagerImpl::RecordSave(const Status& s, const SaveTimings& t) {
+void ManagerImpl::RecordSave(const Status& s, const SaveTimings& t, bool retention_follows) {
   std::lock_guard<std::mutex> lock(mu_);
   if (first_error_.ok()) first_error_ = s;
   last_timings_ = t;
+  --saves_in_flight_;
+  if (retention_follows) retention_pending_ = true;
+  saves_cv_.notify_all();
+}
+
+void ManagerImpl::RecordRetention(double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  last_timings_.gc = seconds;
+  retention_pending_ = false;
+  saves_cv_.notify_all();
 }
 
 }  // namespace internal
@@ -192,11 +214,19 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
   Status local = job->local;
   // From here on no caller buffer is read again. The job always runs, even
   // with a local error: the other ranks are waiting for this rank's plan.
+  // Retention (rank 0) runs after the outcome is recorded, off the path to
+  // the commit that WaitUntilFinished waits for; later jobs run after it.
   auto run = [impl = impl_.get(), job] {
     Status s = impl->RunSave(*job);
     job->snapshot = Snapshot();  // release staging memory before reporting
-    impl->RecordSave(s, job->timings);
+    const bool retain = s.ok() && impl->comm_.rank() == 0 && impl->options_.max_to_keep > 0;
+    impl->RecordSave(s, job->timings, retain);
+    if (retain) impl->RunRetention(job->step);
   };
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu_);
+    ++impl_->saves_in_flight_;
+  }
   if (impl_->async_)
     impl_->thread_->Submit(std::move(run));
   else
@@ -205,14 +235,20 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
 }
 
 Status CheckpointManager::WaitUntilFinished() {
-  if (impl_->async_) impl_->thread_->Drain();
-  std::lock_guard<std::mutex> lock(impl_->mu_);
+  // Every save recorded, not every job run: retention may still be deleting.
+  std::unique_lock<std::mutex> lock(impl_->mu_);
+  impl_->saves_cv_.wait(lock, [this] { return impl_->saves_in_flight_ == 0; });
   Status s = impl_->first_error_;
   impl_->first_error_ = OkStatus();
   return s;
 }
 
 Result<std::vector<int64_t>> CheckpointManager::CommittedSteps() const {
+  {
+    // A listing on rank 0 after WaitUntilFinished already reflects retention.
+    std::unique_lock<std::mutex> lock(impl_->mu_);
+    impl_->saves_cv_.wait(lock, [this] { return !impl_->retention_pending_; });
+  }
   return io::CommittedSteps(impl_->root_);
 }
 

@@ -47,9 +47,27 @@ enum class Transfer : uint8_t {
   kCollective,
 };
 
+/// How a rank's array bytes reach the data file with Transfer::kIndependent
+/// (docs/PERFORMANCE.md compares them). The file is the same HDF5 file.
+enum class DataPath : uint8_t {
+  /// HDF5 creates the datasets and writes the metadata; the rank's writer
+  /// threads pwrite its boxes at the datasets' offsets with O_DIRECT, or
+  /// through the page cache where the file system has no O_DIRECT.
+  kDirect,
+  /// The same, always through the page cache.
+  kBuffered,
+  /// HDF5 writes each box as a hyperslab (H5Dwrite through MPI-IO).
+  /// Transfer::kCollective always writes this way.
+  kHdf5,
+};
+
 struct Options {
   /// How array bytes move to storage when saving; restores read independently.
   Transfer transfer = Transfer::kIndependent;
+  /// With Transfer::kIndependent: how the bytes reach the file.
+  DataPath data_path = DataPath::kDirect;
+  /// With DataPath::kDirect or kBuffered: writer threads per rank (0: 2).
+  int writer_threads = 0;
   /// Commit on a background I/O thread. Needs MPI_THREAD_MULTIPLE; without it,
   /// or when false, Save commits before returning.
   bool async = true;
@@ -180,13 +198,16 @@ struct StepDescription {
 
 /// Phases of the last finished save, in seconds (rank-local clocks).
 struct SaveTimings {
-  double budget_wait = 0;      ///< waiting for staging memory (caller thread)
-  double snapshot = 0;         ///< copying into host staging memory (caller thread)
-  double plan = 0;             ///< gather, validate, pick writers, create the step directory
-  double write = 0;            ///< create datasets and write boxes
-  double flush = 0;            ///< H5Fflush (durable) and close
-  double commit = 0;           ///< agree, write the marker, agree
-  double gc = 0;               ///< retention deletes (rank 0)
+  double budget_wait = 0;  ///< waiting for staging memory (caller thread)
+  double snapshot = 0;     ///< copying into host staging memory (caller thread)
+  double plan = 0;         ///< gather, validate, pick writers, create the step directory
+  double write = 0;        ///< create datasets and write boxes
+  double flush = 0;        ///< make the data file durable and close it
+  double commit = 0;       ///< agree, write the marker, agree
+  /// Retention deletes (rank 0). They run after the commit is announced, so
+  /// they are not part of the time to WaitUntilFinished; this is filled in
+  /// when they end (0 until then).
+  double gc = 0;
   bool plan_cached = false;    ///< same arrays and boxes as the previous save: no gather
   uint64_t local_bytes = 0;    ///< bytes this rank staged
   uint64_t written_bytes = 0;  ///< bytes this rank wrote

@@ -3,6 +3,7 @@
 // (checkpoint_manager.cc).
 #pragma once
 
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -54,7 +55,12 @@ class ManagerImpl {
   /// synchronous) and returns its status.
   Status RunOnIoThread(const std::function<Status()>& fn);
 
-  void RecordSave(const Status& s, const SaveTimings& t);
+  // The outcome of a save (I/O thread); `retention_follows`: rank 0 deletes
+  // old steps next (RunRetention), and listings wait for it.
+  void RecordSave(const Status& s, const SaveTimings& t, bool retention_follows);
+  // Step 7 of the save protocol (save.cc), rank 0, after RecordSave.
+  void RunRetention(int64_t step);
+  void RecordRetention(double seconds);
 
   Comm comm_;         // the I/O thread's
   Comm caller_comm_;  // collectives on the caller's thread (Agree)
@@ -67,7 +73,10 @@ class ManagerImpl {
   std::unique_ptr<io::Engine> engine_;  // where the arrays of every step are stored
 
   mutable std::mutex mu_;
-  Status first_error_;  // since the last WaitUntilFinished
+  Status first_error_;                // since the last WaitUntilFinished
+  std::condition_variable saves_cv_;  // saves_in_flight_ or retention_pending_ changed
+  int saves_in_flight_ = 0;           // submitted by Save, not yet recorded
+  bool retention_pending_ = false;    // rank 0: a recorded save's retention has not run
   SaveTimings last_timings_;
 
   // The last successful plan and a hash of the description it came from

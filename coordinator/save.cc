@@ -23,18 +23,21 @@
 //      one per holder, each from the holder's own staged copy). A write
 //      error is remembered, and the rank keeps taking part. The staging
 //      buffer goes back to the pool as soon as the rank's writes are done.
-//   4. Flush. The engine makes the step durable (parallel HDF5:
-//      H5Fflush(GLOBAL), which syncs through MPI-IO), then closes it.
+//   4. Flush. The engine makes the step durable and closes it (the direct
+//      engine: H5Fclose, then one fsync of the file per rank; the HDF5
+//      engine: H5Fflush(GLOBAL), which syncs through MPI-IO, then H5Fclose).
 //   5. Agree. One gather: every rank's outcome, and the checksums (XXH3) of
 //      the boxes it wrote, which go into the marker.
-//   6. Commit. Rank 0 gives back the unused reserved space, fsyncs the step
-//      directory (the data files' names durable before the marker's), and
-//      writes the marker (io::WriteFileAtomic: temp file, fsync, rename, fsync
-//      the directory), or on failure removes the step directory. It broadcasts
-//      the outcome (after step 7); every rank returns it.
-//   7. Retention. Before broadcasting the outcome, rank 0 deletes the steps
-//      the policy no longer keeps (marker first, io::DeleteStep). A failure
-//      here is logged, not returned: the new step is committed either way.
+//   6. Commit. Rank 0 fsyncs the step directory (the data files' names
+//      durable before the marker's), writes the marker (io::WriteFileAtomic:
+//      temp file, fsync, rename, fsync the directory), or on failure removes
+//      the step directory, and broadcasts the outcome; every rank returns it.
+//      (The reservation of step 3 is exact: nothing to give back.)
+//   7. Retention (ManagerImpl::RunRetention). After the outcome is recorded,
+//      so off the path to the commit, rank 0's I/O thread deletes the steps
+//      the policy no longer keeps (marker first, io::DeleteStep) before it
+//      runs any later job. A failure here is logged, not returned: the new
+//      step is committed either way.
 //
 // A crash anywhere before step 6 leaves a directory without a marker, which
 // is never listed and is removed by the next Open.
@@ -254,11 +257,8 @@ class SaveRun {
     t0 = Clock::now();
     std::vector<std::string> reports = Agree();
     Status s = rank_ == 0 ? Commit(reports) : OkStatus();
-    auto gc0 = Clock::now();
-    if (rank_ == 0 && s.ok() && impl_.options_.max_to_keep > 0) Retention();
-    t_.gc = Since(gc0);
     s = BroadcastStatus(s, 0, comm_);
-    t_.commit = Since(t0) - t_.gc;
+    t_.commit = Since(t0);
     if (rank_ == 0) Log(s);
     return s;
   }
@@ -360,13 +360,15 @@ class SaveRun {
       Writes w{plan_, job_.snapshot, rank_, impl_.options_.transfer == Transfer::kCollective, 0,
                {}};
       local_ = WriteBoxes(*writer_, w);
+      Status finished = writer_->FinishWrites();  // before the buffer goes back
+      if (local_.ok()) local_ = finished;
       t_.written_bytes = w.written;
       sums_ = std::move(w.sums);
     }
     t_.write = Since(t0);
     // Nothing reads the staged bytes after the write phase (the replica check
     // came before it, the checksums were taken while writing, and the engine
-    // keeps no buffer): give the buffer back now, so a save waiting for
+    // read its last byte in FinishWrites): give the buffer back now, so a save waiting for
     // staging memory (SaveTimings::budget_wait) need not wait for the flush
     // and the commit too (docs/PERFORMANCE.md).
     job_.snapshot.buffer = StagingBuffer();
@@ -410,10 +412,6 @@ class SaveRun {
         box.chunks = b.chunks;
       }
     }
-    if (s.ok()) {
-      s = writer_->Seal();  // the space reserved in step 3 beyond what was used
-      if (!s.ok()) s = Status(s.code(), fmt::format("rank 0: seal the data file: {}", s.message()));
-    }
     // The names of the step's files durable before the marker's can be: with
     // only the marker's rename and the fsync after it, a file system that does
     // not journal names in order may keep the marker and lose data.h5's name
@@ -433,21 +431,6 @@ class SaveRun {
     return s;
   }
 
-  // 7. Retention (rank 0), before the outcome goes out: when
-  // WaitUntilFinished returns anywhere, the deleted steps are gone everywhere.
-  void Retention() {
-    Result<std::vector<int64_t>> committed = io::CommittedSteps(impl_.root_);
-    Status gc = committed.status();
-    if (committed.ok()) {
-      for (int64_t old :
-           StepsToDelete(*committed, impl_.options_.max_to_keep, impl_.options_.keep_period)) {
-        gc = io::DeleteStep(impl_.root_, old);
-        if (!gc.ok()) break;
-      }
-    }
-    if (!gc.ok()) spdlog::warn("mhckpt: retention after step {}: {}", job_.step, gc.ToString());
-  }
-
   void Log(const Status& s) const {
     if (!s.ok()) {
       spdlog::error("mhckpt: step {} failed: {}", job_.step, s.ToString());
@@ -455,11 +438,10 @@ class SaveRun {
     }
     spdlog::info(
         "mhckpt: step {} committed: {:.1f} MiB in {:.3f} s (budget wait {:.3f}, snapshot {:.3f}, "
-        "plan {:.3f}{}, write {:.3f}, flush {:.3f}, commit {:.3f}, gc {:.3f})",
+        "plan {:.3f}{}, write {:.3f}, flush {:.3f}, commit {:.3f})",
         job_.step, static_cast<double>(plan_.total_bytes) / (1 << 20),
-        t_.budget_wait + t_.snapshot + t_.plan + t_.write + t_.flush + t_.commit + t_.gc,
-        t_.budget_wait, t_.snapshot, t_.plan, t_.plan_cached ? " cached" : "", t_.write, t_.flush,
-        t_.commit, t_.gc);
+        t_.budget_wait + t_.snapshot + t_.plan + t_.write + t_.flush + t_.commit, t_.budget_wait,
+        t_.snapshot, t_.plan, t_.plan_cached ? " cached" : "", t_.write, t_.flush, t_.commit);
   }
 
   void RemoveStepDir() const { io::RemoveAll(io::StepDir(impl_.root_, job_.step)).IgnoreError(); }
@@ -478,5 +460,22 @@ class SaveRun {
 }  // namespace
 
 Status ManagerImpl::RunSave(SaveJob& job) { return SaveRun(*this, job).Run(); }
+
+// 7. Retention (rank 0, I/O thread), after RecordSave: WaitUntilFinished has
+// returned by now; the next job (a save, restore or verify) runs after it,
+// and CheckpointManager::CommittedSteps waits for it.
+void ManagerImpl::RunRetention(int64_t step) {
+  auto t0 = Clock::now();
+  Result<std::vector<int64_t>> committed = io::CommittedSteps(root_);
+  Status gc = committed.status();
+  if (committed.ok()) {
+    for (int64_t old : StepsToDelete(*committed, options_.max_to_keep, options_.keep_period)) {
+      gc = io::DeleteStep(root_, old);
+      if (!gc.ok()) break;
+    }
+  }
+  if (!gc.ok()) spdlog::warn("mhckpt: retention after step {}: {}", step, gc.ToString());
+  RecordRetention(Since(t0));
+}
 
 }  // namespace mhckpt::internal

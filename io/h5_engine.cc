@@ -27,8 +27,10 @@ class H5StepWriter final : public StepWriter {
   Status Reserve() override {
     uint64_t end = 0;
     for (const Dataset& d : datasets_) end = std::max(end, d.EndInFile());
-    // The slack covers metadata written after the last dataset.
-    return Preallocate(path_, end + end / 100 + (1u << 20));
+    // Exactly the data: the file is at least this long when HDF5 closes it
+    // (its end of allocation lies past every dataset), so nothing is to be
+    // trimmed afterwards.
+    return Preallocate(path_, end);
   }
 
   [[nodiscard]] int64_t FileOffset(size_t array) const override {
@@ -41,12 +43,12 @@ class H5StepWriter final : public StepWriter {
 
   Status WriteNothing(size_t array) override { return datasets_[array].WriteNothing(); }
 
+  Status FinishWrites() override { return OkStatus(); }  // H5Dwrite has returned
+
   Status Flush() override {
     datasets_.clear();  // every dataset is closed before the file
     return file_.FlushAndClose();
   }
-
-  Status Seal() override { return TrimToRecordedEnd(path_); }
 
  private:
   H5File file_;

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,11 +26,6 @@ inline constexpr const char* kDTypeAttribute = "mhckpt_dtype";
 /// A new HDF5 datatype handle for `dtype` (the caller closes it), used as both
 /// file and memory type so bytes are copied without conversion.
 int64_t H5TypeFor(DType dtype);
-
-/// Not collective (one rank, after every rank closed the file): cuts the file
-/// back to the end HDF5 recorded for it, dropping space reserved but unused
-/// (see Preallocate in io/posix_file.h), and fsyncs it.
-Status TrimToRecordedEnd(const std::string& path);
 
 // Property lists and datatypes one file's datasets share (H5File::Shared in
 // h5_file.cc): made once per file, not once per dataset.
@@ -52,6 +48,10 @@ class Dataset {
   /// Where the dataset's data ends in the file (contiguous layout, allocated
   /// at creation): offset + size; 0 for a dataset without data.
   [[nodiscard]] uint64_t EndInFile() const;
+  /// Where the dataset's data starts in the file (contiguous layout,
+  /// allocated at creation); nullopt for a dataset without data (no
+  /// elements). The direct engine writes there (io/direct_engine.h).
+  [[nodiscard]] std::optional<uint64_t> OffsetInFile() const;
   /// Takes part in a collective transfer with nothing to write.
   Status WriteNothing();
   /// Reads `box` into the row-major buffer `data`.
@@ -94,7 +94,8 @@ class H5File {
   /// Collective. Makes the file durable (H5Fflush global, which syncs through
   /// MPI-IO; H5Fclose alone does not) and closes it.
   Status FlushAndClose();
-  /// Collective. Closes a file opened for reading.
+  /// Collective. Closes the file: HDF5 writes its metadata, nothing is
+  /// synced. For reading, and for the direct engine, which syncs itself.
   Status Close();
 
  private:

@@ -43,10 +43,6 @@ int SysRename(const char* from, const char* to) {
   if (int e = fault::Errno("rename")) return errno = e, -1;
   return ::rename(from, to);
 }
-int SysFtruncate(int fd, uint64_t bytes) {
-  if (int e = fault::Errno("truncate")) return errno = e, -1;
-  return ::ftruncate(fd, static_cast<off_t>(bytes));
-}
 int SysUnlink(const char* path) {
   if (int e = fault::Errno("unlink")) return errno = e, -1;
   return ::unlink(path);
@@ -164,15 +160,11 @@ Status Preallocate(const std::string& path, uint64_t bytes) {
   return OkStatus();
 }
 
-Status TruncateFile(const std::string& path, uint64_t bytes) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+Status FsyncFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Errno("open", path, errno);
   Status s;
-  if (SysFtruncate(fd, bytes) != 0) {
-    s = IoError(fmt::format("truncate '{}' to {} bytes: {}", path, bytes, std::strerror(errno)));
-  } else if (SysFsync(fd, "truncate_fsync") != 0) {
-    s = Errno("fsync", path, errno);
-  }
+  if (SysFsync(fd, "fsync") != 0) s = Errno("fsync", path, errno);
   ::close(fd);
   return s;
 }

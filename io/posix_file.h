@@ -39,8 +39,8 @@ Result<std::vector<std::string>> ListDir(const std::string& dir);
 /// so later writes into that range cannot fail for lack of space.
 Status Preallocate(const std::string& path, uint64_t bytes);
 
-/// Sets an existing file's size to `bytes` and fsyncs it.
-Status TruncateFile(const std::string& path, uint64_t bytes);
+/// Fsyncs an existing file (fault point `fsync`).
+Status FsyncFile(const std::string& path);
 
 /// Unlinks a file; a missing file is not an error.
 Status RemoveFile(const std::string& path);

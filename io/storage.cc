@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "io/direct_engine.h"
 #include "io/h5_engine.h"
 
 namespace mhckpt::io {
@@ -58,6 +59,10 @@ class CountingEngine final : public Engine {
 }  // namespace
 
 std::unique_ptr<Engine> MakeEngine(const StorageOptions& options) {
+  if (options.transfer == Transfer::kIndependent && options.pwrite) {
+    return std::make_unique<CountingEngine>(
+        MakeDirectEngine(options.writer_threads, options.direct));
+  }
   return std::make_unique<CountingEngine>(MakeH5Engine(options.transfer));
 }
 

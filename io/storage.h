@@ -35,6 +35,14 @@ enum class Transfer : uint8_t { kIndependent, kCollective };
 
 struct StorageOptions {
   Transfer transfer = Transfer::kIndependent;  ///< for writes; reads are independent
+  /// Independent writes only: HDF5 lays out the step and keeps its metadata,
+  /// and the array bytes are pwritten at the datasets' offsets by
+  /// `writer_threads` threads (io/direct_engine.h). False: HDF5 writes
+  /// hyperslabs (io/h5_engine.h), as it always does for kCollective.
+  bool pwrite = true;
+  /// With `pwrite`: O_DIRECT where the file system accepts it.
+  bool direct = true;
+  int writer_threads = 2;  ///< with `pwrite`; at least 1
 };
 
 /// One array of a step, as stored.
@@ -59,21 +67,24 @@ class StepWriter {
   /// marker for readers that read at offsets), or -1 if the engine stores
   /// them otherwise or the array has no bytes.
   [[nodiscard]] virtual int64_t FileOffset(size_t array) const = 0;
-  /// One rank, after CreateArrays: reserves the storage the arrays take, so
-  /// that a full file system fails here, before any write or flush in which
-  /// one rank's error could strand the others. IoError.
+  /// One rank, after CreateArrays: reserves exactly the storage the arrays'
+  /// data takes, so that a full file system fails here, before any write or
+  /// flush in which one rank's error could strand the others. Nothing is to
+  /// be given back later. IoError.
   virtual Status Reserve() = 0;
-  /// Writes `box` of array `array` from the row-major bytes at `data`. With
-  /// Transfer::kCollective every rank makes the same number of Write and
-  /// WriteNothing calls for each array, array after array. IoError.
+  /// Writes `box` of array `array` from the row-major bytes at `data`, which
+  /// must stay valid until FinishWrites returns (an engine may still be
+  /// writing them). With Transfer::kCollective every rank makes the same
+  /// number of Write and WriteNothing calls for each array, array after
+  /// array. IoError.
   virtual Status Write(size_t array, const Box& box, const void* data) = 0;
   /// Takes part in a collective round of `array` with nothing to write.
   virtual Status WriteNothing(size_t array) = 0;
+  /// After the last Write: waits until no write reads the callers' buffers
+  /// any more; the first error of the writes since the last call. IoError.
+  virtual Status FinishWrites() = 0;
   /// Collective. Makes every byte written durable, then closes the step.
   virtual Status Flush() = 0;
-  /// One rank, after every rank's Flush returned: gives back what Reserve
-  /// took and the arrays did not use, durably.
-  virtual Status Seal() = 0;
 };
 
 /// Reads the arrays of one committed step. Reads are independent: each rank
@@ -105,8 +116,9 @@ class Engine {
                                                    MPI_Comm comm) = 0;
 };
 
-/// The engine for `options`: parallel HDF5. Its readers count what they read
-/// (BytesRead).
+/// The engine for `options`: the direct engine (HDF5 layout, pwritten data)
+/// for independent writes with `pwrite`, else parallel HDF5. Its readers
+/// count what they read (BytesRead).
 std::unique_ptr<Engine> MakeEngine(const StorageOptions& options);
 
 /// Bytes of array data this process has read through StepReader::Read, over

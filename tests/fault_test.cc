@@ -172,26 +172,6 @@ TEST_F(Faults, DataFileFsyncFails) {
   ExpectRestores(step);
 }
 
-// Rank 0 trims the reserved space off the data file before the marker: its
-// ftruncate, then its fsync, fail.
-TEST_F(Faults, TrimmingTheDataFileFails) {
-  ASSERT_TRUE(Open(FreshDir()));
-  ASSERT_TRUE(SaveStep(1).ok());
-  ASSERT_TRUE(fault::Configure("rank=0,point=truncate,action=eio").ok());
-  ExpectAgreedFailure(
-      SaveStep(2), 2,
-      fmt::format("rank 0: seal the data file: truncate '{}' to ", io::DataPath(dir_, 2)));
-  ASSERT_TRUE(fault::Configure("rank=0,point=truncate_fsync,action=eio").ok());
-  ExpectAgreedFailure(SaveStep(3), 3,
-                      fmt::format("rank 0: seal the data file: fsync '{}': {}",
-                                  io::DataPath(dir_, 3), std::strerror(EIO)));
-  ASSERT_TRUE(fault::Configure("").ok());
-  EXPECT_EQ(mgr_->CommittedSteps().value(), std::vector<int64_t>{1});
-  ExpectRestores(1);
-  ASSERT_TRUE(SaveStep(4).ok());
-  ExpectRestores(4);
-}
-
 // Short writes and EINTR are retried: the save commits on every rank and
 // restores bit-exactly.
 TEST_F(Faults, ShortWritesAndEintrAreRetried) {

@@ -358,6 +358,10 @@ TEST(SaveRestore, RetentionKeepsNewestAndEveryKthStep) {
     ASSERT_TRUE(mgr->Save(step, std::vector<ArrayToSave>{a.array}).ok());
   }
   ASSERT_TRUE(mgr->WaitUntilFinished().ok());
+  // Retention runs on rank 0 after each commit is announced; rank 0's listing
+  // waits for it, and the agreement makes every rank look after that.
+  ASSERT_TRUE(mgr->CommittedSteps().ok());
+  ASSERT_TRUE(mgr->Agree(OkStatus()).ok());
   EXPECT_EQ(mgr->CommittedSteps().value(), (std::vector<int64_t>{0, 3, 6, 7}));
   EXPECT_FALSE(std::filesystem::exists(io::StepDir(dir, 5)));
   Wanted w{{"x", DType::kInt32, {}}, {4}, {}};

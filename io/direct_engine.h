@@ -1,0 +1,31 @@
+// The direct engine behind the storage seam (io/storage.h): HDF5 lays out a
+// step exactly as the HDF5 engine does (io/h5_engine.h: ROOT/step_N/data.h5,
+// one global dataset per array, contiguous, allocated at creation, never
+// filled, large ones aligned) and keeps every byte of metadata; the array
+// bytes are pwritten by each rank at its datasets' file offsets
+// (io/raw_writer.h), with O_DIRECT where the file system accepts it. The file
+// is plain HDF5: h5py, h5dump and the HDF5 engine's reader read it.
+//
+// Why HDF5 never writes stale bytes over the pwritten ones: a dataset
+// created with H5D_FILL_TIME_NEVER is never written by HDF5 unless through
+// H5Dwrite, which this engine never calls; its metadata lives at other
+// addresses; and HDF5 keeps no raw-data cache for datasets it neither read
+// nor wrote. Closing the file writes metadata only and may lengthen the file
+// to HDF5's end of allocation, which lies past every dataset. So the order
+// is: create the datasets (collective), pwrite, H5Fclose (metadata, no
+// sync), then one fsync per rank of the file, which makes both durable
+// (fsync covers every descriptor of a file). tests/direct_engine_test.cc
+// checks it byte for byte through HDF5, h5py and h5dump.
+#pragma once
+
+#include <memory>
+
+#include "io/storage.h"
+
+namespace mhckpt::io {
+
+/// `threads` writer threads (kept for the engine's lifetime); O_DIRECT with
+/// `direct`. Reads go through HDF5 (independent hyperslabs).
+std::unique_ptr<Engine> MakeDirectEngine(int threads, bool direct);
+
+}  // namespace mhckpt::io

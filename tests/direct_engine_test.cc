@@ -1,0 +1,166 @@
+// The data paths of a save (Options::data_path; io/direct_engine.h,
+// io/raw_writer.h): every path writes the same plain HDF5 file. Each case
+// saves arrays whose bytes are predictable (testing::Fill), restores every
+// array whole on every rank and compares byte for byte. The arrays cover the
+// awkward cases of the direct path: rows that are not page multiples (the
+// aligned middle of a run comes from an unaligned staged address: bounce
+// buffer), boxes cut in the second dimension (one short run per row), boxes
+// cut in two dimensions of a 3-D array, large aligned runs, 0-d arrays, empty
+// arrays, bool, bfloat16 and float8.
+//
+// DataPaths.KeepForReaders also leaves its checkpoint and the expected bytes
+// of every array (expected/<name with '/' as '.'>.bin) under
+// $MHCKPT_TEST_DIR/np<N>/direct_for_readers, for tests/direct_read_test.py
+// (h5py and h5dump).
+#include <mpi.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "coordinator/checkpoint_manager.h"
+#include "tests/test_util.h"
+
+namespace mhckpt {
+namespace {
+
+using testing::Fill;
+using testing::FreshDir;
+using testing::OpenForTest;
+using testing::Rank;
+using testing::Size;
+
+constexpr uint64_t kSeed = 13;
+
+struct Spec {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+};
+
+// The arrays of every case.
+std::vector<Spec> Specs() {
+  return {
+      {"rows/f32", DType::kFloat32, {1500, 1037}},     // 6.2 MB, odd row length
+      {"cols/u16", DType::kUInt16, {700, 4099}},       // cut by columns
+      {"aligned/f64", DType::kFloat64, {1024, 1024}},  // 8 MiB, page-multiple rows
+      {"blocks/i32", DType::kInt32, {64, 96, 40}},     // cut in two dimensions
+      {"small/bool", DType::kBool, {17}},              // replicated
+      {"small/bf16", DType::kBFloat16, {33}},          // replicated
+      {"small/f8_e4m3", DType::kFloat8E4M3, {9, 3}},   // replicated
+      {"scalar/i64", DType::kInt64, {}},               // 0-d, replicated
+      {"empty/f32", DType::kFloat32, {0, 5}},          // no elements
+      {"half/f16", DType::kFloat16, {3, 1 << 20}},     // 6 MiB, cut by columns
+  };
+}
+
+// The boxes of `s` that this rank saves.
+std::vector<Box> MyBoxes(const Spec& s) {
+  const int n = Size(), r = Rank();
+  Box box = FullBox(s.shape);
+  if (s.name.starts_with("rows/") || s.name.starts_with("aligned/")) {
+    auto [b, e] = SplitRange(s.shape[0], n, r);
+    box.start[0] = b;
+    box.count[0] = e - b;
+  } else if (s.name.starts_with("cols/") || s.name.starts_with("half/")) {
+    auto [b, e] = SplitRange(s.shape[1], n, r);
+    box.start[1] = b;
+    box.count[1] = e - b;
+  } else if (s.name.starts_with("blocks/")) {
+    // Two boxes per rank: rows of this rank, split in two along dimension 1.
+    auto [b, e] = SplitRange(s.shape[0], n, r);
+    std::vector<Box> boxes;
+    for (int half = 0; half < 2; ++half) {
+      auto [c0, c1] = SplitRange(s.shape[1], 2, half);
+      boxes.push_back(Box{{b, c0, 0}, {e - b, c1 - c0, s.shape[2]}});
+    }
+    return boxes;
+  } else if (s.name.starts_with("empty/")) {
+    return {};
+  } else if (r != 0) {
+    return {box};  // replicated: every rank holds it, rank 0 writes it
+  }
+  return {box};
+}
+
+// Saves every array at `step` and restores each whole on every rank.
+void SaveAndRestore(const std::string& dir, const Options& o, int64_t step) {
+  auto mgr = OpenForTest(dir, o);
+  ASSERT_TRUE(mgr);
+  std::vector<std::vector<std::byte>> buffers;
+  std::vector<ArrayToSave> arrays;
+  buffers.reserve(64);
+  for (const Spec& s : Specs()) {
+    arrays.push_back(ArrayToSave{s.name, s.dtype, s.shape, {}});
+    for (const Box& b : MyBoxes(s)) {
+      if (Volume(b.count).value() == 0) continue;
+      buffers.push_back(Fill(s.dtype, s.shape, b, kSeed + step));
+      arrays.back().shards.push_back(Shard{b, buffers.back().data()});
+    }
+  }
+  ASSERT_TRUE(mgr->Save(step, arrays).ok());
+  Status w = mgr->WaitUntilFinished();
+  ASSERT_TRUE(w.ok()) << w.ToString();
+  for (const Spec& s : Specs()) {
+    const Box whole = FullBox(s.shape);
+    std::vector<std::byte> got(static_cast<size_t>(Volume(s.shape).value()) * DTypeSize(s.dtype),
+                               std::byte{0xAB});
+    ArrayToRestore want{s.name, s.dtype, {}};
+    if (!got.empty()) want.shards.push_back(Destination{whole, got.data()});
+    Status r = mgr->Restore(step, std::vector<ArrayToRestore>{want});
+    ASSERT_TRUE(r.ok()) << s.name << ": " << r.ToString();
+    EXPECT_TRUE(got == Fill(s.dtype, s.shape, whole, kSeed + step))
+        << s.name << " differs on rank " << Rank();
+  }
+}
+
+struct PathCase {
+  DataPath path;
+  int threads;
+};
+
+class DataPaths : public ::testing::TestWithParam<PathCase> {};
+
+TEST_P(DataPaths, RestoreEqualsSaved) {
+  Options o;
+  o.data_path = GetParam().path;
+  o.writer_threads = GetParam().threads;
+  const std::string dir = FreshDir();
+  SaveAndRestore(dir, o, 1);
+  SaveAndRestore(dir, o, 2);  // the pool's threads and bounce buffers again
+}
+
+INSTANTIATE_TEST_SUITE_P(All, DataPaths,
+                         ::testing::Values(PathCase{DataPath::kDirect, 1},
+                                           PathCase{DataPath::kDirect, 4},
+                                           PathCase{DataPath::kBuffered, 3},
+                                           PathCase{DataPath::kHdf5, 0}));
+
+// The default path, left on disk with the expected bytes for h5py and h5dump.
+TEST(DataPathsForReaders, KeepForReaders) {
+  const char* base = std::getenv("MHCKPT_TEST_DIR");
+  const std::string dir =
+      fmt::format("{}/np{}/direct_for_readers", base ? base : "/tmp/mhckpt-test", Size());
+  if (Rank() == 0) std::filesystem::remove_all(dir);
+  MPI_Barrier(MPI_COMM_WORLD);
+  SaveAndRestore(dir, Options{}, 7);
+  if (Rank() != 0) return;
+  std::filesystem::create_directories(dir + "/expected");
+  for (const Spec& s : Specs()) {
+    std::string file = s.name;
+    for (char& c : file) c = c == '/' ? '.' : c;
+    std::ofstream out(fmt::format("{}/expected/{}.bin", dir, file), std::ios::binary);
+    auto bytes = Fill(s.dtype, s.shape, FullBox(s.shape), kSeed + 7);
+    out.write(reinterpret_cast<const char*>(bytes.data()),
+              static_cast<std::streamsize>(bytes.size()));
+  }
+}
+
+}  // namespace
+}  // namespace mhckpt
