@@ -63,6 +63,12 @@ std::vector<std::string> Comm::GatherBytes(const std::string& mine, int root,
   return out;
 }
 
+int Comm::ScatterInt(const std::vector<int>& values, int root) const {
+  int mine = 0;
+  MPI_Scatter(values.data(), 1, MPI_INT, &mine, 1, MPI_INT, root, comm_);
+  return mine;
+}
+
 void Comm::BroadcastBytes(std::string* bytes, int root) const {
   unsigned long long n = bytes->size();
   MPI_Bcast(&n, 1, MPI_UNSIGNED_LONG_LONG, root, comm_);

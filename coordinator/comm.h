@@ -35,6 +35,8 @@ class Comm {
   /// rounds of at most `round_limit` bytes at the root (gather_rounds.h).
   [[nodiscard]] std::vector<std::string> GatherBytes(const std::string& mine, int root,
                                                      int64_t round_limit = kGatherRoundBytes) const;
+  /// Each rank's entry of `values` (significant at `root` only, index = rank).
+  [[nodiscard]] int ScatterInt(const std::vector<int>& values, int root) const;
   /// `root`'s bytes everywhere.
   void BroadcastBytes(std::string* bytes, int root) const;
   /// Broadcasts a buffer of any size (in pieces below MPI's int count limit).

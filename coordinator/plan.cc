@@ -167,23 +167,35 @@ std::optional<std::pair<size_t, size_t>> RowRunBytes(const Box& whole, const Box
 namespace {
 
 // A rank's own error (the lowest rank's), then ranks disagreeing on the step.
-Status CheckRanks(const std::vector<RankDescription>& ranks) {
-  for (const RankDescription& r : ranks) {
-    if (!r.status.ok()) return r.status;
+// Rank r described `layouts[of[r]]`.
+Status CheckRanks(const std::vector<RankDescription>& layouts, const std::vector<int>& of) {
+  for (int l : of) {
+    if (l < 0 || static_cast<size_t>(l) >= layouts.size()) {
+      return Internal(fmt::format("plan: layout {} of {} does not exist", l, layouts.size()));
+    }
   }
-  for (size_t r = 1; r < ranks.size(); ++r) {
-    if (ranks[r].step != ranks[0].step) {
+  for (int l : of) {
+    if (!layouts[static_cast<size_t>(l)].status.ok()) return layouts[static_cast<size_t>(l)].status;
+  }
+  const int64_t step = layouts[static_cast<size_t>(of[0])].step;
+  for (size_t r = 1; r < of.size(); ++r) {
+    if (layouts[static_cast<size_t>(of[r])].step != step) {
       return InvalidArgument(
-          fmt::format("ranks disagree on the step: rank 0 saves step {}, rank {} step {}",
-                      ranks[0].step, r, ranks[r].step));
+          fmt::format("ranks disagree on the step: rank 0 saves step {}, rank {} step {}", step, r,
+                      layouts[static_cast<size_t>(of[r])].step));
     }
   }
   return OkStatus();
 }
 
-// Adds the non-empty boxes of `a`, held by rank `r`, to `hs`: each distinct
-// box once, with every rank that holds it.
-void AddBoxes(const ArrayDescription& a, int r, std::vector<Holding>* hs) {
+// Where a layout's non-empty boxes sit in the holdings: the array's distinct
+// boxes, and an index into them (stable: they are sorted only once every rank
+// is in).
+using Slots = std::vector<std::pair<std::vector<Holding>*, size_t>>;
+
+// Adds the non-empty boxes of `a` to `hs` (each distinct box once) and their
+// places to `slots`.
+void AddBoxes(const ArrayDescription& a, std::vector<Holding>* hs, Slots* slots) {
   for (const Box& b : a.boxes) {
     if (Volume(b.count).value_or(0) == 0) continue;  // nothing to write
     auto h = std::find_if(hs->begin(), hs->end(), [&](const Holding& x) { return x.box == b; });
@@ -191,12 +203,14 @@ void AddBoxes(const ArrayDescription& a, int r, std::vector<Holding>* hs) {
       hs->push_back(Holding{b, {}, *Volume(b.count) * static_cast<int64_t>(DTypeSize(a.dtype))});
       h = hs->end() - 1;
     }
-    if (h->holders.empty() || h->holders.back() != r) h->holders.push_back(r);
+    slots->emplace_back(hs, static_cast<size_t>(h - hs->begin()));
   }
 }
 
-// Checks the arrays of rank `r` against rank 0's and adds their boxes.
-Status AddRank(int r, const RankDescription& rank, const Reference& reference, Holdings* holdings) {
+// Checks the arrays of a layout, first described by rank `r`, against rank
+// 0's and adds their boxes; `slots` gets where they sit.
+Status AddLayout(int r, const RankDescription& rank, const Reference& reference, Holdings* holdings,
+                 Slots* slots) {
   Reference mine;
   for (const ArrayDescription& a : rank.arrays) mine[a.name] = &a;
   for (const auto& [name, a] : mine) {
@@ -211,13 +225,37 @@ Status AddRank(int r, const RankDescription& rank, const Reference& reference, H
                                          r, DTypeName(a->dtype), ShapeToString(a->shape),
                                          DTypeName(ref.dtype), ShapeToString(ref.shape)));
     }
-    AddBoxes(*a, r, &(*holdings)[name]);
+    AddBoxes(*a, &(*holdings)[name], slots);
   }
   if (mine.size() != reference.size()) {
     for (const auto& [name, a] : reference) {
       if (!mine.count(name)) {
         return InvalidArgument(
             fmt::format("array '{}' is saved by rank 0 but not by rank {}", name, r));
+      }
+    }
+  }
+  return OkStatus();
+}
+
+// Every rank's boxes into `holdings`: each layout checked once (naming the
+// lowest rank that described it), then every rank added as a holder of its
+// layout's boxes. Ranks go in ascending order, so holders are ascending.
+Status AddRanks(const std::vector<RankDescription>& layouts, const std::vector<int>& of,
+                const Reference& reference, Holdings* holdings) {
+  std::vector<Slots> slots(layouts.size());
+  std::vector<bool> seen(layouts.size(), false);
+  for (size_t r = 0; r < of.size(); ++r) {
+    const auto l = static_cast<size_t>(of[r]);
+    if (!seen[l]) {
+      seen[l] = true;
+      MHCKPT_RETURN_IF_ERROR(
+          AddLayout(static_cast<int>(r), layouts[l], reference, holdings, &slots[l]));
+    }
+    for (auto [hs, i] : slots[l]) {
+      std::vector<int>& holders = (*hs)[i].holders;
+      if (holders.empty() || holders.back() != static_cast<int>(r)) {
+        holders.push_back(static_cast<int>(r));
       }
     }
   }
@@ -291,18 +329,26 @@ io::MarkerArray PlanArray(const std::string& name, const ArrayDescription& ref,
 
 Result<io::Marker> BuildPlan(const std::vector<RankDescription>& ranks,
                              uint64_t replica_parallel_min_bytes) {
-  const int world = static_cast<int>(ranks.size());
-  MHCKPT_RETURN_IF_ERROR(CheckRanks(ranks));
+  std::vector<int> of(ranks.size());
+  for (size_t r = 0; r < of.size(); ++r) of[r] = static_cast<int>(r);
+  return BuildPlan(ranks, of, replica_parallel_min_bytes);
+}
+
+Result<io::Marker> BuildPlan(const std::vector<RankDescription>& layouts,
+                             const std::vector<int>& layout_of_rank,
+                             uint64_t replica_parallel_min_bytes) {
+  const int world = static_cast<int>(layout_of_rank.size());
+  if (world == 0) return Internal("plan: no ranks");
+  MHCKPT_RETURN_IF_ERROR(CheckRanks(layouts, layout_of_rank));
+  const RankDescription& first = layouts[static_cast<size_t>(layout_of_rank[0])];
   Reference reference;
-  for (const ArrayDescription& a : ranks[0].arrays) reference[a.name] = &a;
+  for (const ArrayDescription& a : first.arrays) reference[a.name] = &a;
   Holdings holdings;
-  for (int r = 0; r < world; ++r) {
-    MHCKPT_RETURN_IF_ERROR(AddRank(r, ranks[static_cast<size_t>(r)], reference, &holdings));
-  }
+  MHCKPT_RETURN_IF_ERROR(AddRanks(layouts, layout_of_rank, reference, &holdings));
   MHCKPT_RETURN_IF_ERROR(CheckArrays(reference, &holdings));
 
   io::Marker plan;
-  plan.step = ranks[0].step;
+  plan.step = first.step;
   plan.world_size = world;
   // Writers: single holders first, then the shared boxes to the least loaded holder.
   std::vector<int64_t> load(static_cast<size_t>(world), 0);

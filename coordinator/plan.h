@@ -73,6 +73,15 @@ Status CheckTiling(const std::string& name, const std::vector<int64_t>& shape,
 Result<io::Marker> BuildPlan(const std::vector<RankDescription>& ranks,
                              uint64_t replica_parallel_min_bytes = 0);
 
+/// The same plan from the distinct descriptions only: rank r described
+/// `layouts[layout_of_rank[r]]` (data-parallel replicas share one). Each
+/// layout is checked once, so planning costs O(layouts x arrays + ranks x
+/// boxes per rank) instead of O(ranks x arrays); errors name the lowest rank
+/// with the offending layout, as BuildPlan(ranks) does.
+Result<io::Marker> BuildPlan(const std::vector<RankDescription>& layouts,
+                             const std::vector<int>& layout_of_rank,
+                             uint64_t replica_parallel_min_bytes = 0);
+
 /// `box` cut along dimension 0 into min(parts, rows) contiguous slices of
 /// near-equal row counts, in order (the first `rows % n` one row longer).
 /// Fewer than 2 slices: `box` itself.
