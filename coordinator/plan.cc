@@ -17,6 +17,7 @@ struct Holding {
   Box box;
   std::vector<int> holders;  // ascending ranks
   int64_t bytes = 0;
+  std::vector<io::MarkerBox> planned;  // the box or its row slices, each with its writer
 };
 
 // The distinct non-empty boxes of every array, by name.
@@ -285,42 +286,88 @@ Status CheckArrays(const Reference& reference, Holdings* holdings) {
   return OkStatus();
 }
 
-// Replica-parallel saving: shared box `h` goes out in row slices, one per
-// holder in rank order (every holder staged the whole box).
-void AddSlices(const Holding& h, std::vector<int64_t>& load, io::MarkerArray* ma) {
-  const std::vector<Box> slices = SplitRows(h.box, static_cast<int>(h.holders.size()));
-  const int64_t row_bytes = h.bytes / h.box.count[0];
+// Replica-parallel saving: how many row slices shared box `h` is cut into —
+// one per holder, at most one per row, and none under `min_bytes` unless
+// that leaves fewer than 2. 1: not cut.
+int64_t SliceCount(const Holding& h, uint64_t min_bytes) {
+  if (min_bytes == 0 || h.holders.size() < 2 || static_cast<uint64_t>(h.bytes) < min_bytes ||
+      h.box.count.empty() || h.box.count[0] < 2) {
+    return 1;
+  }
+  const auto by_size = std::max<int64_t>(2, h.bytes / static_cast<int64_t>(min_bytes));
+  return std::min({static_cast<int64_t>(h.holders.size()), h.box.count[0], by_size});
+}
+
+// The `n` least loaded of `holders` (lowest rank on ties), in rank order.
+std::vector<int> LeastLoaded(const std::vector<int>& holders, size_t n,
+                             const std::vector<int64_t>& load) {
+  std::vector<int> pick = holders;
+  if (n < pick.size()) {
+    auto less = [&](int a, int b) {
+      return std::pair(load[static_cast<size_t>(a)], a) <
+             std::pair(load[static_cast<size_t>(b)], b);
+    };
+    std::nth_element(pick.begin(), pick.begin() + static_cast<std::ptrdiff_t>(n) - 1, pick.end(),
+                     less);
+    std::partial_sort(pick.begin(), pick.begin() + static_cast<std::ptrdiff_t>(n), pick.end(),
+                      less);
+    pick.resize(n);
+    std::sort(pick.begin(), pick.end());
+  }
+  return pick;
+}
+
+// Writes shared box `h` out in row slices, slice i by the i-th of the least
+// loaded holders in rank order (every holder staged the whole box).
+void PlanSlices(Holding* h, int64_t n, std::vector<int64_t>& load) {
+  const std::vector<int> writers = LeastLoaded(h->holders, static_cast<size_t>(n), load);
+  const std::vector<Box> slices = SplitRows(h->box, static_cast<int>(n));
+  const int64_t row_bytes = h->bytes / h->box.count[0];
   for (size_t i = 0; i < slices.size(); ++i) {
-    const int writer = h.holders[i];
-    load[static_cast<size_t>(writer)] += slices[i].count[0] * row_bytes;
-    ma->boxes.push_back(io::MarkerBox{slices[i], writer});
+    load[static_cast<size_t>(writers[i])] += slices[i].count[0] * row_bytes;
+    h->planned.push_back(io::MarkerBox{slices[i], writers[i]});
   }
 }
 
-// The planned boxes of one array, each with its writer. `load` holds the
-// bytes given to each rank so far.
-io::MarkerArray PlanArray(const std::string& name, const ArrayDescription& ref,
-                          const std::vector<Holding>& hs, uint64_t replica_parallel_min_bytes,
-                          std::vector<int64_t>& load) {
-  io::MarkerArray ma{name, ref.dtype, ref.shape, false, {}};
-  ma.replicated = hs.size() == 1 && hs[0].box == FullBox(ref.shape);
-  for (const Holding& h : hs) {
-    if (replica_parallel_min_bytes > 0 && h.holders.size() > 1 &&
-        static_cast<uint64_t>(h.bytes) >= replica_parallel_min_bytes && !h.box.count.empty() &&
-        h.box.count[0] >= 2) {
-      AddSlices(h, load, &ma);
+// The writers of every box. Single holders write their boxes; the shared
+// boxes then go out largest first (ties in name and box order), each to its
+// least loaded holder — or rank 0 for a replicated array it holds — or in
+// slices (replica-parallel saving).
+void PlanWriters(Holdings& holdings, const Reference& reference,
+                 uint64_t replica_parallel_min_bytes, std::vector<int64_t>& load) {
+  std::vector<std::pair<Holding*, bool>> shared;  // and whether its array is replicated
+  for (auto& [name, hs] : holdings) {
+    const bool replicated = hs.size() == 1 && hs[0].box == FullBox(reference.at(name)->shape);
+    for (Holding& h : hs) {
+      if (h.holders.size() > 1) {
+        shared.emplace_back(&h, replicated);
+        continue;
+      }
+      load[static_cast<size_t>(h.holders[0])] += h.bytes;
+      h.planned.push_back(io::MarkerBox{h.box, h.holders[0]});
+    }
+  }
+  std::stable_sort(shared.begin(), shared.end(),
+                   [](const auto& a, const auto& b) { return a.first->bytes > b.first->bytes; });
+  for (auto [h, replicated] : shared) {
+    if (const int64_t n = SliceCount(*h, replica_parallel_min_bytes); n > 1) {
+      PlanSlices(h, n, load);
       continue;
     }
-    int writer = h.holders[0];
-    if (h.holders.size() > 1) {
-      if (!(ma.replicated && writer == 0)) {
-        for (int r : h.holders) {
-          if (load[static_cast<size_t>(r)] < load[static_cast<size_t>(writer)]) writer = r;
-        }
-      }
-      load[static_cast<size_t>(writer)] += h.bytes;
-    }
-    ma.boxes.push_back(io::MarkerBox{h.box, writer});
+    int writer = h->holders[0];
+    if (!(replicated && writer == 0)) writer = LeastLoaded(h->holders, 1, load)[0];
+    load[static_cast<size_t>(writer)] += h->bytes;
+    h->planned.push_back(io::MarkerBox{h->box, writer});
+  }
+}
+
+// The planned boxes of one array, each with its writer, in box order.
+io::MarkerArray PlanArray(const std::string& name, const ArrayDescription& ref,
+                          std::vector<Holding>& hs) {
+  io::MarkerArray ma{name, ref.dtype, ref.shape, false, {}};
+  ma.replicated = hs.size() == 1 && hs[0].box == FullBox(ref.shape);
+  for (Holding& h : hs) {
+    for (io::MarkerBox& b : h.planned) ma.boxes.push_back(std::move(b));
   }
   return ma;
 }
@@ -350,17 +397,12 @@ Result<io::Marker> BuildPlan(const std::vector<RankDescription>& layouts,
   io::Marker plan;
   plan.step = first.step;
   plan.world_size = world;
-  // Writers: single holders first, then the shared boxes to the least loaded holder.
   std::vector<int64_t> load(static_cast<size_t>(world), 0);
-  for (auto& [name, hs] : holdings) {
-    for (const Holding& h : hs) {
-      if (h.holders.size() == 1) load[static_cast<size_t>(h.holders[0])] += h.bytes;
-    }
-  }
+  PlanWriters(holdings, reference, replica_parallel_min_bytes, load);
   for (const auto& [name, ref] : reference) {
-    const std::vector<Holding>& hs = holdings[name];
+    std::vector<Holding>& hs = holdings[name];
     for (const Holding& h : hs) plan.total_bytes += static_cast<uint64_t>(h.bytes);
-    plan.arrays.push_back(PlanArray(name, *ref, hs, replica_parallel_min_bytes, load));
+    plan.arrays.push_back(PlanArray(name, *ref, hs));
   }
   return plan;
 }
