@@ -42,6 +42,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <xxhash.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -343,6 +344,7 @@ json RootPlan(const Gathered& g, uint64_t rp_min_bytes, io::Marker* plan_out) {
               {"root_cpu_seconds", cpu_s},
               {"root_peak_bytes", peak},
               {"plan_json_bytes", text.size()},
+              {"plan_json_xxh3", XXH3_64bits(text.data(), text.size())},
               {"parse_seconds_per_rank", parse_s},
               {"balance", Balance(*plan)}};
   if (plan_out != nullptr) *plan_out = std::move(plan).value();
@@ -368,7 +370,8 @@ json FullPlan(Encoder& encoder, int ranks) {
           {"root_seconds", Since(t0)},
           {"root_cpu_seconds", ThreadCpuSeconds() - cpu0},
           {"root_peak_bytes", meter.Peak()},
-          {"plan_json_bytes", text.size()}};
+          {"plan_json_bytes", text.size()},
+          {"plan_json_xxh3", XXH3_64bits(text.data(), text.size())}};
 }
 
 json Run(const Flags& f) {
@@ -405,6 +408,8 @@ json Run(const Flags& f) {
   if (f.full) {
     if (out["gather_without_dedup"]["bytes"].get<int64_t>() <= f.full_max_bytes) {
       out["plan_without_dedup"] = FullPlan(encoder, f.ranks);
+      out["plan_without_dedup"]["same_plan"] =
+          out["plan_without_dedup"]["plan_json_xxh3"] == out["plan"]["plan_json_xxh3"];
     } else {
       out["plan_without_dedup"] = {{"skipped", "gathered bytes above --full-max-bytes"}};
     }
@@ -480,6 +485,13 @@ int main(int argc, char** argv) {
     nlohmann::json out = mhckpt::bench::Run(f);
     mhckpt::bench::Print(out);
     if (!f.json_path.empty()) std::ofstream(f.json_path) << out.dump(2) << "\n";
-    return 0;
+    // Exit status for ctest: the gather's int counts fit, and the plan without
+    // deduplication (when made) is the deduplicated plan byte for byte.
+    const bool fits = out["gather_without_dedup"]["int_counts_fit"].get<bool>();
+    const bool same =
+        !out.contains("plan_without_dedup") || out["plan_without_dedup"].value("same_plan", true);
+    if (!fits || !same)
+      std::fprintf(stderr, "mhckpt-plan-sim: FAILED (fits %d, same plan %d)\n", fits, same);
+    return fits && same ? 0 : 1;
   });
 }
