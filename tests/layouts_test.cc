@@ -76,5 +76,20 @@ TEST(Layouts, SameErrorAsFromEveryRank) {
   ExpectSamePlan({Holder(1, {lo}), missing, missing});  // missing array
 }
 
+TEST(Layouts, TruncatedDescriptionIsAnErrorNotACrash) {
+  const std::string bytes = EncodeDescription(Holder(1, {Box{{0}, {8}}}));
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    EXPECT_FALSE(DecodeDescription(bytes.substr(0, n)).ok()) << n;
+  }
+  EXPECT_FALSE(DecodeDescription(bytes + "x").ok());
+  std::string huge = bytes;
+  huge[huge.size() - 2] = '\x7f';  // the length of the last box's count: past the end
+  EXPECT_FALSE(DecodeDescription(huge).ok());
+  // Negative and large values survive (a bad box is reported, not mangled).
+  RankDescription d = Holder(1, {Box{{-5}, {int64_t{1} << 62}}});
+  EXPECT_EQ(DecodeDescription(EncodeDescription(d)).value().arrays[0].boxes[0],
+            d.arrays[0].boxes[0]);
+}
+
 }  // namespace
 }  // namespace mhckpt::internal
