@@ -18,7 +18,8 @@
 //   2. Rank 0's part of the plan round as save.cc does it: groups the digests
 //      (GroupLayouts), decodes the senders' descriptions and plans
 //      (PlanLayouts: BuildPlan), writes the plan as JSON (MarkerToJson).
-//      Timed, with the peak of bytes allocated meanwhile (operator new counted).
+//      Timed (--reps times; the run with the least CPU time is reported), with
+//      the peak of bytes allocated meanwhile (operator new counted).
 //   3. One other rank's part: parsing the plan (ParseMarker).
 //   4. The plan again with replica-parallel saving (--rp-min-bytes).
 //   5. --full: the plan round without deduplication (every rank's description
@@ -247,6 +248,7 @@ struct Flags {
   uint64_t rp_min_bytes = 1 << 20;
   bool full = false;
   bool every_rank = false;
+  int reps = 3;
   int64_t full_max_bytes = int64_t{3} << 30;
   std::string json_path;
 };
@@ -360,6 +362,22 @@ json RootPlan(const Gathered& g, uint64_t rp_min_bytes, io::Marker* plan_out) {
   return out;
 }
 
+// RootPlan `reps` times: the figures of the one with the least CPU time (this
+// machine is shared; the least disturbed run is the closest to the work), and
+// every run's CPU and wall time.
+json RootPlanReps(const Gathered& g, uint64_t rp_min_bytes, int reps, io::Marker* plan_out) {
+  json best, cpu = json::array(), wall = json::array();
+  for (int i = 0; i < std::max(1, reps); ++i) {
+    json p = RootPlan(g, rp_min_bytes, i == 0 ? plan_out : nullptr);
+    cpu.push_back(p["root_cpu_seconds"]);
+    wall.push_back(p["root_seconds"]);
+    if (best.is_null() || p["root_cpu_seconds"] < best["root_cpu_seconds"]) best = std::move(p);
+  }
+  best["samples_cpu_seconds"] = cpu;
+  best["samples_seconds"] = wall;
+  return best;
+}
+
 // The round without deduplication: every description gathered and decoded.
 json FullPlan(Encoder& encoder, int ranks) {
   std::vector<std::string> all;
@@ -406,12 +424,12 @@ json Run(const Flags& f) {
   out["gather_dedup"] = GatherShape(sent_sizes);
   out["gather_dedup"]["digest_bytes"] = root_received;
   io::Marker plan;
-  out["plan"] = RootPlan(g, 0, &plan);
+  out["plan"] = RootPlanReps(g, 0, f.reps, &plan);
   out["hdf5_metadata_ops"] = MetadataOps(plan);
   out["total_bytes"] = plan.total_bytes;
   plan = {};
   if (f.rp_min_bytes > 0) {
-    out["plan_replica_parallel"] = RootPlan(g, f.rp_min_bytes, nullptr);
+    out["plan_replica_parallel"] = RootPlanReps(g, f.rp_min_bytes, f.reps, nullptr);
     out["plan_replica_parallel"]["rp_min_bytes"] = f.rp_min_bytes;
   }
   if (f.full) {
@@ -485,6 +503,7 @@ int main(int argc, char** argv) {
     app.add_option("--pp", f.pp, "Pipeline stages (0: the model's default)");
     app.add_option("--rp-min-bytes", f.rp_min_bytes,
                    "Options::replica_parallel_min_bytes of the second plan");
+    app.add_option("--reps", f.reps, "Plans per figure (the least CPU time is reported)");
     app.add_flag("--full", f.full, "Also plan without deduplication (every description decoded)");
     app.add_flag("--encode-every-rank", f.every_rank,
                  "Build and encode every rank's description (else once per TP x PP position)");
