@@ -115,10 +115,12 @@ struct Options {
   int snapshot_threads = 0;
   /// Replica-parallel saving: a box that several ranks hold (e.g. a fully
   /// replicated array) of at least this many bytes is split along its first
-  /// dimension into contiguous slices, one per holder, each written by a
-  /// different rank (Orbax calls this replica-parallel saving). Smaller
+  /// dimension into contiguous slices, one per holder but none much under
+  /// this size (at least 2), each written by a different rank, the least
+  /// loaded holders (Orbax calls this replica-parallel saving). Smaller
   /// shared boxes are written whole by one holder (rank 0 for a fully
-  /// replicated array). 0 = off.
+  /// replicated array). 0 = off. At scale, about a twentieth of the bytes
+  /// per rank keeps the plan small and the writers even (docs/SCALE.md).
   uint64_t replica_parallel_min_bytes = 0;
   /// Each stored box is cut into chunks of whole rows (dimension 0) of about
   /// this many bytes (at least one row), and each chunk's checksum goes into

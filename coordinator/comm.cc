@@ -1,5 +1,7 @@
 #include "coordinator/comm.h"
 
+#include "coordinator/gather_rounds.h"
+
 #include <algorithm>
 #include <climits>
 #include <utility>
@@ -29,26 +31,42 @@ Comm::~Comm() {
   if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
 }
 
-std::vector<std::string> Comm::GatherBytes(const std::string& mine, int root) const {
-  // Descriptions are far below 2 GiB per rank; the int counts of MPI suffice.
-  int n = static_cast<int>(mine.size());
-  std::vector<int> sizes(rank_ == root ? size_ : 0);
-  MPI_Gather(&n, 1, MPI_INT, sizes.data(), 1, MPI_INT, root, comm_);
-  std::vector<int> displs(sizes.size());
-  std::string all;
-  if (rank_ == root) {
-    long long total = 0;
-    for (size_t r = 0; r < sizes.size(); ++r) {
-      displs[r] = static_cast<int>(total);
-      total += sizes[r];
+std::vector<std::string> Comm::GatherBytes(const std::string& mine, int root,
+                                           int64_t round_limit) const {
+  // Sizes as 64-bit values; the bytes in rounds whose int counts and
+  // displacements cannot overflow (coordinator/gather_rounds.h).
+  int64_t n = static_cast<int64_t>(mine.size());
+  std::vector<int64_t> sizes(rank_ == root ? size_ : 0);
+  MPI_Gather(&n, 1, MPI_INT64_T, sizes.data(), 1, MPI_INT64_T, root, comm_);
+  GatherRounds rounds;
+  if (rank_ == root) rounds = PlanGatherRounds(sizes, round_limit);
+  int64_t shape[2] = {rounds.piece, rounds.rounds};
+  MPI_Bcast(shape, 2, MPI_INT64_T, root, comm_);
+  rounds = {shape[0], shape[1]};
+  std::vector<std::string> out(sizes.size());
+  for (size_t r = 0; r < out.size(); ++r) out[r].resize(static_cast<size_t>(sizes[r]));
+  std::string buffer;
+  for (int64_t k = 0; k < rounds.rounds; ++k) {
+    auto [offset, count] = GatherPiece(n, rounds, k);
+    GatherLayout layout;
+    if (rank_ == root) {
+      layout = *GatherRoundLayout(sizes, rounds, k);  // fits: PlanGatherRounds bounds it
+      buffer.resize(static_cast<size_t>(layout.total));
     }
-    all.resize(static_cast<size_t>(total));
+    MPI_Gatherv(mine.data() + offset, static_cast<int>(count), MPI_BYTE, buffer.data(),
+                layout.counts.data(), layout.displs.data(), MPI_BYTE, root, comm_);
+    for (size_t r = 0; r < out.size(); ++r) {
+      const int64_t at = GatherPiece(sizes[r], rounds, k).first;
+      std::copy_n(buffer.data() + layout.displs[r], layout.counts[r], out[r].data() + at);
+    }
   }
-  MPI_Gatherv(mine.data(), n, MPI_BYTE, all.data(), sizes.data(), displs.data(), MPI_BYTE, root,
-              comm_);
-  std::vector<std::string> out;
-  for (size_t r = 0; r < sizes.size(); ++r) out.push_back(all.substr(displs[r], sizes[r]));
   return out;
+}
+
+int Comm::ScatterInt(const std::vector<int>& values, int root) const {
+  int mine = 0;
+  MPI_Scatter(values.data(), 1, MPI_INT, &mine, 1, MPI_INT, root, comm_);
+  return mine;
 }
 
 void Comm::BroadcastBytes(std::string* bytes, int root) const {
@@ -73,14 +91,26 @@ void Comm::BroadcastValues(std::vector<int64_t>* values, int root) const {
   BroadcastBuffer(values->data(), n * sizeof(int64_t), root);
 }
 
+namespace {
+
+// In pieces below MPI's int count limit (a vector per array may be long).
+template <typename T>
+void AllreduceMaxInPieces(std::vector<T>* values, MPI_Datatype type, MPI_Comm comm) {
+  constexpr size_t kPiece = size_t{1} << 28;
+  for (size_t done = 0; done < values->size(); done += kPiece) {
+    MPI_Allreduce(MPI_IN_PLACE, values->data() + done,
+                  static_cast<int>(std::min(kPiece, values->size() - done)), type, MPI_MAX, comm);
+  }
+}
+
+}  // namespace
+
 void Comm::AllreduceMax(std::vector<int>* values) const {
-  MPI_Allreduce(MPI_IN_PLACE, values->data(), static_cast<int>(values->size()), MPI_INT, MPI_MAX,
-                comm_);
+  AllreduceMaxInPieces(values, MPI_INT, comm_);
 }
 
 void Comm::AllreduceMax(std::vector<int64_t>* values) const {
-  MPI_Allreduce(MPI_IN_PLACE, values->data(), static_cast<int>(values->size()), MPI_INT64_T,
-                MPI_MAX, comm_);
+  AllreduceMaxInPieces(values, MPI_INT64_T, comm_);
 }
 
 int Comm::AllreduceMax(int value) const {

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "coordinator/gather_rounds.h"
+
 namespace mhckpt::internal {
 
 class Comm {
@@ -29,15 +31,19 @@ class Comm {
   [[nodiscard]] int rank() const { return rank_; }
   [[nodiscard]] int size() const { return size_; }
 
-  /// Every rank's bytes at `root` (empty vector elsewhere).
-  [[nodiscard]] std::vector<std::string> GatherBytes(const std::string& mine, int root) const;
+  /// Every rank's bytes at `root` (empty vector elsewhere), of any size: in
+  /// rounds of at most `round_limit` bytes at the root (gather_rounds.h).
+  [[nodiscard]] std::vector<std::string> GatherBytes(const std::string& mine, int root,
+                                                     int64_t round_limit = kGatherRoundBytes) const;
+  /// Each rank's entry of `values` (significant at `root` only, index = rank).
+  [[nodiscard]] int ScatterInt(const std::vector<int>& values, int root) const;
   /// `root`'s bytes everywhere.
   void BroadcastBytes(std::string* bytes, int root) const;
   /// Broadcasts a buffer of any size (in pieces below MPI's int count limit).
   void BroadcastBuffer(void* data, size_t bytes, int root) const;
   /// `root`'s values everywhere (resized to match).
   void BroadcastValues(std::vector<int64_t>* values, int root) const;
-  /// Element-wise maximum over ranks, in place.
+  /// Element-wise maximum over ranks, in place (any length).
   void AllreduceMax(std::vector<int>* values) const;
   void AllreduceMax(std::vector<int64_t>* values) const;
   [[nodiscard]] int AllreduceMax(int value) const;

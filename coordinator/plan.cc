@@ -6,17 +6,14 @@
 #include <map>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 namespace mhckpt::internal {
 namespace {
-
-using nlohmann::json;
-
 struct Holding {
   Box box;
   std::vector<int> holders;  // ascending ranks
   int64_t bytes = 0;
+  std::vector<io::MarkerBox> planned;  // the box or its row slices, each with its writer
 };
 
 // The distinct non-empty boxes of every array, by name.
@@ -67,39 +64,119 @@ RankDescription Describe(int64_t step, const Status& local, const Snapshot& snap
   return d;
 }
 
-std::string EncodeDescription(const RankDescription& d) {
-  json arrays = json::array();
-  for (const ArrayDescription& a : d.arrays) {
-    json boxes = json::array();
-    for (const Box& b : a.boxes) boxes.push_back(json::array({b.start, b.count}));
-    arrays.push_back(json::array({a.name, static_cast<int>(a.dtype), a.shape, std::move(boxes)}));
+// A description travels as variable-length integers (LEB128; signed ones
+// zigzag-coded) — a length before every string and list — rather than CBOR:
+// as compact, and rank 0 decodes one per distinct layout, where at 10,000
+// arrays a CBOR document took ~25 ms and this takes ~3 ms (docs/SCALE.md).
+namespace {
+
+class Writer {
+ public:
+  void U64(uint64_t v) {
+    for (; v >= 0x80; v >>= 7) out_.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    out_.push_back(static_cast<char>(v));
   }
-  json j = json::array({d.step, static_cast<int>(d.status.code()), d.status.message(), arrays});
-  std::vector<uint8_t> cbor = json::to_cbor(j);
-  return {cbor.begin(), cbor.end()};
+  void I64s(const std::vector<int64_t>& v) {
+    U64(v.size());
+    for (int64_t x : v) U64((static_cast<uint64_t>(x) << 1) ^ static_cast<uint64_t>(x >> 63));
+  }
+  void Str(const std::string& v) {
+    U64(v.size());
+    out_.append(v);
+  }
+  std::string Take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::string& in) : in_(in) {}
+  bool U64(uint64_t* v) {
+    *v = 0;
+    for (int shift = 0; shift < 64 && at_ < in_.size(); shift += 7) {
+      const auto byte = static_cast<uint8_t>(in_[at_++]);
+      *v |= static_cast<uint64_t>(byte & 0x7f) << shift;
+      if ((byte & 0x80) == 0) return true;
+    }
+    return false;
+  }
+  bool I64s(std::vector<int64_t>* v) {
+    uint64_t n = 0;
+    if (!U64(&n) || n > Left()) return false;  // every value takes at least a byte
+    v->resize(n);
+    for (int64_t& x : *v) {
+      uint64_t z = 0;
+      if (!U64(&z)) return false;
+      x = static_cast<int64_t>(z >> 1) ^ -static_cast<int64_t>(z & 1);
+    }
+    return true;
+  }
+  bool Str(std::string* v) {
+    uint64_t n = 0;
+    if (!U64(&n) || n > Left()) return false;
+    v->assign(in_.data() + at_, n);
+    at_ += n;
+    return true;
+  }
+  [[nodiscard]] size_t Left() const { return in_.size() - at_; }
+
+ private:
+  const std::string& in_;
+  size_t at_ = 0;
+};
+
+// One array of a description; false if the bytes end early.
+bool ReadArray(Reader& r, ArrayDescription* a) {
+  uint64_t dtype = 0, boxes = 0;
+  if (!r.Str(&a->name) || !r.U64(&dtype) || !r.I64s(&a->shape) || !r.U64(&boxes)) return false;
+  a->dtype = static_cast<DType>(dtype);
+  if (boxes > r.Left()) return false;
+  a->boxes.resize(boxes);
+  for (Box& b : a->boxes) {
+    if (!r.I64s(&b.start) || !r.I64s(&b.count)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string EncodeDescription(const RankDescription& d) {
+  Writer w;
+  w.U64(static_cast<uint64_t>(d.step));
+  w.U64(static_cast<uint64_t>(d.status.code()));
+  w.Str(d.status.message());
+  w.U64(d.arrays.size());
+  for (const ArrayDescription& a : d.arrays) {
+    w.Str(a.name);
+    w.U64(static_cast<uint64_t>(a.dtype));
+    w.I64s(a.shape);
+    w.U64(a.boxes.size());
+    for (const Box& b : a.boxes) {
+      w.I64s(b.start);
+      w.I64s(b.count);
+    }
+  }
+  return w.Take();
 }
 
 Result<RankDescription> DecodeDescription(const std::string& bytes) {
-  try {
-    json j = json::from_cbor(bytes);
-    RankDescription d;
-    d.step = j.at(0).get<int64_t>();
-    d.status = Status(static_cast<StatusCode>(j.at(1).get<int>()), j.at(2).get<std::string>());
-    for (const json& ja : j.at(3)) {
-      ArrayDescription a{ja.at(0).get<std::string>(),
-                         static_cast<DType>(ja.at(1).get<int>()),
-                         ja.at(2).get<std::vector<int64_t>>(),
-                         {}};
-      for (const json& jb : ja.at(3)) {
-        a.boxes.push_back(
-            Box{jb.at(0).get<std::vector<int64_t>>(), jb.at(1).get<std::vector<int64_t>>()});
-      }
-      d.arrays.push_back(std::move(a));
-    }
-    return d;
-  } catch (const json::exception& e) {
-    return Internal(fmt::format("cannot decode a rank's description: {}", e.what()));
+  Reader r(bytes);
+  RankDescription d;
+  uint64_t step = 0, code = 0, arrays = 0;
+  std::string message;
+  bool ok = r.U64(&step) && r.U64(&code) && r.Str(&message) && r.U64(&arrays) && arrays <= r.Left();
+  if (ok) {
+    d.step = static_cast<int64_t>(step);
+    d.status = Status(static_cast<StatusCode>(code), std::move(message));
+    d.arrays.resize(arrays);
+    for (ArrayDescription& a : d.arrays) ok = ok && ReadArray(r, &a);
   }
+  if (!ok || r.Left() != 0) {
+    return Internal(fmt::format("cannot decode a rank's description ({} bytes)", bytes.size()));
+  }
+  return d;
 }
 
 uint64_t DescriptionHash(const Snapshot& snapshot) {
@@ -165,38 +242,52 @@ std::optional<std::pair<size_t, size_t>> RowRunBytes(const Box& whole, const Box
 }
 
 namespace {
-
 // A rank's own error (the lowest rank's), then ranks disagreeing on the step.
-Status CheckRanks(const std::vector<RankDescription>& ranks) {
-  for (const RankDescription& r : ranks) {
-    if (!r.status.ok()) return r.status;
+// Rank r described `layouts[of[r]]`.
+Status CheckRanks(const std::vector<RankDescription>& layouts, const std::vector<int>& of) {
+  for (int l : of) {
+    if (l < 0 || static_cast<size_t>(l) >= layouts.size()) {
+      return Internal(fmt::format("plan: layout {} of {} does not exist", l, layouts.size()));
+    }
   }
-  for (size_t r = 1; r < ranks.size(); ++r) {
-    if (ranks[r].step != ranks[0].step) {
+  for (int l : of) {
+    if (!layouts[static_cast<size_t>(l)].status.ok()) return layouts[static_cast<size_t>(l)].status;
+  }
+  const int64_t step = layouts[static_cast<size_t>(of[0])].step;
+  for (size_t r = 1; r < of.size(); ++r) {
+    if (layouts[static_cast<size_t>(of[r])].step != step) {
       return InvalidArgument(
-          fmt::format("ranks disagree on the step: rank 0 saves step {}, rank {} step {}",
-                      ranks[0].step, r, ranks[r].step));
+          fmt::format("ranks disagree on the step: rank 0 saves step {}, rank {} step {}", step, r,
+                      layouts[static_cast<size_t>(of[r])].step));
     }
   }
   return OkStatus();
 }
 
-// Adds the non-empty boxes of `a`, held by rank `r`, to `hs`: each distinct
-// box once, with every rank that holds it.
-void AddBoxes(const ArrayDescription& a, int r, std::vector<Holding>* hs) {
+// Where a layout's non-empty boxes sit in the holdings: the array's distinct
+// boxes, and an index into them (stable: they are sorted only once every rank
+// is in).
+using Slots = std::vector<std::pair<std::vector<Holding>*, size_t>>;
+
+// Adds the non-empty boxes of `a` to `hs` (each distinct box once) and their
+// places to `slots`.
+void AddBoxes(const ArrayDescription& a, std::vector<Holding>* hs, Slots* slots) {
   for (const Box& b : a.boxes) {
     if (Volume(b.count).value_or(0) == 0) continue;  // nothing to write
     auto h = std::find_if(hs->begin(), hs->end(), [&](const Holding& x) { return x.box == b; });
     if (h == hs->end()) {
-      hs->push_back(Holding{b, {}, *Volume(b.count) * static_cast<int64_t>(DTypeSize(a.dtype))});
+      hs->push_back(
+          Holding{b, {}, *Volume(b.count) * static_cast<int64_t>(DTypeSize(a.dtype)), {}});
       h = hs->end() - 1;
     }
-    if (h->holders.empty() || h->holders.back() != r) h->holders.push_back(r);
+    slots->emplace_back(hs, static_cast<size_t>(h - hs->begin()));
   }
 }
 
-// Checks the arrays of rank `r` against rank 0's and adds their boxes.
-Status AddRank(int r, const RankDescription& rank, const Reference& reference, Holdings* holdings) {
+// Checks the arrays of a layout, first described by rank `r`, against rank
+// 0's and adds their boxes; `slots` gets where they sit.
+Status AddLayout(int r, const RankDescription& rank, const Reference& reference, Holdings* holdings,
+                 Slots* slots) {
   Reference mine;
   for (const ArrayDescription& a : rank.arrays) mine[a.name] = &a;
   for (const auto& [name, a] : mine) {
@@ -211,13 +302,37 @@ Status AddRank(int r, const RankDescription& rank, const Reference& reference, H
                                          r, DTypeName(a->dtype), ShapeToString(a->shape),
                                          DTypeName(ref.dtype), ShapeToString(ref.shape)));
     }
-    AddBoxes(*a, r, &(*holdings)[name]);
+    AddBoxes(*a, &(*holdings)[name], slots);
   }
   if (mine.size() != reference.size()) {
     for (const auto& [name, a] : reference) {
       if (!mine.count(name)) {
         return InvalidArgument(
             fmt::format("array '{}' is saved by rank 0 but not by rank {}", name, r));
+      }
+    }
+  }
+  return OkStatus();
+}
+
+// Every rank's boxes into `holdings`: each layout checked once (naming the
+// lowest rank that described it), then every rank added as a holder of its
+// layout's boxes. Ranks go in ascending order, so holders are ascending.
+Status AddRanks(const std::vector<RankDescription>& layouts, const std::vector<int>& of,
+                const Reference& reference, Holdings* holdings) {
+  std::vector<Slots> slots(layouts.size());
+  std::vector<bool> seen(layouts.size(), false);
+  for (size_t r = 0; r < of.size(); ++r) {
+    const auto l = static_cast<size_t>(of[r]);
+    if (!seen[l]) {
+      seen[l] = true;
+      MHCKPT_RETURN_IF_ERROR(
+          AddLayout(static_cast<int>(r), layouts[l], reference, holdings, &slots[l]));
+    }
+    for (auto [hs, i] : slots[l]) {
+      std::vector<int>& holders = (*hs)[i].holders;
+      if (holders.empty() || holders.back() != static_cast<int>(r)) {
+        holders.push_back(static_cast<int>(r));
       }
     }
   }
@@ -247,42 +362,88 @@ Status CheckArrays(const Reference& reference, Holdings* holdings) {
   return OkStatus();
 }
 
-// Replica-parallel saving: shared box `h` goes out in row slices, one per
-// holder in rank order (every holder staged the whole box).
-void AddSlices(const Holding& h, std::vector<int64_t>& load, io::MarkerArray* ma) {
-  const std::vector<Box> slices = SplitRows(h.box, static_cast<int>(h.holders.size()));
-  const int64_t row_bytes = h.bytes / h.box.count[0];
+// Replica-parallel saving: how many row slices shared box `h` is cut into —
+// one per holder, at most one per row, and none under `min_bytes` unless
+// that leaves fewer than 2. 1: not cut.
+int64_t SliceCount(const Holding& h, uint64_t min_bytes) {
+  if (min_bytes == 0 || h.holders.size() < 2 || static_cast<uint64_t>(h.bytes) < min_bytes ||
+      h.box.count.empty() || h.box.count[0] < 2) {
+    return 1;
+  }
+  const auto by_size = std::max<int64_t>(2, h.bytes / static_cast<int64_t>(min_bytes));
+  return std::min({static_cast<int64_t>(h.holders.size()), h.box.count[0], by_size});
+}
+
+// The `n` least loaded of `holders` (lowest rank on ties), in rank order.
+std::vector<int> LeastLoaded(const std::vector<int>& holders, size_t n,
+                             const std::vector<int64_t>& load) {
+  std::vector<int> pick = holders;
+  if (n < pick.size()) {
+    auto less = [&](int a, int b) {
+      return std::pair(load[static_cast<size_t>(a)], a) <
+             std::pair(load[static_cast<size_t>(b)], b);
+    };
+    std::nth_element(pick.begin(), pick.begin() + static_cast<std::ptrdiff_t>(n) - 1, pick.end(),
+                     less);
+    std::partial_sort(pick.begin(), pick.begin() + static_cast<std::ptrdiff_t>(n), pick.end(),
+                      less);
+    pick.resize(n);
+    std::sort(pick.begin(), pick.end());
+  }
+  return pick;
+}
+
+// Writes shared box `h` out in row slices, slice i by the i-th of the least
+// loaded holders in rank order (every holder staged the whole box).
+void PlanSlices(Holding* h, int64_t n, std::vector<int64_t>& load) {
+  const std::vector<int> writers = LeastLoaded(h->holders, static_cast<size_t>(n), load);
+  const std::vector<Box> slices = SplitRows(h->box, static_cast<int>(n));
+  const int64_t row_bytes = h->bytes / h->box.count[0];
   for (size_t i = 0; i < slices.size(); ++i) {
-    const int writer = h.holders[i];
-    load[static_cast<size_t>(writer)] += slices[i].count[0] * row_bytes;
-    ma->boxes.push_back(io::MarkerBox{slices[i], writer, 0, 0, {}});
+    load[static_cast<size_t>(writers[i])] += slices[i].count[0] * row_bytes;
+    h->planned.push_back(io::MarkerBox{slices[i], writers[i], 0, 0, {}});
   }
 }
 
-// The planned boxes of one array, each with its writer. `load` holds the
-// bytes given to each rank so far.
-io::MarkerArray PlanArray(const std::string& name, const ArrayDescription& ref,
-                          const std::vector<Holding>& hs, uint64_t replica_parallel_min_bytes,
-                          std::vector<int64_t>& load) {
-  io::MarkerArray ma{name, ref.dtype, ref.shape, false, {}};
-  ma.replicated = hs.size() == 1 && hs[0].box == FullBox(ref.shape);
-  for (const Holding& h : hs) {
-    if (replica_parallel_min_bytes > 0 && h.holders.size() > 1 &&
-        static_cast<uint64_t>(h.bytes) >= replica_parallel_min_bytes && !h.box.count.empty() &&
-        h.box.count[0] >= 2) {
-      AddSlices(h, load, &ma);
+// The writers of every box. Single holders write their boxes; the shared
+// boxes then go out largest first (ties in name and box order), each to its
+// least loaded holder — or rank 0 for a replicated array it holds — or in
+// slices (replica-parallel saving).
+void PlanWriters(Holdings& holdings, const Reference& reference,
+                 uint64_t replica_parallel_min_bytes, std::vector<int64_t>& load) {
+  std::vector<std::pair<Holding*, bool>> shared;  // and whether its array is replicated
+  for (auto& [name, hs] : holdings) {
+    const bool replicated = hs.size() == 1 && hs[0].box == FullBox(reference.at(name)->shape);
+    for (Holding& h : hs) {
+      if (h.holders.size() > 1) {
+        shared.emplace_back(&h, replicated);
+        continue;
+      }
+      load[static_cast<size_t>(h.holders[0])] += h.bytes;
+      h.planned.push_back(io::MarkerBox{h.box, h.holders[0], 0, 0, {}});
+    }
+  }
+  std::stable_sort(shared.begin(), shared.end(),
+                   [](const auto& a, const auto& b) { return a.first->bytes > b.first->bytes; });
+  for (auto [h, replicated] : shared) {
+    if (const int64_t n = SliceCount(*h, replica_parallel_min_bytes); n > 1) {
+      PlanSlices(h, n, load);
       continue;
     }
-    int writer = h.holders[0];
-    if (h.holders.size() > 1) {
-      if (!(ma.replicated && writer == 0)) {
-        for (int r : h.holders) {
-          if (load[static_cast<size_t>(r)] < load[static_cast<size_t>(writer)]) writer = r;
-        }
-      }
-      load[static_cast<size_t>(writer)] += h.bytes;
-    }
-    ma.boxes.push_back(io::MarkerBox{h.box, writer, 0, 0, {}});
+    int writer = h->holders[0];
+    if (!(replicated && writer == 0)) writer = LeastLoaded(h->holders, 1, load)[0];
+    load[static_cast<size_t>(writer)] += h->bytes;
+    h->planned.push_back(io::MarkerBox{h->box, writer, 0, 0, {}});
+  }
+}
+
+// The planned boxes of one array, each with its writer, in box order.
+io::MarkerArray PlanArray(const std::string& name, const ArrayDescription& ref,
+                          std::vector<Holding>& hs) {
+  io::MarkerArray ma{name, ref.dtype, ref.shape, false, {}};
+  ma.replicated = hs.size() == 1 && hs[0].box == FullBox(ref.shape);
+  for (Holding& h : hs) {
+    for (io::MarkerBox& b : h.planned) ma.boxes.push_back(std::move(b));
   }
   return ma;
 }
@@ -291,30 +452,33 @@ io::MarkerArray PlanArray(const std::string& name, const ArrayDescription& ref,
 
 Result<io::Marker> BuildPlan(const std::vector<RankDescription>& ranks,
                              uint64_t replica_parallel_min_bytes, uint64_t chunk_bytes) {
-  const int world = static_cast<int>(ranks.size());
-  MHCKPT_RETURN_IF_ERROR(CheckRanks(ranks));
+  std::vector<int> of(ranks.size());
+  for (size_t r = 0; r < of.size(); ++r) of[r] = static_cast<int>(r);
+  return BuildPlan(ranks, of, replica_parallel_min_bytes, chunk_bytes);
+}
+
+Result<io::Marker> BuildPlan(const std::vector<RankDescription>& layouts,
+                             const std::vector<int>& layout_of_rank,
+                             uint64_t replica_parallel_min_bytes, uint64_t chunk_bytes) {
+  const int world = static_cast<int>(layout_of_rank.size());
+  if (world == 0) return Internal("plan: no ranks");
+  MHCKPT_RETURN_IF_ERROR(CheckRanks(layouts, layout_of_rank));
+  const RankDescription& first = layouts[static_cast<size_t>(layout_of_rank[0])];
   Reference reference;
-  for (const ArrayDescription& a : ranks[0].arrays) reference[a.name] = &a;
+  for (const ArrayDescription& a : first.arrays) reference[a.name] = &a;
   Holdings holdings;
-  for (int r = 0; r < world; ++r) {
-    MHCKPT_RETURN_IF_ERROR(AddRank(r, ranks[static_cast<size_t>(r)], reference, &holdings));
-  }
+  MHCKPT_RETURN_IF_ERROR(AddRanks(layouts, layout_of_rank, reference, &holdings));
   MHCKPT_RETURN_IF_ERROR(CheckArrays(reference, &holdings));
 
   io::Marker plan;
-  plan.step = ranks[0].step;
+  plan.step = first.step;
   plan.world_size = world;
-  // Writers: single holders first, then the shared boxes to the least loaded holder.
   std::vector<int64_t> load(static_cast<size_t>(world), 0);
-  for (auto& [name, hs] : holdings) {
-    for (const Holding& h : hs) {
-      if (h.holders.size() == 1) load[static_cast<size_t>(h.holders[0])] += h.bytes;
-    }
-  }
+  PlanWriters(holdings, reference, replica_parallel_min_bytes, load);
   for (const auto& [name, ref] : reference) {
-    const std::vector<Holding>& hs = holdings[name];
+    std::vector<Holding>& hs = holdings[name];
     for (const Holding& h : hs) plan.total_bytes += static_cast<uint64_t>(h.bytes);
-    plan.arrays.push_back(PlanArray(name, *ref, hs, replica_parallel_min_bytes, load));
+    plan.arrays.push_back(PlanArray(name, *ref, hs));
   }
   // Each writer fills in its boxes' chunk checksums while writing (save.cc).
   io::PlanChunks(&plan, chunk_bytes > 0 ? chunk_bytes : io::kChunkBytes);

@@ -58,19 +58,32 @@ Status CheckTiling(const std::string& name, const std::vector<int64_t>& shape,
 /// on some rank; dtype or shape disagreeing; a name that is also a group
 /// ("a" and "a/b"); boxes overlapping partially; holes in the coverage.
 ///
-/// Writers: a box covering the whole array (a fully replicated array) is
-/// written by rank 0 if it holds it; any other box held by several ranks goes
-/// to the holder with the fewest bytes assigned so far (lowest rank on ties),
-/// after every single-holder box is counted.
+/// Writers: a box held by one rank is written by it. The boxes held by
+/// several ranks are then given out largest first (ties in name and box
+/// order): a box covering the whole array (a fully replicated array) to rank
+/// 0 if it holds it, any other to the holder with the fewest bytes assigned
+/// so far (lowest rank on ties).
 ///
 /// Replica-parallel saving (`replica_parallel_min_bytes` > 0): a box held by
 /// k >= 2 ranks, of at least that many bytes and with at least 2 rows (first
-/// dimension), is planned as min(k, rows) contiguous row slices of near-equal
-/// size (the first ones one row longer), slice i written by the i-th holder in
-/// rank order. Each slice is a box of its own in the plan (and the marker).
-/// The array's `replicated` flag still says whether every holder held the
-/// whole array.
+/// dimension), is planned as n contiguous row slices of near-equal size (the
+/// first ones one row longer): n = min(k, rows, bytes / min_bytes), at least
+/// 2, so no slice is much under `replica_parallel_min_bytes` and the plan
+/// does not grow with k. Slice i is written by the i-th, in rank order, of
+/// the n least loaded holders (all of them when n = k). Each slice is a box of
+/// its own in the plan (and the marker). The array's `replicated` flag still
+/// says whether every holder held the whole array.
 Result<io::Marker> BuildPlan(const std::vector<RankDescription>& ranks,
+                             uint64_t replica_parallel_min_bytes = 0,
+                             uint64_t chunk_bytes = io::kChunkBytes);
+
+/// The same plan from the distinct descriptions only: rank r described
+/// `layouts[layout_of_rank[r]]` (data-parallel replicas share one). Each
+/// layout is checked once, so planning costs O(layouts x arrays + ranks x
+/// boxes per rank) instead of O(ranks x arrays); errors name the lowest rank
+/// with the offending layout, as BuildPlan(ranks) does.
+Result<io::Marker> BuildPlan(const std::vector<RankDescription>& layouts,
+                             const std::vector<int>& layout_of_rank,
                              uint64_t replica_parallel_min_bytes = 0,
                              uint64_t chunk_bytes = io::kChunkBytes);
 

@@ -4,13 +4,13 @@
 //   1. Plan. If every rank holds exactly the arrays and boxes of the
 //      previous save, one allreduce confirms it (and that all ranks save the
 //      same step) and the previous plan is reused. Otherwise every rank sends
-//      rank 0 a description of what it holds (and its local input error, if
-//      any); rank 0 validates all of them together, picks one writer per
-//      distinct box (coordinator/plan.h), refuses a step that is already
-//      committed, creates the step directory (fsyncing the root), and
-//      broadcasts the outcome and the plan. Either collective is also the
-//      barrier of the design: a rank enters it only after its snapshot is
-//      complete, so nobody writes before every snapshot exists.
+//      rank 0 a digest of its description of what it holds (and its local
+//      input error, if any), and the lowest rank of each distinct digest the
+//      description itself (coordinator/layouts.h); rank 0 validates all of them together, picks one
+//      writer per distinct box (coordinator/plan.h), refuses a step that is already committed,
+//      creates the step directory (fsyncing the root), and broadcasts the outcome and the plan.
+//      Either collective is also the barrier of the design: a rank enters it only after its
+//      snapshot is complete, so nobody writes before every snapshot exists.
 //   2. Replica check (Options::verify_replicas). Every rank sends rank 0 the
 //      checksums of the planned boxes it holds; boxes held by several ranks
 //      must be equal everywhere before anything is written.
@@ -53,6 +53,7 @@
 #include "base/fault.h"
 #include "coordinator/agree.h"
 #include "coordinator/committed_step.h"
+#include "coordinator/layouts.h"
 #include "coordinator/manager_impl.h"
 #include "coordinator/plan.h"
 #include "coordinator/rank_report.h"
@@ -81,18 +82,16 @@ Status PrepareStepDir(const std::string& root, int64_t step) {
   return io::FsyncDir(root);
 }
 
-// Rank 0's part of the plan round. The plan uses rank 0's
-// Options::replica_parallel_min_bytes and checksum_chunk_bytes: the plan is
-// made here and broadcast, so a different value on another rank is ignored.
-Result<io::Marker> PlanOnRoot(const std::vector<std::string>& encoded, const std::string& root,
-                              int64_t step, const Options& options) {
-  std::vector<RankDescription> ranks;
-  for (const std::string& e : encoded) {
-    MHCKPT_ASSIGN_OR_RETURN(RankDescription d, DecodeDescription(e));
-    ranks.push_back(std::move(d));
-  }
-  MHCKPT_ASSIGN_OR_RETURN(io::Marker plan, BuildPlan(ranks, options.replica_parallel_min_bytes,
-                                                     options.checksum_chunk_bytes));
+// Rank 0's part of the plan round: `encoded` holds the description of the
+// first rank of each layout (coordinator/layouts.h).
+// The plan uses rank 0's Options::replica_parallel_min_bytes and
+// checksum_chunk_bytes: the plan is made here and broadcast, so a different value on another rank
+// is ignored.
+Result<io::Marker> PlanOnRoot(const std::vector<std::string>& encoded, const LayoutGroups& groups,
+                              const std::string& root, int64_t step, const Options& options) {
+  MHCKPT_ASSIGN_OR_RETURN(io::Marker plan,
+                          PlanLayouts(encoded, groups, options.replica_parallel_min_bytes,
+                                      options.checksum_chunk_bytes));
   MHCKPT_RETURN_IF_ERROR(PrepareStepDir(root, step));
   return plan;
 }
@@ -289,14 +288,26 @@ class SaveRun {
   }
 
   // 1, without a plan to reuse: every rank's description to rank 0, which
-  // plans; its outcome and plan to every rank.
+  // plans; its outcome and plan to every rank. Descriptions travel once per
+  // distinct layout: a digest from every rank, then the bytes from the first
+  // rank of each layout (coordinator/layouts.h).
   Status GatherPlan() {
-    std::vector<std::string> encoded = comm_.GatherBytes(
-        EncodeDescription(internal::Describe(job_.step, job_.local, job_.snapshot)), 0);
+    const std::string mine =
+        EncodeDescription(internal::Describe(job_.step, job_.local, job_.snapshot));
+    std::vector<std::string> digests = comm_.GatherBytes(LayoutDigest(mine), 0);
+    LayoutGroups groups;
+    std::vector<int> send;
+    if (rank_ == 0) {
+      groups = GroupLayouts(digests);
+      send.assign(digests.size(), 0);
+      for (int r : groups.first_rank) send[static_cast<size_t>(r)] = 1;
+    }
+    const bool sender = comm_.ScatterInt(send, 0) != 0;
+    std::vector<std::string> encoded = comm_.GatherBytes(sender ? mine : std::string(), 0);
     Status s;
     std::string plan_json;
     if (rank_ == 0) {
-      Result<io::Marker> p = PlanOnRoot(encoded, impl_.root_, job_.step, impl_.options_);
+      Result<io::Marker> p = PlanOnRoot(encoded, groups, impl_.root_, job_.step, impl_.options_);
       s = p.status();
       if (s.code() == StatusCode::kIoError) {
         s = Status(s.code(), fmt::format("rank 0: {}", s.message()));

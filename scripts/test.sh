@@ -9,7 +9,8 @@
 #      the python.* tests; MHCKPT_PYTHON_TESTS=0 skips it and leaves those tests out
 #   4. ctest over build/ (unit, mpi at 1-4 ranks, reshard matrix, crash, crashstate, fuzz,
 #      python: pytest at 1-4 ranks and N -> M restores,
-#      slurm: a local Slurm cluster with a node failure; MHCKPT_SLURM_TESTS=0 skips it)
+#      slurm: a local Slurm cluster with a node failure; MHCKPT_SLURM_TESTS=0 skips it;
+#      scale: 8-16 ranks and the 8,000-rank plan simulation, only with MHCKPT_SCALE_TESTS=1)
 # Extra arguments go to the last ctest, e.g. scripts/test.sh -L unit
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +36,13 @@ fi
 echo "== test suite (build/)"
 cd "${BUILD_DIR:-build}"
 # The slurm label brings up a local Slurm cluster (slurm/local-cluster.sh);
-# MHCKPT_SLURM_TESTS=0 leaves it out.
-[ "${MHCKPT_SLURM_TESTS:-1}" = 0 ] && exclude+=(-LE slurm)
+# MHCKPT_SLURM_TESTS=0 leaves it out. The scale label (jobs of 8-16 ranks and
+# the 8,000-rank simulation, a few minutes; docs/SCALE.md) runs only with
+# MHCKPT_SCALE_TESTS=1; its quick part (label scale_quick) always runs.
+left_out=()
+[ "${MHCKPT_SLURM_TESTS:-1}" = 0 ] && left_out+=(slurm)
+[ "${MHCKPT_SCALE_TESTS:-0}" = 1 ] || left_out+=(scale)
+if [ ${#left_out[@]} -gt 0 ]; then
+  exclude+=(-LE "^($(IFS='|'; echo "${left_out[*]}"))\$")
+fi
 ctest --output-on-failure --timeout 300 "${exclude[@]}" "$@"

@@ -77,14 +77,20 @@ TEST(Plan, ReplicaParallelSplitsBigReplicatedBoxesAmongHolders) {
   std::vector<RankDescription> ranks = {Holder(1, {{"r", {all}}, {"s", {all}}}),
                                         Holder(1, {{"r", {all}}, {"s", {all}}}),
                                         Holder(1, {{"r", {all}}, {"s", {all}}})};
-  auto plan = BuildPlan(ranks, 32);
+  auto plan = BuildPlan(ranks, 8);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   using R = std::vector<std::tuple<int64_t, int64_t, int>>;
   EXPECT_EQ(Rows(*plan, 0), (R{{0, 3, 0}, {3, 3, 1}, {6, 2, 2}}));
   EXPECT_TRUE(plan->arrays[0].replicated);  // every holder had the whole array
   EXPECT_EQ(plan->total_bytes, 2u * 32);    // each byte counted once
   // Identical on every call (every rank follows rank 0's plan; cached plans too).
-  EXPECT_EQ(MarkerToJson(*plan), MarkerToJson(BuildPlan(ranks, 32).value()));
+  EXPECT_EQ(MarkerToJson(*plan), MarkerToJson(BuildPlan(ranks, 8).value()));
+  // No slice under the threshold unless that leaves fewer than 2: 2 slices
+  // of 16 bytes, to the 2 least loaded holders (for "s": ranks 2, then 0).
+  auto halves = BuildPlan(ranks, 32);
+  ASSERT_TRUE(halves.ok());
+  EXPECT_EQ(Rows(*halves, 0), (R{{0, 4, 0}, {4, 4, 1}}));
+  EXPECT_EQ(Rows(*halves, 1), (R{{0, 4, 0}, {4, 4, 2}}));
   // Under the threshold, or off: one box, written by rank 0.
   for (uint64_t threshold : {uint64_t{0}, uint64_t{33}}) {
     auto whole = BuildPlan(ranks, threshold);

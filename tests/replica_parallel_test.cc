@@ -147,7 +147,7 @@ std::vector<int> AllRanks() {
 TEST(ReplicaParallel, ReplicatedArraysAreSplitAmongHoldersAndWrittenOnce) {
   const std::string dir = FreshDir();
   Options o;
-  o.replica_parallel_min_bytes = 1024;
+  o.replica_parallel_min_bytes = 256;  // every big box in slices of one per holder, up to 16 ranks
   auto mgr = OpenForTest(dir, o);
   ASSERT_TRUE(mgr);
   const int p = Size(), r = Rank();

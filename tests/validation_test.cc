@@ -113,7 +113,7 @@ TEST_F(Validation, PartialOverlap) {
 }
 
 TEST_F(Validation, HolesInCoverage) {
-  auto a = Rows("w");
+  auto a = Rows("w", 2 * Size());  // every rank holds rows (10 rows leave ranks 10-15 none)
   if (Rank() == Last()) a.shards.clear();
   ExpectSaveFails(1, {a}, StatusCode::kInvalidArgument, "holes");
 }
@@ -167,7 +167,7 @@ TEST_F(Validation, RanksDisagreeOnStepWhenThePlanIsCached) {
 TEST_F(Validation, DeviceMemoryWithoutADevice) {
   if (internal::CudaAvailable())
     GTEST_SKIP() << "a CUDA device is present (tests/gpu_test.cc covers it)";
-  auto a = Rows("w");
+  auto a = Rows("w", 2 * Size());  // the last rank's box is not empty
   if (Rank() == Last()) a.shards[0].memory = Memory::kCuda;
   ExpectSaveFails(1, {a}, StatusCode::kInvalidArgument, "device memory, but no CUDA device");
 }

@@ -80,7 +80,8 @@ class CheckpointManager:
       verify_replicas: ranks holding the same box compare checksums before
         writing; a mismatch fails the save with DataLossError.
       replica_parallel_min_bytes: split replicated boxes of at least this
-        many bytes among their holders for writing (0: off).
+        many bytes among their holders for writing, in slices of about this
+        size or more (0: off).
       collective_timeout_seconds: abort the job when a collective phase takes
         longer on any rank (0: never).
       snapshot_threads: threads copying into staging (0: up to 4).
