@@ -59,6 +59,7 @@ Status CheckTiling(const std::string& name, const std::vector<int64_t>& shape,
 
 RankDescription Describe(int64_t step, const Status& local, const Snapshot& snapshot) {
   RankDescription d{step, local, {}};
+  if (!local.ok()) return d;  // the plan fails with the error; the arrays do not matter
   for (const StagedArray& a : snapshot.arrays) {
     ArrayDescription ad{a.name, a.dtype, a.shape, {}};
     for (const StagedBox& b : a.boxes) ad.boxes.push_back(b.box);
@@ -79,20 +80,49 @@ std::string EncodeDescription(const RankDescription& d) {
   return {cbor.begin(), cbor.end()};
 }
 
+namespace {
+
+// What a description must hold for BuildPlan to read it safely: codes and
+// dtypes inside their enums, shapes with a volume, boxes inside them. A
+// rank's own snapshot guarantees all of it; this checks what arrived.
+std::string CheckDecoded(const ArrayDescription& a) {
+  if (!IsValidDType(a.dtype)) return fmt::format("dtype {}", static_cast<int>(a.dtype));
+  if (a.shape.size() > kMaxDims || !Volume(a.shape)) return "shape " + ShapeToString(a.shape);
+  for (const Box& b : a.boxes) {
+    if (std::string why = CheckBoxInShape(b, a.shape); !why.empty()) {
+      return fmt::format("box {}: {}", BoxToString(b), why);
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
 Result<RankDescription> DecodeDescription(const std::string& bytes) {
   try {
     json j = json::from_cbor(bytes);
     RankDescription d;
     d.step = j.at(0).get<int64_t>();
-    d.status = Status(static_cast<StatusCode>(j.at(1).get<int>()), j.at(2).get<std::string>());
+    std::optional<StatusCode> code = StatusCodeFromInt(j.at(1).get<int64_t>());
+    if (!code) {
+      return Internal(
+          fmt::format("a rank's description has the unknown status code {}", j.at(1).dump()));
+    }
+    d.status = Status(*code, j.at(2).get<std::string>());
     for (const json& ja : j.at(3)) {
+      const auto dtype = ja.at(1).get<int64_t>();
       ArrayDescription a{ja.at(0).get<std::string>(),
-                         static_cast<DType>(ja.at(1).get<int>()),
+                         dtype >= 0 && dtype < kNumDTypes ? static_cast<DType>(dtype)
+                                                          : static_cast<DType>(kNumDTypes),
                          ja.at(2).get<std::vector<int64_t>>(),
                          {}};
       for (const json& jb : ja.at(3)) {
         a.boxes.push_back(
             Box{jb.at(0).get<std::vector<int64_t>>(), jb.at(1).get<std::vector<int64_t>>()});
+      }
+      if (std::string why = CheckDecoded(a); !why.empty()) {
+        return Internal(fmt::format("a rank's description of array '{}' is damaged: {}",
+                                    QuoteForMessage(a.name), why));
       }
       d.arrays.push_back(std::move(a));
     }

@@ -47,6 +47,7 @@
 
 #include "base/checksum.h"
 #include "base/fault.h"
+#include "base/guard.h"
 #include "coordinator/agree.h"
 #include "coordinator/committed_step.h"
 #include "coordinator/manager_impl.h"
@@ -107,6 +108,26 @@ std::span<const std::byte> FindStaged(const Snapshot& snapshot, const StagedArra
     }
   }
   return {};
+}
+
+// A rank's description may not exceed this: rank 0 gathers every rank's
+// (MPI counts are ints), and kMaxArraysPerSave / kMaxShardsPerRank keep a
+// valid one far below it.
+constexpr size_t kMaxDescriptionBytes = size_t{1} << 30;
+
+// Rank 0: every (array, box) index that ranks reported lies inside the plan.
+Status CheckSumsInPlan(const io::Marker& plan, const std::vector<std::vector<BoxSum>>& sums) {
+  for (size_t r = 0; r < sums.size(); ++r) {
+    for (const BoxSum& b : sums[r]) {
+      if (b.array >= plan.arrays.size() || b.box >= plan.arrays[b.array].boxes.size()) {
+        return Internal(
+            fmt::format("rank {} reported a checksum of box {} of array {}, which "
+                        "the plan does not have",
+                        r, b.box, b.array));
+      }
+    }
+  }
+  return OkStatus();
 }
 
 std::map<std::string_view, const StagedArray*> StagedByName(const Snapshot& snapshot) {
@@ -233,9 +254,14 @@ class SaveRun {
     impl_.watchdog_.Enter("commit", job_.step);
     t0 = Clock::now();
     std::vector<std::string> reports = Agree();
-    Status s = rank_ == 0 ? Commit(reports) : OkStatus();
+    // Guarded: rank 0 must reach the broadcast below whatever happens here.
+    Status s = rank_ == 0 ? Guarded("rank 0: commit", [&] { return Commit(reports); }) : OkStatus();
+    if (!s.ok() && s.code() == StatusCode::kInternal && rank_ == 0) RemoveStepDir();
     auto gc0 = Clock::now();
-    if (rank_ == 0 && s.ok() && impl_.options_.max_to_keep > 0) Retention();
+    if (rank_ == 0 && s.ok() && impl_.options_.max_to_keep > 0) {
+      Status gc = Guarded("rank 0: retention", [&] { Retention(); });
+      if (!gc.ok()) spdlog::warn("mhckpt: retention after step {}: {}", job_.step, gc.ToString());
+    }
     t_.gc = Since(gc0);
     s = BroadcastStatus(s, 0, comm_);
     t_.commit = Since(t0) - t_.gc;
@@ -251,8 +277,11 @@ class SaveRun {
         impl_.last_plan_ && job_.local.ok() && hash == impl_.last_description_hash_ ? 0 : 1;
     if (rank_ == 0 && !changed && !PrepareStepDir(impl_.root_, job_.step).ok()) changed = 1;
     // Why one allreduce: it confirms that nobody's arrays changed and that all
-    // ranks save the same step (max(step) == -max(-step)).
-    std::vector<int64_t> votes{changed, job_.step, -job_.step};
+    // ranks save the same step (max(step) == -max(-step)). A rank with an
+    // error (perhaps a step of INT64_MIN, which has no negation) votes
+    // "changed" with step 0: the plan round then reports its error.
+    const int64_t step = job_.local.ok() ? job_.step : 0;
+    std::vector<int64_t> votes{changed, step, -step};
     comm_.AllreduceMax(&votes);
     t_.plan_cached = votes[0] == 0 && votes[1] == -votes[2];
     if (t_.plan_cached) {
@@ -271,22 +300,24 @@ class SaveRun {
   // 1, without a plan to reuse: every rank's description to rank 0, which
   // plans; its outcome and plan to every rank.
   Status GatherPlan() {
-    std::vector<std::string> encoded = comm_.GatherBytes(
-        EncodeDescription(internal::Describe(job_.step, job_.local, job_.snapshot)), 0);
+    std::vector<std::string> encoded = comm_.GatherBytes(MyDescription(), 0);
     Status s;
     std::string plan_json;
     if (rank_ == 0) {
-      Result<io::Marker> p =
-          PlanOnRoot(encoded, impl_.root_, job_.step, impl_.options_.replica_parallel_min_bytes);
-      s = p.status();
-      if (s.code() == StatusCode::kIoError) {
-        s = Status(s.code(), fmt::format("rank 0: {}", s.message()));
-        RemoveStepDir();
-      }
-      if (p.ok()) {
+      // Guarded: an exception here would leave every other rank waiting
+      // for rank 0's outcome.
+      s = Guarded("rank 0: plan", [&] {
+        Result<io::Marker> p =
+            PlanOnRoot(encoded, impl_.root_, job_.step, impl_.options_.replica_parallel_min_bytes);
+        if (!p.ok()) return p.status();
         plan_ = std::move(p).value();
         plan_json = io::MarkerToJson(plan_);
-      }
+        return OkStatus();
+      });
+      if (s.code() == StatusCode::kIoError)
+        s = Status(s.code(), fmt::format("rank 0: {}", s.message()));
+      if (s.code() == StatusCode::kIoError || s.code() == StatusCode::kInternal) RemoveStepDir();
+      if (!s.ok()) plan_json.clear();
     }
     MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, comm_));
     comm_.BroadcastBytes(&plan_json, 0);
@@ -301,15 +332,35 @@ class SaveRun {
     return OkStatus();
   }
 
+  // 1: what this rank tells rank 0. Never throws, and never more than
+  // kMaxDescriptionBytes: an error of its own instead.
+  std::string MyDescription() {
+    std::string bytes;
+    Status s = Guarded(fmt::format("rank {}: describe", rank_), [&] {
+      bytes = EncodeDescription(internal::Describe(job_.step, job_.local, job_.snapshot));
+      if (bytes.size() > kMaxDescriptionBytes) {
+        return InvalidArgument(
+            fmt::format("rank {}: the description of this rank's arrays is {} bytes, more than {}",
+                        rank_, bytes.size(), kMaxDescriptionBytes));
+      }
+      return OkStatus();
+    });
+    if (s.ok()) return bytes;
+    return EncodeDescription(RankDescription{job_.step, s, {}});
+  }
+
   // 2. Replica check: replicas must agree before anything is written.
   Status CheckReplicas() {
     std::vector<std::string> held =
         comm_.GatherBytes(EncodeReport(OkStatus(), HoldingChecksums(plan_, job_.snapshot)), 0);
     Status s;
     if (rank_ == 0) {
-      std::vector<std::vector<BoxSum>> all;
-      s = CollectReports(held, &all);
-      if (s.ok()) s = CompareReplicas(plan_, all);
+      s = Guarded("rank 0: replica check", [&] {
+        std::vector<std::vector<BoxSum>> all;
+        MHCKPT_RETURN_IF_ERROR(CollectReports(held, &all));
+        MHCKPT_RETURN_IF_ERROR(CheckSumsInPlan(plan_, all));
+        return CompareReplicas(plan_, all);
+      });
       if (!s.ok()) RemoveStepDir();
     }
     return BroadcastStatus(s, 0, comm_);
@@ -379,8 +430,9 @@ class SaveRun {
   Status Commit(const std::vector<std::string>& reports) {
     std::vector<std::vector<BoxSum>> all;
     Status s = CollectReports(reports, &all);
-    for (const auto& rank_sums : all) {
-      for (const BoxSum& b : rank_sums) plan_.arrays[b.array].boxes[b.box].checksum = b.sum;
+    if (s.ok()) s = CheckSumsInPlan(plan_, all);
+    for (size_t r = 0; s.ok() && r < all.size(); ++r) {
+      for (const BoxSum& b : all[r]) plan_.arrays[b.array].boxes[b.box].checksum = b.sum;
     }
     if (s.ok()) s = writer_->Seal();  // the space reserved in step 3 beyond what was used
     if (s.ok()) s = fault::Hit("before_marker");
@@ -389,6 +441,15 @@ class SaveRun {
                                   std::chrono::system_clock::now().time_since_epoch())
                                   .count();
       const std::string text = io::MarkerToJson(plan_);
+      // A marker larger than readers accept would commit a step that no
+      // restore can open.
+      if (text.size() > io::kMaxMarkerBytes) {
+        RemoveStepDir();
+        return InvalidArgument(fmt::format(
+            "rank 0: the commit marker of step {} would be {} bytes, more than the {} that "
+            "readers accept (too many arrays or boxes)",
+            job_.step, text.size(), io::kMaxMarkerBytes));
+      }
       s = io::WriteFileAtomic(io::MarkerPath(impl_.root_, job_.step), text);
       if (s.ok()) io::RememberValidMarker(impl_.root_, plan_, text);
       if (!s.ok()) s = Status(s.code(), fmt::format("rank 0: commit marker: {}", s.message()));
