@@ -8,16 +8,18 @@
 //      any); rank 0 validates all of them together, picks one writer per
 //      distinct box (coordinator/plan.h), refuses a step that is already
 //      committed, creates the step directory (fsyncing the root), and
-//      broadcasts the outcome and the plan. Either collective is also the
+//      broadcasts the outcome and the plan; every rank agrees that it could
+//      read the plan. Either collective is also the
 //      barrier of the design: a rank enters it only after its snapshot is
 //      complete, so nobody writes before every snapshot exists.
 //   2. Replica check (Options::verify_replicas). Every rank sends rank 0 the
 //      checksums of the planned boxes it holds; boxes held by several ranks
 //      must be equal everywhere before anything is written.
-//   3. Write. All ranks create the step's arrays collectively through the
-//      storage engine (io/storage.h); rank 0 reserves their space on disk
-//      and all agree on it, so a full disk fails here and not inside a
-//      collective flush; then each rank writes the boxes the plan gives it
+//   3. Write. All ranks create the step (and agree that they could) and its
+//      arrays collectively through the storage engine (io/storage.h); rank 0
+//      reserves their space on disk and all agree on it and on the arrays,
+//      so a full disk fails here and not inside a collective flush; then
+//      each rank writes the boxes the plan gives it
 //      (fully replicated arrays: rank 0; with
 //      Options::replica_parallel_min_bytes, big shared boxes as row slices,
 //      one per holder, each from the holder's own staged copy). A write
@@ -321,15 +323,19 @@ class SaveRun {
     }
     MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, comm_));
     comm_.BroadcastBytes(&plan_json, 0);
+    Status parsed;
     if (rank_ != 0) {
       Result<io::Marker> p = io::ParseMarker(plan_json, "plan");
-      if (!p.ok()) {
-        return Internal(
+      if (p.ok()) {
+        plan_ = std::move(p).value();
+      } else {
+        parsed = Internal(
             fmt::format("rank {}: cannot read rank 0's plan: {}", rank_, p.status().message()));
       }
-      plan_ = std::move(p).value();
     }
-    return OkStatus();
+    // Why an agreement: a rank that cannot read the plan must not leave the
+    // others alone in the collective calls of the write.
+    return AgreeAll(parsed, comm_);
   }
 
   // 1: what this rank tells rank 0. Never throws, and never more than
@@ -374,8 +380,10 @@ class SaveRun {
     t_.written_bytes = 0;
     Result<std::unique_ptr<io::StepWriter>> writer =
         impl_.engine_->Create(impl_.root_, job_.step, comm_.get());
-    if (!writer.ok()) {
-      local_ = writer.status();
+    // Why an agreement: creating the arrays is collective; a rank that could
+    // not create the step must not leave the others alone in it.
+    if (!AgreeAll(writer.status(), comm_).ok()) {
+      local_ = writer.status();  // the failing ranks report it in step 5
       return;
     }
     writer_ = std::move(writer).value();
@@ -383,7 +391,7 @@ class SaveRun {
     specs.reserve(plan_.arrays.size());
     for (const io::MarkerArray& a : plan_.arrays) specs.push_back(StoredSpec(a));
     local_ = writer_->CreateArrays(specs);
-    if (local_.ok() && ReserveEverywhere()) {
+    if (ReserveEverywhere()) {
       Writes w{plan_, job_.snapshot, rank_, impl_.options_.transfer == Transfer::kCollective, 0,
                {}};
       local_ = WriteBoxes(*writer_, w);
@@ -402,9 +410,10 @@ class SaveRun {
   // 3, before writing: rank 0 reserves the step's space on disk and all
   // agree, so a full file system fails here, on every rank alike, and not
   // inside a collective flush where one rank's error can strand the others.
+  // A rank whose array creation failed stops every rank here too.
   bool ReserveEverywhere() {
-    Status reserved;
-    if (rank_ == 0) {
+    Status reserved = local_;
+    if (rank_ == 0 && local_.ok()) {
       reserved = writer_->Reserve();
       local_ = reserved;  // only rank 0 reports it
     }
