@@ -2,8 +2,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <stdexcept>
 #include <string>
 
+#include "base/guard.h"
 #include "base/status.h"
 
 namespace mhckpt {
@@ -34,6 +36,15 @@ TEST(Status, DeserializeRefusesUnknownCodes) {
     EXPECT_THAT(s.message(), HasSubstr("unknown status code " + std::to_string(code)));
   }
   EXPECT_EQ(Status::Deserialize("").code(), StatusCode::kInternal);
+}
+
+TEST(Guarded, TurnsExceptionsIntoInternal) {
+  EXPECT_EQ(Guarded("here", [] { return DataLoss("x"); }), DataLoss("x"));
+  EXPECT_TRUE(Guarded("here", [] {}).ok());
+  EXPECT_EQ(Guarded("rank 2: commit", [] { throw std::runtime_error("boom"); }),
+            Internal("rank 2: commit: unexpected exception: boom"));
+  EXPECT_EQ(Guarded("w", []() -> Status { throw 7; }),
+            Internal("w: unexpected exception: an exception of unknown type"));
 }
 
 }  // namespace
