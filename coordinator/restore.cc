@@ -133,7 +133,7 @@ Status ReadAndBroadcast(io::StepReader& reader, size_t handle, const io::MarkerA
   // (Seam: device destinations could be broadcast with NCCL instead.)
   Landing land(whole, a.dtype);
   if (comm.rank() == 0 && local.ok()) {
-    local = Guarded("rank 0: restore", [&] {
+    local = Guarded("restore", [&] {  // the rank is named with every local error
       MHCKPT_RETURN_IF_ERROR(reader.Read(handle, whole.box, land.host()));
       return CheckStoredBoxes(a, whole.box, static_cast<const std::byte*>(land.host()),
                               land.bytes());
