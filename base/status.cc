@@ -16,6 +16,11 @@ const char* StatusCodeName(StatusCode code) {
   return "UNKNOWN";
 }
 
+std::optional<StatusCode> StatusCodeFromInt(int64_t value) {
+  if (value < 0 || value > static_cast<int64_t>(StatusCode::kInternal)) return std::nullopt;
+  return static_cast<StatusCode>(value);
+}
+
 std::string Status::ToString() const {
   if (ok()) return "OK";
   return std::string(StatusCodeName(code_)) + ": " + message_;
@@ -29,9 +34,12 @@ std::string Status::Serialize() const {
 
 Status Status::Deserialize(const std::string& bytes) {
   if (bytes.empty()) return Internal("empty serialized status");
-  auto code = static_cast<StatusCode>(static_cast<uint8_t>(bytes[0]));
-  if (code > StatusCode::kInternal) return Internal("unknown status code in serialized status");
-  return {code, bytes.substr(1)};
+  std::optional<StatusCode> code = StatusCodeFromInt(static_cast<uint8_t>(bytes[0]));
+  if (!code) {
+    return Internal("unknown status code " + std::to_string(static_cast<uint8_t>(bytes[0])) +
+                    " in a serialized status");
+  }
+  return {*code, bytes.substr(1)};
 }
 
 }  // namespace mhckpt

@@ -29,6 +29,11 @@ enum class StatusCode : uint8_t {
 /// Returns "INVALID_ARGUMENT" and so on.
 const char* StatusCodeName(StatusCode code);
 
+/// The code numbered `value`, or nullopt outside the enum. Every code that
+/// arrives from another rank (a serialized Status, a description, a report)
+/// goes through this before it is used.
+std::optional<StatusCode> StatusCodeFromInt(int64_t value);
+
 class [[nodiscard]] Status {
  public:
   Status() = default;

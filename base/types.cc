@@ -88,10 +88,16 @@ bool BoxesIntersect(const Box& a, const Box& b) {
 
 std::string CheckArrayName(std::string_view name) {
   if (name.empty()) return "the name is empty";
-  if (name.size() > 1024) return "the name is longer than 1024 characters";
+  if (name.size() > kMaxNameBytes) {
+    return fmt::format("the name is {} bytes long, more than {}", name.size(), kMaxNameBytes);
+  }
   if (name.front() == '/') return "the name is absolute (starts with '/')";
   for (char c : name) {
     if (c < 0x20 || c > 0x7e) return "the name has a character outside printable ASCII";
+  }
+  if (size_t depth = 1 + static_cast<size_t>(std::count(name.begin(), name.end(), '/'));
+      depth > kMaxNameDepth) {
+    return fmt::format("the name has {} path components, more than {}", depth, kMaxNameDepth);
   }
   size_t pos = 0;
   while (pos <= name.size()) {
@@ -103,6 +109,61 @@ std::string CheckArrayName(std::string_view name) {
     pos = end + 1;
   }
   return {};
+}
+
+std::string CheckUtf8(std::string_view text) {
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  auto bad = [&](size_t at) {
+    return fmt::format("not valid UTF-8 (byte 0x{:02x} at offset {})", p[at], at);
+  };
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    // The length of the sequence and the range of its second byte
+    // (RFC 3629, section 4): this excludes overlong forms, surrogates
+    // (U+D800..U+DFFF) and code points past U+10FFFF.
+    size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xbf;
+    if (c >= 0xc2 && c <= 0xdf) {
+      len = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      len = 3;
+      if (c == 0xe0) lo = 0xa0;
+      if (c == 0xed) hi = 0x9f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      len = 4;
+      if (c == 0xf0) lo = 0x90;
+      if (c == 0xf4) hi = 0x8f;
+    } else {
+      return bad(i);
+    }
+    if (i + len > n) return fmt::format("not valid UTF-8 (a sequence cut short at offset {})", i);
+    if (p[i + 1] < lo || p[i + 1] > hi) return bad(i + 1);
+    for (size_t k = 2; k < len; ++k) {
+      if (p[i + k] < 0x80 || p[i + k] > 0xbf) return bad(i + k);
+    }
+    i += len;
+  }
+  return {};
+}
+
+std::string QuoteForMessage(std::string_view text, size_t max_bytes) {
+  std::string out;
+  const size_t shown = std::min(text.size(), max_bytes);
+  for (size_t i = 0; i < shown; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c <= 0x7e && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      out += fmt::format("\\x{:02x}", c);
+    }
+  }
+  if (shown < text.size()) out += fmt::format("...({} bytes)", text.size());
+  return out;
 }
 
 }  // namespace mhckpt

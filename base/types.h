@@ -52,9 +52,25 @@ std::string CheckBoxInShape(const Box& box, const std::vector<int64_t>& shape);
 /// True if the two boxes (same rank, valid) share at least one element.
 bool BoxesIntersect(const Box& a, const Box& b);
 
+/// Most bytes of an array name, and most '/'-separated components in it.
+inline constexpr size_t kMaxNameBytes = 1024;
+inline constexpr size_t kMaxNameDepth = 64;
+/// Most dimensions of an array (HDF5's limit, H5S_MAX_RANK).
+inline constexpr size_t kMaxDims = 32;
+
 /// Why `name` is not a safe array name, or an empty string. A name is a
-/// '/'-separated path of non-empty components, none "." or "..", not
-/// absolute, printable ASCII only.
+/// '/'-separated path of at most kMaxNameDepth non-empty components, none "."
+/// or "..", not absolute, printable ASCII only, at most kMaxNameBytes long.
 std::string CheckArrayName(std::string_view name);
+
+/// Why `text` is not valid UTF-8 (RFC 3629: no overlong forms, no
+/// surrogates, nothing past U+10FFFF), naming the first bad byte and its
+/// offset, or an empty string. What the JSON of the commit marker needs.
+std::string CheckUtf8(std::string_view text);
+
+/// `text` as an error message may quote it whatever it holds: bytes outside
+/// printable ASCII as \xNN, cut after `max_bytes` with the full length said
+/// ("abc...(5000 bytes)"). For names and keys that failed a check.
+std::string QuoteForMessage(std::string_view text, size_t max_bytes = 80);
 
 }  // namespace mhckpt

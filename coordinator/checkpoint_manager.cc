@@ -1,7 +1,13 @@
 #include "coordinator/checkpoint_manager.h"
 
+#include <unistd.h>
+#include <xxhash.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <filesystem>
 #include <future>
 #include <thread>
 
@@ -9,7 +15,10 @@
 #include <spdlog/spdlog.h>
 
 #include "base/fault.h"
+#include "base/guard.h"
 #include "coordinator/agree.h"
+#include "coordinator/committed_step.h"
+#include "coordinator/input_checks.h"
 #include "coordinator/manager_impl.h"
 #include "io/catalog.h"
 #include "io/layout.h"
@@ -21,6 +30,10 @@ namespace mhckpt {
 
 using internal::AgreeAll;
 using internal::BroadcastStatus;
+using internal::CheckOptions;
+using internal::CheckRootPath;
+using internal::CheckStep;
+using internal::CheckUserMetadata;
 using internal::Comm;
 using internal::SaveJob;
 using internal::Snapshot;
@@ -30,17 +43,26 @@ using internal::Watchdog;
 
 namespace {
 
-// Rank 0's part of Open: create the root, take ownership of it (the lock
-// and lease of io/root_lock.h), then remove steps without a marker — only
-// once the root is ours, so that a job still saving never loses its step.
+// Rank 0's part of Open: create the root and check that it is a directory,
+// take ownership of it (the lock and lease of io/root_lock.h), then remove
+// steps without a marker — only once the root is ours, so that a job still
+// saving never loses its step.
 Status PrepareRoot(const std::string& root, const Options& options,
                    std::unique_ptr<io::RootLock>* lock) {
   if (options.own_root && !(options.root_lease_seconds > 0)) {
     return InvalidArgument(fmt::format("Options::root_lease_seconds is {}; it must be positive",
                                        options.root_lease_seconds));
   }
+  std::error_code ec;
+  if (std::filesystem::exists(root, ec) && !std::filesystem::is_directory(root, ec)) {
+    return InvalidArgument(fmt::format("rank 0: the root '{}' is not a directory", root));
+  }
   MHCKPT_RETURN_IF_ERROR(io::MakeDirs(root));
   if (!options.own_root) return OkStatus();
+  if (::access(root.c_str(), W_OK | X_OK) != 0) {
+    return IoError(
+        fmt::format("rank 0: the root '{}' is not writable: {}", root, std::strerror(errno)));
+  }
   MHCKPT_ASSIGN_OR_RETURN(
       *lock, io::RootLock::Acquire(root, {options.root_lease_seconds, options.root_wait_seconds}));
   if (const auto& before = (*lock)->taken_over()) {
@@ -61,6 +83,23 @@ Status PrepareRoot(const std::string& root, const Options& options,
     removed = true;
   }
   return removed ? io::FsyncDir(root) : OkStatus();
+}
+
+// The options that decide which collective calls a save makes (the replica
+// check; the collective write rounds) must be the same on every rank, or
+// ranks would wait in different calls; and so must the root, which every
+// rank reads and writes.
+Status AgreeOnSharedInputs(const std::string& root, const Options& o, const Comm& comm) {
+  const int64_t transfer = static_cast<int64_t>(o.transfer), verify = o.verify_replicas ? 1 : 0;
+  const auto root_hash = static_cast<int64_t>(XXH3_64bits(root.data(), root.size()) >> 2);
+  std::vector<int64_t> votes{transfer, -transfer, verify, -verify, root_hash, -root_hash};
+  comm.AllreduceMax(&votes);  // max and -min of each
+  if (votes[0] != -votes[1]) return InvalidArgument("Options::transfer differs between ranks");
+  if (votes[2] != -votes[3]) {
+    return InvalidArgument("Options::verify_replicas differs between ranks");
+  }
+  if (votes[4] != -votes[5]) return InvalidArgument("the root path differs between ranks");
+  return OkStatus();
 }
 
 StepDescription DescribeMarker(const io::Marker& m) {
@@ -124,9 +163,13 @@ ManagerImpl::ManagerImpl(Comm comm, std::string root, Options options, bool asyn
 }
 
 Status ManagerImpl::RunOnIoThread(const std::function<Status()>& fn) {
-  if (!async_) return fn();
+  // An exception of `fn` stops here, as Internal naming the rank; the
+  // protocols guard their rank-local sections themselves, so that a rank
+  // does not leave a collective round on an exception.
+  const std::string where = fmt::format("rank {}", comm_.rank());
+  if (!async_) return Guarded(where, fn);
   std::promise<Status> done;
-  thread_->Submit([&] { done.set_value(fn()); });
+  thread_->Submit([&] { done.set_value(Guarded(where, fn)); });
   return done.get_future().get();
 }
 
@@ -162,10 +205,15 @@ Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(MPI_Comm comm
   bool async = options.async && provided == MPI_THREAD_MULTIPLE;
   Comm dup = Comm::Duplicate(comm);
   fault::SetRank(dup.rank());
-  Status s;
+  // Why an agreement first: a bad option or root on any rank fails Open on
+  // every rank, before rank 0 touches the file system.
+  Status s = CheckOptions(options, dup.rank());
+  if (s.ok()) s = CheckRootPath(root, dup.rank());
+  MHCKPT_RETURN_IF_ERROR(AgreeAll(s, dup));
+  MHCKPT_RETURN_IF_ERROR(AgreeOnSharedInputs(root, options, dup));
   std::unique_ptr<io::RootLock> lock;
   if (dup.rank() == 0) {
-    s = PrepareRoot(root, options, &lock);
+    s = Guarded("rank 0: open", [&] { return PrepareRoot(root, options, &lock); });
     if (options.async && !async) {
       spdlog::warn(
           "mhckpt: MPI was not initialised with MPI_THREAD_MULTIPLE; saves commit "
@@ -174,12 +222,18 @@ Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(MPI_Comm comm
   }
   // Why: only rank 0 touched the directory; every rank must see its outcome.
   MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, dup));
-  auto impl =
-      std::make_unique<internal::ManagerImpl>(std::move(dup), std::move(root), options, async);
-  impl->root_lock_ = std::move(lock);
   // Why a second duplicate: collectives on one communicator must not run on
   // two threads at once, and the I/O thread owns the first.
-  impl->caller_comm_ = Comm::Duplicate(comm);
+  Comm caller = Comm::Duplicate(comm);
+  std::unique_ptr<internal::ManagerImpl> impl;
+  // Starting the I/O and watchdog threads may fail (a limit on threads): an
+  // agreed error, not an exception on one rank.
+  s = Guarded(fmt::format("rank {}: open", caller.rank()), [&] {
+    impl = std::make_unique<internal::ManagerImpl>(std::move(dup), std::move(root), options, async);
+  });
+  MHCKPT_RETURN_IF_ERROR(AgreeAll(s, caller));
+  impl->root_lock_ = std::move(lock);
+  impl->caller_comm_ = std::move(caller);
   return std::unique_ptr<CheckpointManager>(new CheckpointManager(std::move(impl)));
 }
 
@@ -188,16 +242,24 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
   auto job = std::make_shared<SaveJob>();
   auto t0 = std::chrono::steady_clock::now();
   job->step = step;
-  job->metadata = metadata;
   SnapshotOptions so;
   so.rank = impl_->comm_.rank();
   so.threads = impl_->options_.snapshot_threads > 0
                    ? impl_->options_.snapshot_threads
                    : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
-  job->local = TakeSnapshot(arrays, so, impl_->pool_, &job->snapshot);
-  if (job->local.ok() && step < 0) {
-    job->local =
-        InvalidArgument(fmt::format("rank {}: step {} is negative", impl_->comm_.rank(), step));
+  const int rank = impl_->comm_.rank();
+  const std::string where = fmt::format("rank {}: save of step {}", rank, step);
+  // Nothing may throw out of Save: this rank must still hand its job to the
+  // I/O thread, or the other ranks would wait for it in the plan round.
+  job->local =
+      Guarded(where, [&] { return TakeSnapshot(arrays, so, impl_->pool_, &job->snapshot); });
+  if (job->local.ok()) job->local = CheckStep(step, rank);
+  if (job->local.ok() && rank == 0) {
+    job->local = Guarded(where, [&] {
+      MHCKPT_RETURN_IF_ERROR(CheckUserMetadata(metadata, rank));
+      job->metadata = metadata;
+      return OkStatus();
+    });
   }
   if (job->local.ok() && !impl_->options_.own_root) {
     job->local = FailedPrecondition(fmt::format(
@@ -216,8 +278,8 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
   // with a local error: the other ranks are waiting for this rank's plan.
   // Retention (rank 0) runs after the outcome is recorded, off the path to
   // the commit that WaitUntilFinished waits for; later jobs run after it.
-  auto run = [impl = impl_.get(), job] {
-    Status s = impl->RunSave(*job);
+  auto run = [impl = impl_.get(), job, where] {
+    Status s = Guarded(where, [&] { return impl->RunSave(*job); });
     job->snapshot = Snapshot();  // release staging memory before reporting
     const bool retain = s.ok() && impl->comm_.rank() == 0 && impl->options_.max_to_keep > 0;
     impl->RecordSave(s, job->timings, retain);
@@ -264,6 +326,7 @@ Result<StepDescription> CheckpointManager::Describe(int64_t step) const {
     if (m.status().code() != StatusCode::kNotFound) return m.status();
     return NotFound(fmt::format("step {} is not committed in '{}'", step, impl_->root_));
   }
+  MHCKPT_RETURN_IF_ERROR(internal::CheckMarkerStep(*m, impl_->root_, step));
   return DescribeMarker(*m);
 }
 

@@ -14,6 +14,7 @@
 
 #include <mpi.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -34,7 +35,17 @@ class ManagerImpl;  // coordinator/manager_impl.h
 }  // namespace internal
 
 /// Free-form key/value pairs stored in the commit marker (docs/FORMAT.md).
+/// Keys and values are UTF-8 text (they are JSON strings in the marker).
 using UserMetadata = std::map<std::string, std::string>;
+
+/// What Save accepts as user metadata: at most this many entries, keys of 1
+/// to kMaxMetadataKeyBytes bytes, keys and values of at most
+/// kMaxMetadataBytes together, all valid UTF-8.
+inline constexpr size_t kMaxMetadataEntries = 65536;
+inline constexpr size_t kMaxMetadataKeyBytes = 1024;
+inline constexpr size_t kMaxMetadataBytes = size_t{64} << 20;
+/// The largest step number: a step directory's name holds at most 18 digits.
+inline constexpr int64_t kMaxStep = 999'999'999'999'999'999;
 
 /// How ranks move array bytes to storage when saving.
 enum class Transfer : uint8_t {
@@ -151,7 +162,9 @@ struct VerifyOptions {
   /// Called on every rank with the bytes this rank has checked so far and
   /// its whole share: (0, share) first, then after each read. It runs on the
   /// thread that verifies (the I/O thread when saves are asynchronous) and
-  /// must not call the CheckpointManager.
+  /// must not call the CheckpointManager. If it throws, it is not called
+  /// again on that rank, and Verify returns Internal naming the rank, on
+  /// every rank, after the walk.
   std::function<void(uint64_t done, uint64_t share)> progress;
 };
 
@@ -219,12 +232,17 @@ class CheckpointManager {
  public:
   /// Collective. Opens (creating it if needed) the checkpoint directory `root`
   /// on a shared file system, takes ownership of it and removes uncommitted
-  /// steps (see Options). Errors, the same on every rank:
-  /// FailedPrecondition if another job (or another manager of this process)
-  /// owns `root`, naming its host, pid, job id and heartbeat age — nothing
-  /// in `root` is changed; InvalidArgument for a root_lease_seconds that is
-  /// not positive; IoError if rank 0 cannot create `root`, use its lock or
-  /// lease file, or remove an uncommitted step.
+  /// steps (see Options). Errors, the same on every rank: InvalidArgument if
+  /// any rank's `options` hold a value out of range (a negative count, a
+  /// timeout that is not a finite number of seconds, a root_lease_seconds that
+  /// is not positive, an enum value outside its enum), if ranks disagree on
+  /// `transfer` or `verify_replicas` (every rank's save protocol depends on
+  /// them), if `root` is empty, holds a NUL byte or is too long, or if rank 0
+  /// finds it is not a directory; FailedPrecondition if another job (or
+  /// another manager of this process) owns `root`, naming its host, pid, job
+  /// id and heartbeat age — nothing in `root` is changed; IoError if rank 0
+  /// cannot create `root`, cannot write to it, use its lock or lease file, or
+  /// remove an uncommitted step.
   static Result<std::unique_ptr<CheckpointManager>> Open(MPI_Comm comm, std::string root,
                                                          Options options = {});
 
@@ -237,10 +255,13 @@ class CheckpointManager {
   /// this rank holds is copied into memory mhckpt owns: the caller may then
   /// overwrite or free every buffer. Every rank lists every array (same name,
   /// dtype, shape), with the boxes it holds. Returns this rank's input error,
-  /// if any (InvalidArgument naming the array, the rank and the box, or a
-  /// negative step); the save then fails on every rank, through
+  /// if any (InvalidArgument naming the array, the rank and the box, a step
+  /// outside 0..kMaxStep, or more than kMaxArraysPerSave arrays or
+  /// kMaxShardsPerRank shards); the save then fails on every rank, through
   /// WaitUntilFinished, which reports every other error.
-  /// `metadata` is taken from rank 0.
+  /// `metadata` is taken from rank 0, which checks it (kMaxMetadataEntries and
+  /// the limits beside it): a bad one is rank 0's InvalidArgument here and
+  /// every rank's from WaitUntilFinished. Other ranks' metadata is ignored.
   Status Save(int64_t step, std::span<const ArrayToSave> arrays, const UserMetadata& metadata = {});
 
   /// Collective. Waits for every save started so far to commit or fail, and

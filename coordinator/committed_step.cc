@@ -27,7 +27,15 @@ Result<io::Marker> ReadMarkerEverywhere(const Comm& comm, const std::string& roo
   }
   MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, comm));
   comm.BroadcastBytes(&text, 0);
-  return io::ParseMarker(text, io::MarkerPath(root, step));
+  MHCKPT_ASSIGN_OR_RETURN(io::Marker m, io::ParseMarker(text, io::MarkerPath(root, step)));
+  MHCKPT_RETURN_IF_ERROR(CheckMarkerStep(m, root, step));
+  return m;
+}
+
+Status CheckMarkerStep(const io::Marker& m, const std::string& root, int64_t step) {
+  if (m.step == step) return OkStatus();
+  return DataLoss(
+      fmt::format("commit marker '{}' says step {}", io::MarkerPath(root, step), m.step));
 }
 
 io::ArraySpec StoredSpec(const io::MarkerArray& a) { return {a.name, a.dtype, a.shape}; }

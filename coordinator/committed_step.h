@@ -15,8 +15,13 @@ namespace mhckpt::internal {
 /// Collective: rank 0 reads the commit marker of `step` under `root` and
 /// broadcasts its bytes; every rank parses the same bytes, so the outcome is
 /// the same everywhere. NotFound if the step is not committed; IoError if
-/// the marker cannot be read; DataLoss if it does not parse.
+/// the marker cannot be read; DataLoss if it does not parse or names another
+/// step.
 Result<io::Marker> ReadMarkerEverywhere(const Comm& comm, const std::string& root, int64_t step);
+
+/// DataLoss unless marker `m`, read from step `step`'s directory, names that
+/// step (a marker copied from another step is not this step's).
+Status CheckMarkerStep(const io::Marker& m, const std::string& root, int64_t step);
 
 /// How array `a` of a marker (or plan) is stored.
 io::ArraySpec StoredSpec(const io::MarkerArray& a);

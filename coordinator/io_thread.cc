@@ -1,5 +1,9 @@
 #include "coordinator/io_thread.h"
 
+#include <spdlog/spdlog.h>
+
+#include "base/guard.h"
+
 namespace mhckpt::internal {
 
 IoThread::IoThread() : thread_([this] { Loop(); }) {}
@@ -35,7 +39,12 @@ void IoThread::Loop() {
     jobs_.pop_front();
     busy_ = true;
     lock.unlock();
-    job();
+    // The last line of defence: every job reports its own errors (Save's
+    // and RunOnIoThread's wrap theirs in Guarded), but an exception must
+    // never end the thread (std::terminate) nor leave `busy_` set (Drain
+    // would wait forever).
+    Status escaped = Guarded("I/O thread", job);
+    if (!escaped.ok()) spdlog::error("mhckpt: {}", escaped.ToString());
     lock.lock();
     busy_ = false;
     cv_.notify_all();

@@ -1,5 +1,7 @@
 // The one thread per rank that touches HDF5 and the I/O communicator. Jobs
-// run one at a time, in the order they were submitted.
+// run one at a time, in the order they were submitted. A job reports its own
+// outcome; an exception that escapes one anyway is logged and the thread
+// goes on (base/guard.h).
 #pragma once
 
 #include <condition_variable>

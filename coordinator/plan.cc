@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 
 #include <fmt/format.h>
@@ -56,6 +57,7 @@ Status CheckTiling(const std::string& name, const std::vector<int64_t>& shape,
 
 RankDescription Describe(int64_t step, const Status& local, const Snapshot& snapshot) {
   RankDescription d{step, local, {}};
+  if (!local.ok()) return d;  // the plan fails with the error; the arrays do not matter
   for (const StagedArray& a : snapshot.arrays) {
     ArrayDescription ad{a.name, a.dtype, a.shape, {}};
     for (const StagedBox& b : a.boxes) ad.boxes.push_back(b.box);
@@ -131,7 +133,8 @@ class Reader {
 bool ReadArray(Reader& r, ArrayDescription* a) {
   uint64_t dtype = 0, boxes = 0;
   if (!r.Str(&a->name) || !r.U64(&dtype) || !r.I64s(&a->shape) || !r.U64(&boxes)) return false;
-  a->dtype = static_cast<DType>(dtype);
+  // An out-of-range value stays out of range (CheckDecoded refuses it).
+  a->dtype = static_cast<DType>(std::min<uint64_t>(dtype, kNumDTypes));
   if (boxes > r.Left()) return false;
   a->boxes.resize(boxes);
   for (Box& b : a->boxes) {
@@ -161,6 +164,24 @@ std::string EncodeDescription(const RankDescription& d) {
   return w.Take();
 }
 
+namespace {
+
+// What a description must hold for BuildPlan to read it safely: codes and
+// dtypes inside their enums, shapes with a volume, boxes inside them. A
+// rank's own snapshot guarantees all of it; this checks what arrived.
+std::string CheckDecoded(const ArrayDescription& a) {
+  if (!IsValidDType(a.dtype)) return fmt::format("dtype {}", static_cast<int>(a.dtype));
+  if (a.shape.size() > kMaxDims || !Volume(a.shape)) return "shape " + ShapeToString(a.shape);
+  for (const Box& b : a.boxes) {
+    if (std::string why = CheckBoxInShape(b, a.shape); !why.empty()) {
+      return fmt::format("box {}: {}", BoxToString(b), why);
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
 Result<RankDescription> DecodeDescription(const std::string& bytes) {
   Reader r(bytes);
   RankDescription d;
@@ -168,13 +189,24 @@ Result<RankDescription> DecodeDescription(const std::string& bytes) {
   std::string message;
   bool ok = r.U64(&step) && r.U64(&code) && r.Str(&message) && r.U64(&arrays) && arrays <= r.Left();
   if (ok) {
+    std::optional<StatusCode> known = StatusCodeFromInt(
+        code > static_cast<uint64_t>(INT64_MAX) ? -1 : static_cast<int64_t>(code));
+    if (!known) {
+      return Internal(fmt::format("a rank's description has the unknown status code {}", code));
+    }
     d.step = static_cast<int64_t>(step);
-    d.status = Status(static_cast<StatusCode>(code), std::move(message));
+    d.status = Status(*known, std::move(message));
     d.arrays.resize(arrays);
     for (ArrayDescription& a : d.arrays) ok = ok && ReadArray(r, &a);
   }
   if (!ok || r.Left() != 0) {
     return Internal(fmt::format("cannot decode a rank's description ({} bytes)", bytes.size()));
+  }
+  for (const ArrayDescription& a : d.arrays) {
+    if (std::string why = CheckDecoded(a); !why.empty()) {
+      return Internal(fmt::format("a rank's description of array '{}' is damaged: {}",
+                                  QuoteForMessage(a.name), why));
+    }
   }
   return d;
 }

@@ -15,7 +15,12 @@ Status DecodeReport(const std::string& bytes, std::vector<BoxSum>* sums) {
       sums->push_back(BoxSum{b.at(0).get<uint32_t>(), b.at(1).get<uint32_t>(),
                              b.at(2).get<uint64_t>(), b.at(3).get<std::vector<uint64_t>>()});
     }
-    return Status(static_cast<StatusCode>(j.at(0).get<int>()), j.at(1).get<std::string>());
+    std::optional<StatusCode> code = StatusCodeFromInt(j.at(0).get<int64_t>());
+    if (!code) {
+      return Internal(
+          fmt::format("a rank's report has the unknown status code {}", j.at(0).dump()));
+    }
+    return Status(*code, j.at(1).get<std::string>());
   } catch (const nlohmann::json::exception& e) {
     return Internal(fmt::format("cannot decode a rank's report: {}", e.what()));
   }

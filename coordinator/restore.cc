@@ -5,7 +5,10 @@
 //   2. Each rank checks its own requests against the marker; one agreement.
 //      One allreduce tells every rank which arrays anybody wants, and whether
 //      every rank wants all of a replicated array.
-//   3. All ranks open the file and, collectively, each wanted dataset. Each
+//   3. All ranks open the file and agree that they could (the opens of the
+//      datasets that follow are collective), then, collectively, each wanted
+//      dataset; a rank that fails to open one still takes part in the
+//      array's broadcast, carrying its error. Each
 //      rank reads its boxes as hyperslabs (independent transfers), so any
 //      sharding on any world size is a plain read. A replicated array that
 //      every rank wants whole is read once by rank 0 and broadcast.
@@ -23,6 +26,7 @@
 #include <spdlog/spdlog.h>
 
 #include "base/checksum.h"
+#include "base/guard.h"
 #include "coordinator/agree.h"
 #include "coordinator/checked_read.h"
 #include "coordinator/committed_step.h"
@@ -39,13 +43,16 @@ Status CheckRequests(const io::Marker& m, std::span<const ArrayToRestore> arrays
                      const RestoreOptions& options, int rank) {
   std::set<std::string_view> names;
   for (const ArrayToRestore& a : arrays) {
+    // Names not in the marker are quoted escaped and cut short: they may be
+    // any bytes, of any length.
     if (!names.insert(a.name).second) {
-      return InvalidArgument(fmt::format("array '{}' on rank {}: requested twice", a.name, rank));
+      return InvalidArgument(
+          fmt::format("array '{}' on rank {}: requested twice", QuoteForMessage(a.name), rank));
     }
     const io::MarkerArray* stored = m.Find(a.name);
     if (stored == nullptr) {
-      return NotFound(
-          fmt::format("array '{}' (requested on rank {}) is not in step {}", a.name, rank, m.step));
+      return NotFound(fmt::format("array '{}' (requested on rank {}) is not in step {}",
+                                  QuoteForMessage(a.name), rank, m.step));
     }
     if (a.dtype != stored->dtype) {
       return InvalidArgument(fmt::format("array '{}' on rank {}: requested as {}, stored as {}",
@@ -56,6 +63,10 @@ Status CheckRequests(const io::Marker& m, std::span<const ArrayToRestore> arrays
       auto where = [&] {
         return fmt::format("array '{}' on rank {}, box {}", a.name, rank, BoxToString(d.box));
       };
+      if (d.memory != Memory::kHost && d.memory != Memory::kCuda) {
+        return InvalidArgument(
+            fmt::format("{}: invalid memory kind {}", where(), static_cast<int>(d.memory)));
+      }
       if (std::string why = CheckBoxInShape(d.box, stored->shape); !why.empty()) {
         return InvalidArgument(fmt::format("{}: box outside shape {}: {}", where(),
                                            ShapeToString(stored->shape), why));
@@ -151,7 +162,9 @@ Status ReadAndBroadcast(io::StepReader& reader, size_t handle, const io::MarkerA
                         Status local, ReadMode& mode) {
   Landing land(whole, a.dtype, bounce);
   if (comm.rank() == 0 && local.ok()) {
-    local = ReadBox(reader, handle, a, whole.box, land.host(), land.bytes(), mode);
+    local = Guarded("restore", [&] {  // the rank is named with every local error
+      return ReadBox(reader, handle, a, whole.box, land.host(), land.bytes(), mode);
+    });
   }
   comm.BroadcastBuffer(land.host(), land.bytes(), 0);
   if (local.ok()) local = land.Finish();
@@ -165,9 +178,12 @@ Status ReadAndBroadcastOnDevices(io::StepReader& reader, size_t handle, const io
                                  PinnedBuffer& bounce, Status local, ReadMode& mode) {
   Landing land(whole, a.dtype, bounce);
   if (rank == 0 && local.ok()) {
-    local = ReadBox(reader, handle, a, whole.box, land.host(), land.bytes(), mode);
+    local = Guarded("restore", [&] {
+      MHCKPT_RETURN_IF_ERROR(
+          ReadBox(reader, handle, a, whole.box, land.host(), land.bytes(), mode));
+      return land.Finish();
+    });
   }
-  if (rank == 0 && local.ok()) local = land.Finish();
   Status sent = nccl.Broadcast(whole.data, land.bytes(), 0, whole.stream);
   return local.ok() ? sent : local;
 }
@@ -257,7 +273,9 @@ Status ManagerImpl::RunRestore(int64_t step, std::span<const ArrayToRestore> arr
   MHCKPT_ASSIGN_OR_RETURN(io::Marker m, ReadMarkerEverywhere(comm_, root_, step));
 
   // 2. Check the requests; learn what everyone wants.
-  MHCKPT_RETURN_IF_ERROR(AgreeAll(CheckRequests(m, arrays, options, rank), comm_));
+  const std::string where = fmt::format("rank {}: restore of step {}", rank, step);
+  MHCKPT_RETURN_IF_ERROR(
+      AgreeAll(Guarded(where, [&] { return CheckRequests(m, arrays, options, rank); }), comm_));
   std::map<std::string_view, const ArrayToRestore*> mine;
   for (const ArrayToRestore& a : arrays) mine[a.name] = &a;
   std::vector<int> flags = WantedFlags(m, mine);
@@ -270,32 +288,34 @@ Status ManagerImpl::RunRestore(int64_t step, std::span<const ArrayToRestore> arr
   ReadMode mode{m.format_version, options.verify_checksums, {}};
   Result<std::unique_ptr<io::StepReader>> reader = engine_->Open(root_, step, comm_.get());
   if (!reader.ok()) {
-    local = DataLoss(fmt::format("step {}: {}", step, reader.status().message()));
-  } else {
-    for (size_t i = 0; i < m.arrays.size(); ++i) {
-      if (!flags[kFlags * i + kWanted]) continue;
-      const io::MarkerArray& a = m.arrays[i];
-      Result<size_t> handle = (*reader)->OpenArray(StoredSpec(a));
-      if (!handle.ok()) {
-        if (local.ok()) local = handle.status();
-        continue;
-      }
-      auto it = mine.find(a.name);
-      if (a.replicated && !flags[kFlags * i + kPartly] && nccl != nullptr &&
-          !flags[kFlags * i + kOnHost] && !flags[kFlags * i + kOtherDevice]) {
-        local = ReadAndBroadcastOnDevices(**reader, *handle, a, it->second->shards[0], rank, *nccl,
-                                          bounce, local, mode);
-      } else if (a.replicated && !flags[kFlags * i + kPartly]) {
-        // Why a broadcast: every rank wants the whole array; one read serves all.
-        local = ReadAndBroadcast(**reader, *handle, a, it->second->shards[0], comm_, bounce, local,
-                                 mode);
-      } else if (it != mine.end() && local.ok()) {
-        local = ReadShards(**reader, *handle, a, *it->second, bounce, mode);
-      }
-    }
-    Status closed = (*reader)->Close();
-    if (local.ok()) local = closed;
+    local = DataLoss(fmt::format("rank {}: step {}: {}", rank, step, reader.status().message()));
   }
+  // Why an agreement: the dataset opens below are collective; a rank that
+  // could not open the file must not leave the others alone in them.
+  MHCKPT_RETURN_IF_ERROR(AgreeAll(local, comm_));
+  for (size_t i = 0; i < m.arrays.size(); ++i) {
+    if (!flags[kFlags * i + kWanted]) continue;
+    const io::MarkerArray& a = m.arrays[i];
+    Result<size_t> handle = (*reader)->OpenArray(StoredSpec(a));
+    if (!handle.ok() && local.ok()) local = handle.status();
+    const size_t h = handle.ok() ? *handle : 0;
+    auto it = mine.find(a.name);
+    const int* f = &flags[kFlags * i];
+    // Why a broadcast: every rank wants the whole array; one read serves all.
+    // Every rank takes part, even one that failed to open it.
+    if (a.replicated && !f[kPartly] && nccl != nullptr && !f[kOnHost] && !f[kOtherDevice]) {
+      local = ReadAndBroadcastOnDevices(**reader, h, a, it->second->shards[0], rank, *nccl, bounce,
+                                        local, mode);
+    } else if (a.replicated && !f[kPartly]) {
+      local = ReadAndBroadcast(**reader, h, a, it->second->shards[0], comm_, bounce, local, mode);
+    } else if (it != mine.end() && local.ok()) {
+      // (The rank is named below, with every local error.)
+      local = Guarded(fmt::format("restore of step {}", step),
+                      [&] { return ReadShards(**reader, h, a, *it->second, bounce, mode); });
+    }
+  }
+  Status closed = (*reader)->Close();
+  if (local.ok()) local = closed;
   if (!local.ok()) local = Status(local.code(), fmt::format("rank {}: {}", rank, local.message()));
   // 4. Agree.
   return AgreeAll(local, comm_);

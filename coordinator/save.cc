@@ -8,16 +8,18 @@
 //      input error, if any), and the lowest rank of each distinct digest the
 //      description itself (coordinator/layouts.h); rank 0 validates all of them together, picks one
 //      writer per distinct box (coordinator/plan.h), refuses a step that is already committed,
-//      creates the step directory (fsyncing the root), and broadcasts the outcome and the plan.
+//      creates the step directory (fsyncing the root), and broadcasts the outcome and the plan;
+//      every rank agrees that it could read the plan.
 //      Either collective is also the barrier of the design: a rank enters it only after its
 //      snapshot is complete, so nobody writes before every snapshot exists.
 //   2. Replica check (Options::verify_replicas). Every rank sends rank 0 the
 //      checksums of the planned boxes it holds; boxes held by several ranks
 //      must be equal everywhere before anything is written.
-//   3. Write. All ranks create the step's arrays collectively through the
-//      storage engine (io/storage.h); rank 0 reserves their space on disk
-//      and all agree on it, so a full disk fails here and not inside a
-//      collective flush; then each rank writes the boxes the plan gives it
+//   3. Write. All ranks create the step (and agree that they could) and its
+//      arrays collectively through the storage engine (io/storage.h); rank 0
+//      reserves their space on disk and all agree on it and on the arrays,
+//      so a full disk fails here and not inside a collective flush; then
+//      each rank writes the boxes the plan gives it
 //      (fully replicated arrays: rank 0; with
 //      Options::replica_parallel_min_bytes, big shared boxes as row slices,
 //      one per holder, each from the holder's own staged copy). A write
@@ -51,6 +53,7 @@
 
 #include "base/checksum.h"
 #include "base/fault.h"
+#include "base/guard.h"
 #include "coordinator/agree.h"
 #include "coordinator/committed_step.h"
 #include "coordinator/layouts.h"
@@ -111,6 +114,26 @@ std::span<const std::byte> FindStaged(const Snapshot& snapshot, const StagedArra
     }
   }
   return {};
+}
+
+// A rank's description may not exceed this: rank 0 gathers every rank's
+// (MPI counts are ints), and kMaxArraysPerSave / kMaxShardsPerRank keep a
+// valid one far below it.
+constexpr size_t kMaxDescriptionBytes = size_t{1} << 30;
+
+// Rank 0: every (array, box) index that ranks reported lies inside the plan.
+Status CheckSumsInPlan(const io::Marker& plan, const std::vector<std::vector<BoxSum>>& sums) {
+  for (size_t r = 0; r < sums.size(); ++r) {
+    for (const BoxSum& b : sums[r]) {
+      if (b.array >= plan.arrays.size() || b.box >= plan.arrays[b.array].boxes.size()) {
+        return Internal(
+            fmt::format("rank {} reported a checksum of box {} of array {}, which "
+                        "the plan does not have",
+                        r, b.box, b.array));
+      }
+    }
+  }
+  return OkStatus();
 }
 
 std::map<std::string_view, const StagedArray*> StagedByName(const Snapshot& snapshot) {
@@ -255,7 +278,9 @@ class SaveRun {
     impl_.watchdog_.Enter("commit", job_.step);
     t0 = Clock::now();
     std::vector<std::string> reports = Agree();
-    Status s = rank_ == 0 ? Commit(reports) : OkStatus();
+    // Guarded: rank 0 must reach the broadcast below whatever happens here.
+    Status s = rank_ == 0 ? Guarded("rank 0: commit", [&] { return Commit(reports); }) : OkStatus();
+    if (!s.ok() && s.code() == StatusCode::kInternal && rank_ == 0) RemoveStepDir();
     s = BroadcastStatus(s, 0, comm_);
     t_.commit = Since(t0);
     if (rank_ == 0) Log(s);
@@ -270,8 +295,11 @@ class SaveRun {
         impl_.last_plan_ && job_.local.ok() && hash == impl_.last_description_hash_ ? 0 : 1;
     if (rank_ == 0 && !changed && !PrepareStepDir(impl_.root_, job_.step).ok()) changed = 1;
     // Why one allreduce: it confirms that nobody's arrays changed and that all
-    // ranks save the same step (max(step) == -max(-step)).
-    std::vector<int64_t> votes{changed, job_.step, -job_.step};
+    // ranks save the same step (max(step) == -max(-step)). A rank with an
+    // error (perhaps a step of INT64_MIN, which has no negation) votes
+    // "changed" with step 0: the plan round then reports its error.
+    const int64_t step = job_.local.ok() ? job_.step : 0;
+    std::vector<int64_t> votes{changed, step, -step};
     comm_.AllreduceMax(&votes);
     t_.plan_cached = votes[0] == 0 && votes[1] == -votes[2];
     if (t_.plan_cached) {
@@ -292,8 +320,7 @@ class SaveRun {
   // distinct layout: a digest from every rank, then the bytes from the first
   // rank of each layout (coordinator/layouts.h).
   Status GatherPlan() {
-    const std::string mine =
-        EncodeDescription(internal::Describe(job_.step, job_.local, job_.snapshot));
+    const std::string mine = MyDescription();
     std::vector<std::string> digests = comm_.GatherBytes(LayoutDigest(mine), 0);
     LayoutGroups groups;
     std::vector<int> send;
@@ -307,28 +334,52 @@ class SaveRun {
     Status s;
     std::string plan_json;
     if (rank_ == 0) {
-      Result<io::Marker> p = PlanOnRoot(encoded, groups, impl_.root_, job_.step, impl_.options_);
-      s = p.status();
-      if (s.code() == StatusCode::kIoError) {
-        s = Status(s.code(), fmt::format("rank 0: {}", s.message()));
-        RemoveStepDir();
-      }
-      if (p.ok()) {
+      // Guarded: an exception here would leave every other rank waiting
+      // for rank 0's outcome.
+      s = Guarded("rank 0: plan", [&] {
+        Result<io::Marker> p = PlanOnRoot(encoded, groups, impl_.root_, job_.step, impl_.options_);
+        if (!p.ok()) return p.status();
         plan_ = std::move(p).value();
         plan_json = io::MarkerToJson(plan_);
-      }
+        return OkStatus();
+      });
+      if (s.code() == StatusCode::kIoError)
+        s = Status(s.code(), fmt::format("rank 0: {}", s.message()));
+      if (s.code() == StatusCode::kIoError || s.code() == StatusCode::kInternal) RemoveStepDir();
+      if (!s.ok()) plan_json.clear();
     }
     MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, comm_));
     comm_.BroadcastBytes(&plan_json, 0);
+    Status parsed;
     if (rank_ != 0) {
       Result<io::Marker> p = io::ParseMarker(plan_json, "plan");
-      if (!p.ok()) {
-        return Internal(
+      if (p.ok()) {
+        plan_ = std::move(p).value();
+      } else {
+        parsed = Internal(
             fmt::format("rank {}: cannot read rank 0's plan: {}", rank_, p.status().message()));
       }
-      plan_ = std::move(p).value();
     }
-    return OkStatus();
+    // Why an agreement: a rank that cannot read the plan must not leave the
+    // others alone in the collective calls of the write.
+    return AgreeAll(parsed, comm_);
+  }
+
+  // 1: what this rank tells rank 0. Never throws, and never more than
+  // kMaxDescriptionBytes: an error of its own instead.
+  std::string MyDescription() {
+    std::string bytes;
+    Status s = Guarded(fmt::format("rank {}: describe", rank_), [&] {
+      bytes = EncodeDescription(internal::Describe(job_.step, job_.local, job_.snapshot));
+      if (bytes.size() > kMaxDescriptionBytes) {
+        return InvalidArgument(
+            fmt::format("rank {}: the description of this rank's arrays is {} bytes, more than {}",
+                        rank_, bytes.size(), kMaxDescriptionBytes));
+      }
+      return OkStatus();
+    });
+    if (s.ok()) return bytes;
+    return EncodeDescription(RankDescription{job_.step, s, {}});
   }
 
   // 2. Replica check: replicas must agree before anything is written.
@@ -337,9 +388,12 @@ class SaveRun {
         comm_.GatherBytes(EncodeReport(OkStatus(), HoldingChecksums(plan_, job_.snapshot)), 0);
     Status s;
     if (rank_ == 0) {
-      std::vector<std::vector<BoxSum>> all;
-      s = CollectReports(held, &all);
-      if (s.ok()) s = CompareReplicas(plan_, all);
+      s = Guarded("rank 0: replica check", [&] {
+        std::vector<std::vector<BoxSum>> all;
+        MHCKPT_RETURN_IF_ERROR(CollectReports(held, &all));
+        MHCKPT_RETURN_IF_ERROR(CheckSumsInPlan(plan_, all));
+        return CompareReplicas(plan_, all);
+      });
       if (!s.ok()) RemoveStepDir();
     }
     return BroadcastStatus(s, 0, comm_);
@@ -353,8 +407,10 @@ class SaveRun {
     t_.written_bytes = 0;
     Result<std::unique_ptr<io::StepWriter>> writer =
         impl_.engine_->Create(impl_.root_, job_.step, comm_.get());
-    if (!writer.ok()) {
-      local_ = writer.status();
+    // Why an agreement: creating the arrays is collective; a rank that could
+    // not create the step must not leave the others alone in it.
+    if (!AgreeAll(writer.status(), comm_).ok()) {
+      local_ = writer.status();  // the failing ranks report it in step 5
       return;
     }
     writer_ = std::move(writer).value();
@@ -367,7 +423,7 @@ class SaveRun {
     for (size_t i = 0; local_.ok() && rank_ == 0 && i < plan_.arrays.size(); ++i) {
       plan_.arrays[i].offset = writer_->FileOffset(i);
     }
-    if (local_.ok() && ReserveEverywhere()) {
+    if (ReserveEverywhere()) {
       Writes w{plan_, job_.snapshot, rank_, impl_.options_.transfer == Transfer::kCollective, 0,
                {}};
       local_ = WriteBoxes(*writer_, w);
@@ -388,9 +444,10 @@ class SaveRun {
   // 3, before writing: rank 0 reserves the step's space on disk and all
   // agree, so a full file system fails here, on every rank alike, and not
   // inside a collective flush where one rank's error can strand the others.
+  // A rank whose array creation failed stops every rank here too.
   bool ReserveEverywhere() {
-    Status reserved;
-    if (rank_ == 0) {
+    Status reserved = local_;
+    if (rank_ == 0 && local_.ok()) {
       reserved = writer_->Reserve();
       local_ = reserved;  // only rank 0 reports it
     }
@@ -416,8 +473,9 @@ class SaveRun {
   Status Commit(const std::vector<std::string>& reports) {
     std::vector<std::vector<BoxSum>> all;
     Status s = CollectReports(reports, &all);
-    for (const auto& rank_sums : all) {
-      for (const BoxSum& b : rank_sums) {
+    if (s.ok()) s = CheckSumsInPlan(plan_, all);
+    for (size_t r = 0; s.ok() && r < all.size(); ++r) {
+      for (const BoxSum& b : all[r]) {
         io::MarkerBox& box = plan_.arrays[b.array].boxes[b.box];
         box.checksum = b.sum;
         box.chunks = b.chunks;
@@ -434,6 +492,15 @@ class SaveRun {
                                   std::chrono::system_clock::now().time_since_epoch())
                                   .count();
       const std::string text = io::MarkerToJson(plan_);
+      // A marker larger than readers accept would commit a step that no
+      // restore can open.
+      if (text.size() > io::kMaxMarkerBytes) {
+        RemoveStepDir();
+        return InvalidArgument(fmt::format(
+            "rank 0: the commit marker of step {} would be {} bytes, more than the {} that "
+            "readers accept (too many arrays or boxes)",
+            job_.step, text.size(), io::kMaxMarkerBytes));
+      }
       s = io::WriteFileAtomic(io::MarkerPath(impl_.root_, job_.step), text);
       if (s.ok()) io::RememberValidMarker(impl_.root_, plan_, text);
       if (!s.ok()) s = Status(s.code(), fmt::format("rank 0: commit marker: {}", s.message()));
@@ -477,14 +544,14 @@ Status ManagerImpl::RunSave(SaveJob& job) { return SaveRun(*this, job).Run(); }
 // and CheckpointManager::CommittedSteps waits for it.
 void ManagerImpl::RunRetention(int64_t step) {
   auto t0 = Clock::now();
-  Result<std::vector<int64_t>> committed = io::CommittedSteps(root_);
-  Status gc = committed.status();
-  if (committed.ok()) {
-    for (int64_t old : StepsToDelete(*committed, options_.max_to_keep, options_.keep_period)) {
-      gc = io::DeleteStep(root_, old);
-      if (!gc.ok()) break;
+  // Guarded: RecordRetention must run whatever happens, or waiters hang.
+  Status gc = Guarded("rank 0: retention", [&] {
+    MHCKPT_ASSIGN_OR_RETURN(std::vector<int64_t> committed, io::CommittedSteps(root_));
+    for (int64_t old : StepsToDelete(committed, options_.max_to_keep, options_.keep_period)) {
+      MHCKPT_RETURN_IF_ERROR(io::DeleteStep(root_, old));
     }
-  }
+    return OkStatus();
+  });
   if (!gc.ok()) spdlog::warn("mhckpt: retention after step {}: {}", step, gc.ToString());
   RecordRetention(Since(t0));
 }

@@ -20,6 +20,9 @@
 //   4. Close. Rank 0 gathers every rank's problems and bytes read, and
 //      broadcasts the report, so that every rank returns the same Status:
 //      DataLoss naming the first problem and counting the others, or OK.
+//   5. Agree on what went wrong on a rank other than the step itself: an
+//      exception of VerifyOptions::progress or of this code is Internal
+//      naming the rank, on every rank (it outranks the report's DataLoss).
 #include <algorithm>
 #include <optional>
 
@@ -27,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/checksum.h"
+#include "base/guard.h"
 #include "coordinator/agree.h"
 #include "coordinator/committed_step.h"
 #include "coordinator/manager_impl.h"
@@ -138,17 +142,21 @@ class StepVerifier {
     }
     report->arrays = m->arrays.size();
     for (const io::MarkerArray& a : m->arrays) report->boxes += a.boxes.size();
-    if (comm_.rank() == 0) CheckTilings(*m);
+    if (comm_.rank() == 0) Local("tiling check", [&] { CheckTilings(*m); });
     Result<std::unique_ptr<io::StepReader>> reader = engine_.Open(root_, step_, comm_.get());
     Status opened = AgreeAll(reader.status(), comm_);
     if (!opened.ok()) {
       Note(fmt::format("data file: {}", opened.ToString()));
     } else {
-      ReadShare(*m, **reader, OpenArrays(*m, **reader));
+      std::vector<std::optional<size_t>> handles = OpenArrays(*m, **reader);
+      Local("read", [&] { ReadShare(*m, **reader, handles); });
       Status closed = (*reader)->Close();
       if (!closed.ok()) Problem(fmt::format("close: {}", closed.ToString()));
     }
-    return Gather(report);
+    Status found = Gather(report);
+    // 5. Why an agreement: only the rank that caught an exception knows of it.
+    Status failed = AgreeAll(failure_, comm_);
+    return failed.ok() ? found : failed;
   }
 
  private:
@@ -157,9 +165,6 @@ class StepVerifier {
     Result<io::Marker> m = ReadMarkerEverywhere(comm_, root_, step_);
     if (!m.ok() && m.status().code() == StatusCode::kDataLoss) {
       return DataLoss(fmt::format("step {}: {}", step_, m.status().message()));
-    }
-    if (m.ok() && m->step != step_) {
-      return DataLoss(fmt::format("step {}: the commit marker says step {}", step_, m->step));
     }
     return m;
   }
@@ -206,7 +211,7 @@ class StepVerifier {
       share_ += reads[i].bytes;
       largest = std::max(largest, reads[i].largest_slab);
     }
-    if (options_.progress) options_.progress(0, share_);
+    Progress(0);
     std::vector<std::byte> buffer(static_cast<size_t>(largest));
     for (size_t i = 0; i < reads.size(); ++i) {
       if (owner[i] == comm_.rank()) ReadBox(m, reads[i], reader, *handles[reads[i].array], buffer);
@@ -223,7 +228,7 @@ class StepVerifier {
       const uint64_t bytes = static_cast<uint64_t>(*Volume(slab.count)) * DTypeSize(a.dtype);
       Status s = reader.Read(handle, slab, buffer.data());
       done_ += bytes;
-      if (options_.progress) options_.progress(done_, share_);
+      Progress(done_);
       if (!s.ok()) {
         Problem(fmt::format("array '{}' box {}: slab {} unreadable on rank {}: {}", a.name,
                             BoxToString(box.box), BoxToString(slab), comm_.rank(), s.ToString()));
@@ -284,6 +289,26 @@ class StepVerifier {
                                             more == 1 ? "" : "s"));
   }
 
+  // Runs a rank-local part of the protocol; an exception is kept as this
+  // rank's failure (step 5) and the protocol goes on to its collectives.
+  template <typename F>
+  void Local(const char* what, F&& f) {
+    Status s = Guarded(fmt::format("rank {}: verify of step {}: {}", comm_.rank(), step_, what),
+                       std::forward<F>(f));
+    if (failure_.ok()) failure_ = s;
+  }
+
+  // VerifyOptions::progress, if any, until it throws once.
+  void Progress(uint64_t done) {
+    if (!options_.progress || progress_failed_) return;
+    Status s = Guarded(fmt::format("rank {}: VerifyOptions::progress", comm_.rank()),
+                       [&] { options_.progress(done, share_); });
+    if (!s.ok()) {
+      progress_failed_ = true;
+      if (failure_.ok()) failure_ = s;
+    }
+  }
+
   // A problem this rank found, named with the step.
   void Problem(const std::string& what) {
     mine_.problems.push_back(fmt::format("step {}: {}", step_, what));
@@ -301,6 +326,8 @@ class StepVerifier {
   Findings mine_;
   uint64_t share_ = 0;  // bytes of the boxes dealt to this rank
   uint64_t done_ = 0;   // of them, read so far
+  Status failure_;      // an exception on this rank (step 5)
+  bool progress_failed_ = false;
 };
 
 }  // namespace

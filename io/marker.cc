@@ -372,7 +372,7 @@ Status Validate(const Marker& m, const std::string& origin) {
   for (size_t i = 0; i < m.arrays.size(); ++i) {
     const MarkerArray& a = m.arrays[i];
     if (std::string why = CheckArrayName(a.name); !why.empty()) {
-      return bad(fmt::format("array '{}': bad name: {}", a.name, why));
+      return bad(fmt::format("array '{}': bad name: {}", QuoteForMessage(a.name), why));
     }
     if (i > 0 && !(m.arrays[i - 1].name < a.name)) {
       return bad(fmt::format("array '{}': arrays are not sorted and unique", a.name));

@@ -86,6 +86,13 @@ Result<std::string> ReadSmallFile(const std::string& path, size_t max_bytes) {
     if (errno == ENOENT) return NotFound(fmt::format("'{}' does not exist", path));
     return Errno("open", path, errno);
   }
+  // A file already larger than the limit is refused unread, before any of
+  // it is held in memory.
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && st.st_size > 0 && static_cast<uint64_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    return DataLoss(fmt::format("'{}' is {} bytes, larger than {}", path, st.st_size, max_bytes));
+  }
   std::string out;
   char buf[65536];
   for (;;) {

@@ -3,7 +3,7 @@
 # default suite. GPU tests report "skipped" without a device.
 #   1. scripts/bootstrap.sh (apt packages, configure, build into build/)
 #   2. the donation regression test under AddressSanitizer (build-address/)
-#      and ThreadSanitizer (build-thread/)
+#      and ThreadSanitizer (build-thread/); the bad-input suite under ASan
 #   3. python/setup_venv.sh: the Python venv (python/.venv; the first run
 #      downloads jax and torch) and `pip install .` of the mhckpt package, for
 #      the python.* tests; MHCKPT_PYTHON_TESTS=0 skips it and leaves those tests out
@@ -18,10 +18,13 @@ scripts/bootstrap.sh
 
 if [ "${MHCKPT_SKIP_SANITIZERS:-0}" != 1 ]; then
   for san in address thread; do
-    echo "== donation test under -fsanitize=$san (build-$san/)"
+    # Under ASan also the bad-input suite: bad inputs must not read out of bounds.
+    targets=(donation_test) tests='^donation\.'
+    [ "$san" = address ] && targets+=(bad_input_test) tests='^(donation|bad_input)\.'
+    echo "== ${targets[*]} under -fsanitize=$san (build-$san/)"
     cmake -S . -B "build-$san" -DMHCKPT_SANITIZE=$san -DMHCKPT_WITH_CUDA=OFF >/dev/null
-    cmake --build "build-$san" -j "$(nproc)" --target donation_test >/dev/null
-    ctest --test-dir "build-$san" -R '^donation\.' --output-on-failure --timeout 300
+    cmake --build "build-$san" -j "$(nproc)" --target "${targets[@]}" >/dev/null
+    ctest --test-dir "build-$san" -R "$tests" --output-on-failure --timeout 300
   done
 fi
 

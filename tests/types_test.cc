@@ -39,6 +39,36 @@ TEST(Types, ArrayNames) {
   }
 }
 
+TEST(Types, ArrayNameLimits) {
+  std::string deep = "a";
+  for (size_t i = 1; i < kMaxNameDepth; ++i) deep += "/a";
+  EXPECT_EQ(CheckArrayName(deep), "");
+  EXPECT_THAT(CheckArrayName(deep + "/a"), HasSubstr("65 path components, more than 64"));
+  EXPECT_EQ(CheckArrayName(std::string(kMaxNameBytes, 'n')), "");
+  EXPECT_THAT(CheckArrayName(std::string(kMaxNameBytes + 1, 'n')), HasSubstr("1025 bytes long"));
+}
+
+TEST(Types, Utf8) {
+  for (const char* good : {"", "plain", "caf\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80",
+                           "\xef\xbf\xbf", "\xf4\x8f\xbf\xbf"}) {
+    EXPECT_EQ(CheckUtf8(good), "") << good;
+  }
+  EXPECT_EQ(CheckUtf8("\xff\xfe bad"), "not valid UTF-8 (byte 0xff at offset 0)");
+  EXPECT_EQ(CheckUtf8("ab\xc0\xaf"), "not valid UTF-8 (byte 0xc0 at offset 2)");    // overlong '/'
+  EXPECT_EQ(CheckUtf8("\xe0\x80\xaf"), "not valid UTF-8 (byte 0x80 at offset 1)");  // overlong
+  EXPECT_EQ(CheckUtf8("\xed\xa0\x80"), "not valid UTF-8 (byte 0xa0 at offset 1)");  // surrogate
+  EXPECT_EQ(CheckUtf8("\xf4\x90\x80\x80"),
+            "not valid UTF-8 (byte 0x90 at offset 1)");  // > U+10FFFF
+  EXPECT_EQ(CheckUtf8("\xc3("), "not valid UTF-8 (byte 0x28 at offset 1)");
+  EXPECT_THAT(CheckUtf8("ok \xe2\x82"), HasSubstr("cut short at offset 3"));
+  EXPECT_EQ(CheckUtf8(std::string("nul\0inside", 10)), "");  // JSON escapes it
+}
+
+TEST(Types, QuoteForMessage) {
+  EXPECT_EQ(QuoteForMessage("w\xff\n\\"), "w\\xff\\x0a\\x5c");
+  EXPECT_EQ(QuoteForMessage(std::string(100, 'n'), 4), "nnnn...(100 bytes)");
+}
+
 TEST(Types, SplitRangeIsContiguousNearEqualInOrder) {
   EXPECT_EQ(SplitRange(10, 3, 0), (std::pair<int64_t, int64_t>{0, 4}));
   EXPECT_EQ(SplitRange(10, 3, 1), (std::pair<int64_t, int64_t>{4, 7}));

@@ -1,6 +1,7 @@
 // What a rank hands to mhckpt: arrays, and the boxes of them it holds.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -11,6 +12,15 @@ namespace mhckpt {
 
 /// Where a buffer lives.
 enum class Memory : uint8_t { kHost, kCuda };
+
+/// Most arrays one Save accepts, and most shards one rank hands over in one
+/// Save (over all its arrays). They bound what a rank sends in the plan round
+/// and the size of the commit marker; beyond them Save fails with
+/// InvalidArgument on every rank.
+inline constexpr size_t kMaxArraysPerSave = size_t{1} << 20;
+inline constexpr size_t kMaxShardsPerRank = size_t{1} << 20;
+/// Most bytes of one box, and of all the boxes one rank holds in a save.
+inline constexpr uint64_t kMaxBoxBytes = uint64_t{1} << 62;
 
 /// One box of a global array held by this rank, in a contiguous row-major
 /// buffer of `Volume(box.count) * DTypeSize(dtype)` bytes.

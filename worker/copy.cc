@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -39,10 +40,18 @@ void ParallelCopy(std::span<const CopyTask> tasks, int threads) {
   // Pieces end on 4 KiB boundaries, so threads do not share pages.
   size_t piece = (total / n + 4095) / 4096 * 4096;
   std::vector<std::thread> pool;
+  pool.reserve(n - 1);
   for (size_t i = 1; i < n; ++i) {
     size_t b = std::min(total, i * piece), e = std::min(total, (i + 1) * piece);
     if (i + 1 == n) e = total;
-    pool.emplace_back([=] { CopyRange(tasks, b, e); });
+    try {
+      pool.emplace_back([=] { CopyRange(tasks, b, e); });
+    } catch (const std::system_error&) {
+      // No thread to be had (a process or memory limit): this thread copies
+      // the piece itself, rather than let the exception leave the started
+      // threads unjoined (std::terminate).
+      CopyRange(tasks, b, e);
+    }
   }
   CopyRange(tasks, 0, std::min(total, piece));
   for (std::thread& t : pool) t.join();

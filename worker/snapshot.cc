@@ -15,12 +15,20 @@ Result<size_t> CheckShard(const ArrayToSave& a, const Shard& s, int rank) {
   auto where = [&] {
     return fmt::format("array '{}' on rank {}, box {}", a.name, rank, BoxToString(s.box));
   };
+  if (s.memory != Memory::kHost && s.memory != Memory::kCuda) {
+    return InvalidArgument(
+        fmt::format("{}: invalid memory kind {}", where(), static_cast<int>(s.memory)));
+  }
   if (std::string why = CheckBoxInShape(s.box, a.shape); !why.empty()) {
     return InvalidArgument(
         fmt::format("{}: box outside shape {}: {}", where(), ShapeToString(a.shape), why));
   }
   auto n = Volume(s.box.count);
   if (!n) return InvalidArgument(fmt::format("{}: box volume overflows", where()));
+  if (static_cast<uint64_t>(*n) > kMaxBoxBytes / DTypeSize(a.dtype)) {
+    return InvalidArgument(fmt::format("{}: {} elements of {} are more than 2^62 bytes", where(),
+                                       *n, DTypeName(a.dtype)));
+  }
   size_t bytes = static_cast<size_t>(*n) * DTypeSize(a.dtype);
   if (bytes > 0 && s.data == nullptr)
     return InvalidArgument(fmt::format("{}: data is null", where()));
@@ -43,7 +51,9 @@ struct Copy {
 // `seen` holds the names checked so far on this rank.
 Status CheckArray(const ArrayToSave& a, int rank, std::set<std::string_view>& seen) {
   if (std::string why = CheckArrayName(a.name); !why.empty()) {
-    return InvalidArgument(fmt::format("array '{}' on rank {}: bad name: {}", a.name, rank, why));
+    // The name is quoted escaped and cut short: it may be any bytes, of any length.
+    return InvalidArgument(
+        fmt::format("array '{}' on rank {}: bad name: {}", QuoteForMessage(a.name), rank, why));
   }
   if (!seen.insert(a.name).second) {
     return InvalidArgument(fmt::format("array '{}' on rank {}: duplicate name", a.name, rank));
@@ -52,9 +62,29 @@ Status CheckArray(const ArrayToSave& a, int rank, std::set<std::string_view>& se
     return InvalidArgument(fmt::format("array '{}' on rank {}: invalid dtype {}", a.name, rank,
                                        static_cast<int>(a.dtype)));
   }
+  if (a.shape.size() > kMaxDims) {
+    return InvalidArgument(fmt::format("array '{}' on rank {}: {} dimensions, more than {}", a.name,
+                                       rank, a.shape.size(), kMaxDims));
+  }
   if (!Volume(a.shape)) {
     return InvalidArgument(fmt::format("array '{}' on rank {}: invalid shape {}", a.name, rank,
                                        ShapeToString(a.shape)));
+  }
+  return OkStatus();
+}
+
+// Why this rank's save is too large to describe at all (kMaxArraysPerSave,
+// kMaxShardsPerRank), or OK.
+Status CheckCounts(std::span<const ArrayToSave> arrays, int rank) {
+  if (arrays.size() > kMaxArraysPerSave) {
+    return InvalidArgument(fmt::format("rank {}: {} arrays in one save, more than {}", rank,
+                                       arrays.size(), kMaxArraysPerSave));
+  }
+  size_t shards = 0;
+  for (const ArrayToSave& a : arrays) shards += a.shards.size();
+  if (shards > kMaxShardsPerRank) {
+    return InvalidArgument(fmt::format("rank {}: {} shards in one save, more than {}", rank, shards,
+                                       kMaxShardsPerRank));
   }
   return OkStatus();
 }
@@ -70,17 +100,28 @@ Status PlanCopies(std::span<const ArrayToSave> arrays, int rank, Snapshot* out,
   };
   std::set<std::string_view> seen;
   out->arrays.clear();
+  // Too many to describe: the rank takes part in the plan round with its
+  // error and an empty description.
+  MHCKPT_RETURN_IF_ERROR(CheckCounts(arrays, rank));
   out->arrays.reserve(arrays.size());
   for (const ArrayToSave& a : arrays) {
-    out->arrays.push_back(StagedArray{a.name, a.dtype, a.shape, {}});
     if (Status s = CheckArray(a, rank, seen); !s.ok()) {
+      // Described without what failed: a bad name or shape may be of any size.
+      out->arrays.push_back(StagedArray{QuoteForMessage(a.name), a.dtype, {}, {}});
       note(std::move(s));
       continue;
     }
+    out->arrays.push_back(StagedArray{a.name, a.dtype, a.shape, {}});
     for (const Shard& s : a.shards) {
       Result<size_t> bytes = CheckShard(a, s, rank);
       if (!bytes.ok()) {
         note(bytes.status());
+        continue;
+      }
+      if (*total > kMaxBoxBytes - *bytes) {
+        note(InvalidArgument(fmt::format(
+            "array '{}' on rank {}, box {}: this rank's boxes add up to more than 2^62 bytes",
+            a.name, rank, BoxToString(s.box))));
         continue;
       }
       out->arrays.back().boxes.push_back(StagedBox{s.box, *total, *bytes});

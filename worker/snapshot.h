@@ -52,8 +52,11 @@ struct SnapshotOptions {
 /// host boxes with several threads, device boxes with cudaMemcpyAsync. On
 /// return no caller buffer is needed any more. On a bad input it returns the
 /// error, naming the array, the rank and the box; the snapshot then still
-/// describes every array (without the bad boxes), so the rank can take part
-/// in the next collective round carrying its error.
+/// describes every array (without the bad boxes; an array with a bad name,
+/// dtype or shape by its quoted name alone), so the rank can take part in the
+/// next collective round carrying its error. Limits: kMaxArraysPerSave,
+/// kMaxShardsPerRank, kMaxBoxBytes (worker/array.h), kMaxDims and the name
+/// limits (base/types.h).
 Status TakeSnapshot(std::span<const ArrayToSave> arrays, const SnapshotOptions& options,
                     StagingPool& pool, Snapshot* out);
 

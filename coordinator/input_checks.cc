@@ -1,0 +1,94 @@
+#include "coordinator/input_checks.h"
+
+#include <climits>
+#include <cmath>
+
+#include <fmt/format.h>
+
+namespace mhckpt::internal {
+namespace {
+
+// The longest path below the root: "/step_<18 digits>/commit.json.tmp" and
+// some spare, so that no path mhckpt makes under the root passes PATH_MAX.
+constexpr size_t kLongestPathBelowRoot = 64;
+
+// A collective phase may last at most this long (about 31 years): beyond it
+// the watchdog's deadline would overflow its clock.
+constexpr double kMaxTimeoutSeconds = 1e9;
+constexpr int kMaxSnapshotThreads = 256;
+
+}  // namespace
+
+Status CheckOptions(const Options& o, int rank) {
+  auto bad = [rank](const std::string& what) {
+    return InvalidArgument(fmt::format("rank {}: Options::{}", rank, what));
+  };
+  if (o.transfer != Transfer::kIndependent && o.transfer != Transfer::kCollective) {
+    return bad(fmt::format("transfer {} is not a Transfer", static_cast<int>(o.transfer)));
+  }
+  if (o.max_to_keep < 0) return bad(fmt::format("max_to_keep {} is negative", o.max_to_keep));
+  if (o.keep_period < 0) return bad(fmt::format("keep_period {} is negative", o.keep_period));
+  if (!std::isfinite(o.collective_timeout_seconds) || o.collective_timeout_seconds < 0 ||
+      o.collective_timeout_seconds > kMaxTimeoutSeconds) {
+    return bad(fmt::format("collective_timeout_seconds {} is outside 0 (off) to {:.0f}",
+                           o.collective_timeout_seconds, kMaxTimeoutSeconds));
+  }
+  if (o.snapshot_threads < 0 || o.snapshot_threads > kMaxSnapshotThreads) {
+    return bad(fmt::format("snapshot_threads {} is outside 0 (automatic) to {}", o.snapshot_threads,
+                           kMaxSnapshotThreads));
+  }
+  return OkStatus();
+}
+
+Status CheckRootPath(const std::string& root, int rank) {
+  if (root.empty()) return InvalidArgument(fmt::format("rank {}: the root path is empty", rank));
+  if (root.find('\0') != std::string::npos) {
+    return InvalidArgument(
+        fmt::format("rank {}: the root path '{}' holds a NUL byte", rank, QuoteForMessage(root)));
+  }
+  if (root.size() + kLongestPathBelowRoot > PATH_MAX) {
+    return InvalidArgument(fmt::format("rank {}: the root path is {} bytes long, more than {}",
+                                       rank, root.size(), PATH_MAX - kLongestPathBelowRoot));
+  }
+  return OkStatus();
+}
+
+Status CheckStep(int64_t step, int rank) {
+  if (step < 0) return InvalidArgument(fmt::format("rank {}: step {} is negative", rank, step));
+  if (step > kMaxStep) {
+    return InvalidArgument(
+        fmt::format("rank {}: step {} is larger than the largest step, {}", rank, step, kMaxStep));
+  }
+  return OkStatus();
+}
+
+Status CheckUserMetadata(const UserMetadata& metadata, int rank) {
+  auto bad = [rank](const std::string& what) {
+    return InvalidArgument(fmt::format("rank {}: user metadata: {}", rank, what));
+  };
+  if (metadata.size() > kMaxMetadataEntries) {
+    return bad(fmt::format("{} entries, more than {}", metadata.size(), kMaxMetadataEntries));
+  }
+  size_t total = 0;
+  for (const auto& [key, value] : metadata) {
+    if (key.empty()) return bad("an empty key");
+    if (key.size() > kMaxMetadataKeyBytes) {
+      return bad(fmt::format("key '{}' is {} bytes long, more than {}", QuoteForMessage(key),
+                             key.size(), kMaxMetadataKeyBytes));
+    }
+    if (std::string why = CheckUtf8(key); !why.empty()) {
+      return bad(fmt::format("key '{}' is {}", QuoteForMessage(key), why));
+    }
+    if (std::string why = CheckUtf8(value); !why.empty()) {
+      return bad(fmt::format("the value of key '{}' is {}", QuoteForMessage(key), why));
+    }
+    total += key.size() + value.size();
+    if (total > kMaxMetadataBytes) {
+      return bad(fmt::format("keys and values add up to more than {} bytes (at key '{}')",
+                             kMaxMetadataBytes, QuoteForMessage(key)));
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace mhckpt::internal
