@@ -80,6 +80,11 @@ class DirectStepWriter final : public StepWriter {
     return OkStatus();
   }
 
+  [[nodiscard]] int64_t FileOffset(size_t array) const override {
+    const std::optional<uint64_t>& offset = placements_[array].offset;
+    return offset ? static_cast<int64_t>(*offset) : -1;
+  }
+
   Status Reserve() override {
     uint64_t end = 0;
     for (const Dataset& d : datasets_) end = std::max(end, d.EndInFile());

@@ -34,7 +34,8 @@ class H5StepWriter final : public StepWriter {
   }
 
   [[nodiscard]] int64_t FileOffset(size_t array) const override {
-    return datasets_[array].OffsetInFile();
+    std::optional<uint64_t> offset = datasets_[array].OffsetInFile();
+    return offset ? static_cast<int64_t>(*offset) : -1;
   }
 
   Status Write(size_t array, const Box& box, const void* data) override {

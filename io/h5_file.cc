@@ -215,16 +215,6 @@ Status Dataset::Write(const Box& box, const void* data) {
   MHCKPT_RETURN_IF_ERROR(fault::Hit("h5_write"));
   return Transfer(&box, const_cast<void*>(data), true);  // NOLINT: H5Dwrite reads only
 }
-int64_t Dataset::OffsetInFile() const {
-  if (H5Dget_storage_size(id_) == 0) return -1;
-  haddr_t offset = H5Dget_offset(id_);
-  if (offset == HADDR_UNDEF) {
-    H5Eclear2(H5E_DEFAULT);
-    return -1;
-  }
-  return static_cast<int64_t>(offset);
-}
-
 uint64_t Dataset::EndInFile() const {
   std::optional<uint64_t> offset = OffsetInFile();
   return offset ? *offset + H5Dget_storage_size(id_) : 0;

@@ -42,9 +42,6 @@ class Dataset {
 
   /// Writes the row-major buffer `data` into `box`.
   Status Write(const Box& box, const void* data);
-  /// Where the dataset's data starts in the file (contiguous layout,
-  /// allocated at creation), or -1 for a dataset without data.
-  [[nodiscard]] int64_t OffsetInFile() const;
   /// Where the dataset's data ends in the file (contiguous layout, allocated
   /// at creation): offset + size; 0 for a dataset without data.
   [[nodiscard]] uint64_t EndInFile() const;
