@@ -74,6 +74,9 @@ install(FILES ${PROJECT_BINARY_DIR}/mhckptConfig.cmake
 file(RELATIVE_PATH mhckpt_pc_to_prefix /p/${CMAKE_INSTALL_LIBDIR}/pkgconfig /p)
 set(mhckpt_pc_libs $<TARGET_LINKER_FILE:spdlog::spdlog> $<TARGET_LINKER_FILE:fmt::fmt>
     ${XXHASH_LIBRARY} ${HDF5_C_LIBRARIES})
+if(MHCKPT_NCCL)
+  list(APPEND mhckpt_pc_libs ${NCCL_LIBRARY})
+endif()
 if(MHCKPT_CUDA)
   list(APPEND mhckpt_pc_libs $<TARGET_LINKER_FILE:CUDA::cudart>)
 endif()
