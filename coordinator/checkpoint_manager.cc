@@ -297,11 +297,20 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
 }
 
 Status CheckpointManager::WaitUntilFinished() {
-  // Every save recorded, not every job run: retention may still be deleting.
-  std::unique_lock<std::mutex> lock(impl_->mu_);
-  impl_->saves_cv_.wait(lock, [this] { return impl_->saves_in_flight_ == 0; });
-  Status s = impl_->first_error_;
-  impl_->first_error_ = OkStatus();
+  Status s;
+  {
+    // Every save recorded and its retention done (rank 0): a step committed
+    // before the call is listed, a step retention deletes is not.
+    std::unique_lock<std::mutex> lock(impl_->mu_);
+    impl_->saves_cv_.wait(lock, [this] {
+      return impl_->saves_in_flight_ == 0 && !impl_->retention_pending_;
+    });
+    s = impl_->first_error_;
+    impl_->first_error_ = OkStatus();
+  }
+  // Why a barrier: rank 0's retention ends after the others' saves are
+  // recorded; listings after this call must agree on every rank.
+  impl_->caller_comm_.Barrier();
   return s;
 }
 

@@ -265,7 +265,9 @@ class CheckpointManager {
   Status Save(int64_t step, std::span<const ArrayToSave> arrays, const UserMetadata& metadata = {});
 
   /// Collective. Waits for every save started so far to commit or fail, and
-  /// returns the first failure since the last call, the same on every rank:
+  /// for the retention after it (max_to_keep, keep_period), so that listings
+  /// made after it agree on every rank; returns the first failure since the
+  /// last call, the same on every rank:
   /// InvalidArgument (inconsistent input, naming array, rank and box),
   /// AlreadyExists (step committed before), DataLoss (with verify_replicas:
   /// replicas that differ, naming the array, the box and both ranks), IoError
