@@ -220,8 +220,8 @@ struct SaveTimings {
   double flush = 0;        ///< make the data file durable and close it
   double commit = 0;       ///< agree, write the marker, agree
   /// Retention deletes (rank 0). They run after the commit is announced, so
-  /// they are not part of the time to WaitUntilFinished; this is filled in
-  /// when they end (0 until then).
+  /// they are not part of the commit (WaitUntilFinished still waits for
+  /// them); this is filled in when they end (0 until then).
   double gc = 0;
   bool plan_cached = false;    ///< same arrays and boxes as the previous save: no gather
   uint64_t local_bytes = 0;    ///< bytes this rank staged
