@@ -222,13 +222,6 @@ TEST_F(Faults, EioOnRead) {
 // files, fails on rank 0. Retention failures are logged, not returned (the
 // new step is committed either way, coordinator/save.cc step 7): the save
 // is OK on every rank, and every step that is still committed restores.
-// Retention runs on rank 0's I/O thread after the save is recorded: rank 0's
-// CommittedSteps waits for it, and the barrier holds the others until then.
-void WaitForRetention(CheckpointManager& mgr) {
-  (void)mgr.CommittedSteps();
-  MPI_Barrier(MPI_COMM_WORLD);
-}
-
 TEST_F(Faults, RetentionDeletesFail) {
   Options o;
   o.max_to_keep = 1;
@@ -238,7 +231,6 @@ TEST_F(Faults, RetentionDeletesFail) {
   Status s = SaveStep(2);
   EXPECT_TRUE(s.ok()) << s.ToString();
   EXPECT_TRUE(SameOnAllRanks(s));
-  WaitForRetention(*mgr_);
   ASSERT_TRUE(fault::Configure("").ok());
   // The marker could not be unlinked: step 1 is still committed and whole.
   EXPECT_EQ(mgr_->CommittedSteps().value(), (std::vector<int64_t>{1, 2}));
@@ -248,7 +240,6 @@ TEST_F(Faults, RetentionDeletesFail) {
   s = SaveStep(3);
   EXPECT_TRUE(s.ok()) << s.ToString();
   EXPECT_TRUE(SameOnAllRanks(s));
-  WaitForRetention(*mgr_);
   ASSERT_TRUE(fault::Configure("").ok());
   // Step 1's marker is gone (uncommitted: the next Open removes its files);
   // the failure stopped retention before step 2.
@@ -260,7 +251,6 @@ TEST_F(Faults, RetentionDeletesFail) {
   ASSERT_TRUE(Open(dir_, o));
   EXPECT_FALSE(std::filesystem::exists(io::StepDir(dir_, 1)));
   ASSERT_TRUE(SaveStep(4).ok());
-  WaitForRetention(*mgr_);
   EXPECT_EQ(mgr_->CommittedSteps().value(), std::vector<int64_t>{4});
   ExpectRestores(4);
 }
