@@ -1,6 +1,8 @@
 #include "cli/gc_command.h"
 
+#include <memory>
 #include <set>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -8,6 +10,7 @@
 #include "cli/text_format.h"
 #include "coordinator/retention.h"
 #include "io/catalog.h"
+#include "io/root_lock.h"
 
 namespace mhckpt::cli {
 
@@ -16,6 +19,17 @@ using internal::StepsToDelete;
 Status RunGc(const GcArgs& args, std::FILE* out) {
   if (args.keep < 1) return InvalidArgument(fmt::format("--keep {}: keep at least 1", args.keep));
   MHCKPT_ASSIGN_OR_RETURN(std::vector<StepInfo> steps, ReadSteps(args.root));
+  // Deleting takes the root as a job's Open does, so that gc never races a
+  // job's own retention or save; a dry run reads only.
+  std::unique_ptr<io::RootLock> lock;
+  if (!args.dry_run) {
+    Result<std::unique_ptr<io::RootLock>> taken = io::RootLock::Acquire(args.root, {});
+    if (!taken.ok()) {
+      return Status(taken.status().code(),
+                    fmt::format("gc deleted nothing: {}", taken.status().message()));
+    }
+    lock = std::move(*taken);
+  }
   std::vector<int64_t> committed;
   for (const StepInfo& s : steps) {
     if (s.entry.committed) committed.push_back(s.entry.step);

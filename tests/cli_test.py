@@ -7,6 +7,7 @@ and on damaged copies of it.
 CASE is one of: list, inspect, verify_damage, gc.
 """
 import argparse
+import fcntl
 import json
 import os
 import shlex
@@ -215,6 +216,13 @@ def case_gc(cli, fixture, work):
     out = cli.ok("gc", root, "--keep", 1, "--dry-run")
     check(all(exists(s) for s in (10, 41, 42, 99)), "a dry run deletes nothing")
     check("would delete step 10" in out and "would delete step 41" in out, "dry run says what")
+    # While a job owns the root (here: this process holds its lock), gc deletes nothing.
+    with open(os.path.join(root, "mhckpt.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        out = cli.fails("gc", root, "--keep", 1)
+        check("gc deleted nothing" in out and "in use by another job" in out, "gc names the owner")
+        check(all(exists(s) for s in (10, 41, 42, 99)), "gc deleted nothing while the root is owned")
+        cli.ok("gc", root, "--keep", 1, "--dry-run")  # a dry run only reads
     out = cli.ok("gc", root, "--keep", 1)
     check(not exists(10) and not exists(41), "old committed and uncommitted steps deleted")
     check(exists(42) and os.path.exists(os.path.join(step_dir(root, 42), "commit.json")), "newest kept")
