@@ -87,6 +87,21 @@ class CheckpointManager:
       snapshot_threads: threads copying into staging (0: up to 4).
       remove_uncommitted_on_open: delete steps that have no commit marker.
       collective_transfer: HDF5 collective instead of independent transfers.
+      data_path: how a rank's bytes reach the data file with independent
+        transfers: "direct" (pwrite at the datasets' offsets, O_DIRECT where
+        the file system has it), "buffered" (the same through the page
+        cache) or "hdf5" (H5Dwrite per box).
+      writer_threads: writer threads per rank for "direct" and "buffered"
+        (0: 2).
+      checksum_chunk_bytes: bytes per checksummed chunk of a stored box, the
+        unit a restore at another sharding reads and checks (0: 1 MiB).
+      own_root: take ownership of ``root`` (a lock and a lease) for the
+        manager's lifetime; False opens it read-only: it removes nothing and
+        ``save`` raises FailedPreconditionError.
+      root_lease_seconds: a lease whose heartbeat is older is stale (matters
+        only where file locks do not work, e.g. NFS without locking).
+      root_wait_seconds: how long to keep trying while another job owns
+        ``root`` (0: raise FailedPreconditionError at once).
 
     Use it as a context manager: leaving the block waits for pending saves
     and closes the manager (collective).
@@ -107,6 +122,12 @@ class CheckpointManager:
         snapshot_threads: int = 0,
         remove_uncommitted_on_open: bool = True,
         collective_transfer: bool = False,
+        data_path: str = "direct",
+        writer_threads: int = 0,
+        checksum_chunk_bytes: int = 0,
+        own_root: bool = True,
+        root_lease_seconds: float = 60.0,
+        root_wait_seconds: float = 0.0,
     ):
         handle = _comm_handle(comm)
         _ensure_mpi()
@@ -121,6 +142,12 @@ class CheckpointManager:
         o.snapshot_threads = snapshot_threads
         o.remove_uncommitted_on_open = remove_uncommitted_on_open
         o.collective_transfer = collective_transfer
+        o.data_path = data_path
+        o.writer_threads = writer_threads
+        o.checksum_chunk_bytes = checksum_chunk_bytes
+        o.own_root = own_root
+        o.root_lease_seconds = root_lease_seconds
+        o.root_wait_seconds = root_wait_seconds
         self._rank, self._size = _core.rank_and_size(handle)
         self._root = str(root)
         self._impl = _core.Manager(handle, self._root, o)
@@ -247,7 +274,9 @@ class CheckpointManager:
 
     # -------------------------------------------------------------- restoring
 
-    def restore(self, step: int, target: Any = None, *, strict: bool = False) -> Any:
+    def restore(
+        self, step: int, target: Any = None, *, strict: bool = False, verify_checksums: bool = True
+    ) -> Any:
         """Restores committed step ``step`` into the structure of ``target``.
 
         Any world size and any sharding: each rank reads the boxes its target
@@ -263,6 +292,8 @@ class CheckpointManager:
             or the saved value for a non-array leaf). None: every array as a
             whole numpy array and every value, in nested dicts by name.
           strict: raise unless the target names exactly the saved arrays.
+          verify_checksums: check every byte returned against the commit
+            marker's checksums (at any world size); False skips the checks.
 
         Returns a new pytree with ``target``'s structure.
 
@@ -302,7 +333,7 @@ class CheckpointManager:
         except Exception as e:  # agreed by the C++ core, raised on every rank
             err, plans = e, []
         specs = [p.spec() for p in plans if p is not None]
-        self._call_agreed(err, self._impl.restore, step, specs, strict)
+        self._call_agreed(err, self._impl.restore, step, specs, strict, verify_checksums)
         out = [p.finish() if p is not None else v for p, v in zip(plans, leaves)]
         return _pytree.unflatten(treedef, out)
 

@@ -253,12 +253,15 @@ class PyManager {
 
   // Collective; errors found in Python or here are agreed first, as in Save.
   void Restore(int64_t step, const std::vector<RestoreSpec>& specs, bool strict,
-               const PyError& py_error) {
+               bool verify_checksums, const PyError& py_error) {
     std::vector<ArrayToRestore> arrays;
     Status local = Convert(py_error, [&] { arrays = ToRestore(specs); });
     Blocking([&](CheckpointManager& mgr) {
       Status s = mgr.Agree(local);
-      return s.ok() ? mgr.Restore(step, arrays, RestoreOptions{.strict = strict}) : s;
+      return s.ok() ? mgr.Restore(
+                          step, arrays,
+                          RestoreOptions{.strict = strict, .verify_checksums = verify_checksums})
+                    : s;
     });
   }
 
@@ -353,6 +356,29 @@ std::pair<int, int> WorldRankSize(std::optional<uintptr_t> comm) {
   return {rank, size};
 }
 
+// Options::data_path by name, as Python passes it.
+std::string DataPathName(const Options& o) {
+  switch (o.data_path) {
+    case DataPath::kDirect: return "direct";
+    case DataPath::kBuffered: return "buffered";
+    case DataPath::kHdf5: return "hdf5";
+  }
+  return "direct";
+}
+
+void SetDataPath(Options& o, const std::string& name) {
+  if (name == "direct") {
+    o.data_path = DataPath::kDirect;
+  } else if (name == "buffered") {
+    o.data_path = DataPath::kBuffered;
+  } else if (name == "hdf5") {
+    o.data_path = DataPath::kHdf5;
+  } else {
+    throw nb::value_error(
+        ("data_path must be 'direct', 'buffered' or 'hdf5', not '" + name + "'").c_str());
+  }
+}
+
 std::string ThreadLevel() {
   int level = MPI_THREAD_SINGLE;
   MPI_Query_thread(&level);
@@ -409,6 +435,12 @@ NB_MODULE(_core, m) {
       .def_rw("collective_timeout_seconds", &Options::collective_timeout_seconds)
       .def_rw("snapshot_threads", &Options::snapshot_threads)
       .def_rw("replica_parallel_min_bytes", &Options::replica_parallel_min_bytes)
+      .def_rw("writer_threads", &Options::writer_threads)
+      .def_rw("own_root", &Options::own_root)
+      .def_rw("root_lease_seconds", &Options::root_lease_seconds)
+      .def_rw("root_wait_seconds", &Options::root_wait_seconds)
+      .def_rw("checksum_chunk_bytes", &Options::checksum_chunk_bytes)
+      .def_prop_rw("data_path", &DataPathName, &SetDataPath)
       .def_prop_rw(
           "collective_transfer",
           [](const Options& o) { return o.transfer == Transfer::kCollective; },

@@ -8,6 +8,7 @@ import pytest
 import mhckpt
 from support import (
     all_equal_bytes,
+    all_ok,
     block,
     flip_byte_of,
     pattern,
@@ -115,6 +116,10 @@ def test_flipped_byte_is_data_loss(comm, mgr):
     # The undamaged array still restores.
     out = mgr.restore(1, {"small": None})
     all_equal_bytes(comm, out["small"], small, "the undamaged array")
+    # verify_checksums=False reads the damaged bytes as they are, unchecked.
+    got = mgr.restore(1, {"big": None}, verify_checksums=False)["big"]
+    all_ok(comm, got.tobytes() != big.tobytes(), "unchecked restore returns the damaged bytes")
+    all_ok(comm, np.count_nonzero(got != big) == 1, "exactly one element differs")
 
 
 def test_pytree_that_differs_across_ranks(comm, mgr):
@@ -238,3 +243,30 @@ def test_errors_the_core_finds_are_raised_by_wait(comm, mgr):
 def test_bad_comm(mgr):
     with pytest.raises(TypeError, match="mpi4py communicator"):
         mhckpt.CheckpointManager(mgr.root, comm="world")
+
+
+def test_bad_data_path(root):
+    with pytest.raises(ValueError, match="data_path must be"):
+        mhckpt.CheckpointManager(root, data_path="mmap")
+
+
+def test_root_owned_by_another_manager(comm, root):
+    with mhckpt.CheckpointManager(root) as owner:
+        owner.save(1, {"x": np.arange(6, dtype=np.int64)})
+        owner.wait_until_finished()
+        # A second owner is refused on every rank, naming the lock.
+        raises_everywhere(
+            comm,
+            mhckpt.FailedPreconditionError,
+            lambda: mhckpt.CheckpointManager(root),
+            contains=["in use"],
+        )
+        # A reader takes no ownership: it restores, and cannot save.
+        with mhckpt.CheckpointManager(root, own_root=False) as reader:
+            all_equal_bytes(comm, reader.restore(1)["x"], np.arange(6, dtype=np.int64), "reader")
+
+            def save_and_wait():
+                reader.save(2, {"x": np.arange(3)})
+                reader.wait_until_finished()
+
+            raises_everywhere(comm, mhckpt.FailedPreconditionError, save_and_wait)
