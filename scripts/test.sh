@@ -48,4 +48,6 @@ left_out=()
 if [ ${#left_out[@]} -gt 0 ]; then
   exclude+=(-LE "^($(IFS='|'; echo "${left_out[*]}"))\$")
 fi
-ctest --output-on-failure --timeout 300 "${exclude[@]}" "$@"
+# -j: tests run side by side on the machine's cores; a test of N ranks counts
+# as N (ctest PROCESSORS), and one that needs more ranks than cores runs alone.
+ctest --output-on-failure --timeout 300 -j "$(nproc)" "${exclude[@]}" "$@"
