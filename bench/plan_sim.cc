@@ -246,6 +246,7 @@ struct Flags {
   int64_t arrays = 0;
   int tp = 0, pp = 0;
   uint64_t rp_min_bytes = 1 << 20;
+  uint64_t chunk_bytes = io::kChunkBytes;
   bool full = false;
   bool every_rank = false;
   int reps = 3;
@@ -321,17 +322,18 @@ json GatherShape(const std::vector<int64_t>& sizes) {
 
 // Rank 0's plan from the deduplicated round, timed and metered; then one other
 // rank's parse of it.
-json RootPlan(const Gathered& g, uint64_t rp_min_bytes, io::Marker* plan_out) {
+json RootPlan(const Gathered& g, uint64_t rp_min_bytes, uint64_t chunk_bytes,
+              io::Marker* plan_out) {
   PeakMeter meter;
   meter.Mark();
   const double cpu0 = ThreadCpuSeconds();
   auto t0 = Clock::now();
   const internal::LayoutGroups groups = internal::GroupLayouts(g.digests);
   const double group_s = Since(t0);
-  Result<io::Marker> plan = internal::PlanLayouts(g.sent, groups, rp_min_bytes, io::kChunkBytes);
+  Result<io::Marker> plan = internal::PlanLayouts(g.sent, groups, rp_min_bytes, chunk_bytes);
   if (!plan.ok()) throw std::runtime_error(plan.status().ToString());
   const double plan_s = Since(t0) - group_s;
-  std::string text = io::MarkerToJson(*plan);
+  std::string text = io::MarkerToJson(*plan, io::MarkerText::kPlan);
   const double total_s = Since(t0);
   const double cpu_s = ThreadCpuSeconds() - cpu0;
   const int64_t peak = meter.Peak();
@@ -344,9 +346,15 @@ json RootPlan(const Gathered& g, uint64_t rp_min_bytes, io::Marker* plan_out) {
   }
   const double decode_cpu = ThreadCpuSeconds() - decode_cpu0;
   auto t1 = Clock::now();
-  Result<io::Marker> parsed = io::ParseMarker(text, "plan");
+  Result<io::Marker> parsed = io::ParseMarker(text, "plan", io::MarkerText::kPlan);
   if (!parsed.ok()) throw std::runtime_error(parsed.status().ToString());
   const double parse_s = Since(t1);
+  // The commit marker of the same plan (chunk checksums included), which
+  // every rank parses at restore.
+  const std::string marker = io::MarkerToJson(*plan);
+  auto t2 = Clock::now();
+  if (!io::ParseMarker(marker, "marker").ok()) throw std::runtime_error("marker");
+  const double marker_parse_s = Since(t2);
   json out = {{"layouts", groups.first_rank.size()},
               {"group_seconds", group_s},
               {"plan_seconds", plan_s},
@@ -357,6 +365,8 @@ json RootPlan(const Gathered& g, uint64_t rp_min_bytes, io::Marker* plan_out) {
               {"plan_json_bytes", text.size()},
               {"plan_json_xxh3", XXH3_64bits(text.data(), text.size())},
               {"parse_seconds_per_rank", parse_s},
+              {"marker_json_bytes", marker.size()},
+              {"marker_parse_seconds_per_rank", marker_parse_s},
               {"balance", Balance(*plan)}};
   if (plan_out != nullptr) *plan_out = std::move(plan).value();
   return out;
@@ -365,10 +375,11 @@ json RootPlan(const Gathered& g, uint64_t rp_min_bytes, io::Marker* plan_out) {
 // RootPlan `reps` times: the figures of the one with the least CPU time (this
 // machine is shared; the least disturbed run is the closest to the work), and
 // every run's CPU and wall time.
-json RootPlanReps(const Gathered& g, uint64_t rp_min_bytes, int reps, io::Marker* plan_out) {
+json RootPlanReps(const Gathered& g, uint64_t rp_min_bytes, uint64_t chunk_bytes, int reps,
+                  io::Marker* plan_out) {
   json best, cpu = json::array(), wall = json::array();
   for (int i = 0; i < std::max(1, reps); ++i) {
-    json p = RootPlan(g, rp_min_bytes, i == 0 ? plan_out : nullptr);
+    json p = RootPlan(g, rp_min_bytes, chunk_bytes, i == 0 ? plan_out : nullptr);
     cpu.push_back(p["root_cpu_seconds"]);
     wall.push_back(p["root_seconds"]);
     if (best.is_null() || p["root_cpu_seconds"] < best["root_cpu_seconds"]) best = std::move(p);
@@ -392,7 +403,7 @@ json FullPlan(Encoder& encoder, int ranks) {
   const double decode_s = Since(t0);
   Result<io::Marker> plan = internal::BuildPlan(decoded, 0);
   if (!plan.ok()) throw std::runtime_error(plan.status().ToString());
-  std::string text = io::MarkerToJson(*plan);
+  std::string text = io::MarkerToJson(*plan, io::MarkerText::kPlan);
   return {{"decode_seconds", decode_s},
           {"root_seconds", Since(t0)},
           {"root_cpu_seconds", ThreadCpuSeconds() - cpu0},
@@ -424,12 +435,13 @@ json Run(const Flags& f) {
   out["gather_dedup"] = GatherShape(sent_sizes);
   out["gather_dedup"]["digest_bytes"] = root_received;
   io::Marker plan;
-  out["plan"] = RootPlanReps(g, 0, f.reps, &plan);
+  out["chunk_bytes"] = f.chunk_bytes;
+  out["plan"] = RootPlanReps(g, 0, f.chunk_bytes, f.reps, &plan);
   out["hdf5_metadata_ops"] = MetadataOps(plan);
   out["total_bytes"] = plan.total_bytes;
   plan = {};
   if (f.rp_min_bytes > 0) {
-    out["plan_replica_parallel"] = RootPlanReps(g, f.rp_min_bytes, f.reps, nullptr);
+    out["plan_replica_parallel"] = RootPlanReps(g, f.rp_min_bytes, f.chunk_bytes, f.reps, nullptr);
     out["plan_replica_parallel"]["rp_min_bytes"] = f.rp_min_bytes;
   }
   if (f.full) {
@@ -449,11 +461,13 @@ void PrintPlan(const char* what, const json& p) {
   std::printf(
       "  %s: %d layouts; rank 0 %.3f s (cpu %.3f; group %.3f, plan %.3f), peak %.1f MB;"
       " plan JSON %.2f MB, parse per rank %.3f s\n"
+      "    commit marker %.2f MB, parse per rank at restore %.3f s\n"
       "    %d boxes, %d writers, max/mean %.3f (of writers %.3f)\n",
       what, p["layouts"].get<int>(), p["root_seconds"].get<double>(),
       p["root_cpu_seconds"].get<double>(), p["group_seconds"].get<double>(),
       p["plan_seconds"].get<double>(), p["root_peak_bytes"].get<double>() / 1e6,
       p["plan_json_bytes"].get<double>() / 1e6, p["parse_seconds_per_rank"].get<double>(),
+      p["marker_json_bytes"].get<double>() / 1e6, p["marker_parse_seconds_per_rank"].get<double>(),
       p["balance"]["boxes"].get<int>(), p["balance"]["writers"].get<int>(),
       p["balance"]["max_over_mean"].get<double>(),
       p["balance"]["max_over_mean_of_writers"].get<double>());
@@ -503,6 +517,9 @@ int main(int argc, char** argv) {
     app.add_option("--pp", f.pp, "Pipeline stages (0: the model's default)");
     app.add_option("--rp-min-bytes", f.rp_min_bytes,
                    "Options::replica_parallel_min_bytes of the second plan");
+    app.add_option("--chunk-bytes", f.chunk_bytes,
+                   "Options::checksum_chunk_bytes (the commit marker's chunk checksums)")
+        ->check(CLI::PositiveNumber);
     app.add_option("--reps", f.reps, "Plans per figure (the least CPU time is reported)");
     app.add_flag("--full", f.full, "Also plan without deduplication (every description decoded)");
     app.add_flag("--encode-every-rank", f.every_rank,

@@ -340,7 +340,7 @@ class SaveRun {
         Result<io::Marker> p = PlanOnRoot(encoded, groups, impl_.root_, job_.step, impl_.options_);
         if (!p.ok()) return p.status();
         plan_ = std::move(p).value();
-        plan_json = io::MarkerToJson(plan_);
+        plan_json = io::MarkerToJson(plan_, io::MarkerText::kPlan);
         return OkStatus();
       });
       if (s.code() == StatusCode::kIoError)
@@ -352,7 +352,7 @@ class SaveRun {
     comm_.BroadcastBytes(&plan_json, 0);
     Status parsed;
     if (rank_ != 0) {
-      Result<io::Marker> p = io::ParseMarker(plan_json, "plan");
+      Result<io::Marker> p = io::ParseMarker(plan_json, "plan", io::MarkerText::kPlan);
       if (p.ok()) {
         plan_ = std::move(p).value();
       } else {

@@ -458,8 +458,9 @@ void AppendString(std::string& out, const std::string& s) { out += json(s).dump(
 // is ~100,000 JSON values, and building, dumping and freeing them cost more
 // than the rest of the commit (docs/PERFORMANCE.md, "Many small arrays"). The
 // text is the one nlohmann::json::dump gives (keys sorted, one line).
-std::string MarkerToJson(const Marker& m) {
+std::string MarkerToJson(const Marker& m, MarkerText what) {
   const bool chunked = m.format_version >= 2;
+  const bool chunk_lists = chunked && what == MarkerText::kCommit;
   std::string out;
   out.reserve(256 + m.arrays.size() * 160);
   out += "{\"arrays\":[";
@@ -472,7 +473,7 @@ std::string MarkerToJson(const Marker& m) {
       if (k > 0) out += ',';
       out += "{\"checksum\":";
       AppendString(out, ChecksumToString(b.checksum));
-      if (chunked) {
+      if (chunk_lists) {
         fmt::format_to(std::back_inserter(out), ",\"chunk_rows\":{},\"chunks\":[", b.chunk_rows);
         for (size_t c = 0; c < b.chunks.size(); ++c) {
           if (c > 0) out += ',';
@@ -530,7 +531,7 @@ Status ParseChunks(BoxSlots& sb, const std::string& origin, const std::string& a
 
 }  // namespace
 
-Result<Marker> ParseMarker(const std::string& text, const std::string& origin) {
+Result<Marker> ParseMarker(const std::string& text, const std::string& origin, MarkerText what) {
   auto malformed = [&](const std::string& why) {
     return DataLoss(fmt::format("commit marker '{}' is malformed: {}", origin, why));
   };
@@ -586,12 +587,19 @@ Result<Marker> ParseMarker(const std::string& text, const std::string& origin) {
                                     *checksum,
                                     0,
                                     {}});
-        if (chunked) MHCKPT_RETURN_IF_ERROR(ParseChunks(sb, origin, a.name, &a.boxes.back()));
+        if (chunked && what == MarkerText::kCommit) {
+          MHCKPT_RETURN_IF_ERROR(ParseChunks(sb, origin, a.name, &a.boxes.back()));
+        }
       }
       m.arrays.push_back(std::move(a));
     }
   } catch (const Malformed& e) {
     return malformed(e.why);
+  }
+  // A plan's chunks are sized here, as rank 0 sized them (Validate refuses
+  // a chunk size of 0).
+  if (what == MarkerText::kPlan && m.format_version >= 2 && m.chunk_bytes > 0) {
+    PlanChunks(&m, m.chunk_bytes);
   }
   MHCKPT_RETURN_IF_ERROR(CheckMarker(m, origin));
   return m;

@@ -72,13 +72,28 @@ int64_t ChunkCount(const Box& box, int64_t chunk_rows);
 /// checksums zero, to be filled by the writers) and makes it version 2.
 void PlanChunks(Marker* marker, uint64_t chunk_bytes);
 
+/// What a marker's text is for.
+enum class MarkerText : uint8_t {
+  /// The commit marker: everything, chunk checksums included.
+  kCommit,
+  /// The plan that rank 0 broadcasts before the writes: without the boxes'
+  /// chunk lists (`chunk_rows`, `chunks`), which are all zero then and which
+  /// every rank sizes again from `chunk_bytes` (PlanChunks). At 1 MiB chunks
+  /// they are most of the text: 8,000 ranks x 10,020 arrays of a 70B model,
+  /// 86 MB with them and 6.6 MB without (docs/SCALE.md).
+  kPlan,
+};
+
 /// JSON text of a marker.
-std::string MarkerToJson(const Marker& marker);
+std::string MarkerToJson(const Marker& marker, MarkerText what = MarkerText::kCommit);
 
 /// Parses and validates a marker: syntax, version, names, dtypes, shapes
 /// (non-negative, bounded volume), boxes inside shapes. Errors are DataLoss
-/// and name `origin` (a path) and the offending array.
-Result<Marker> ParseMarker(const std::string& json, const std::string& origin);
+/// and name `origin` (a path) and the offending array. A kPlan text of
+/// version 2 gets its chunk lists from PlanChunks (any in the text are
+/// ignored).
+Result<Marker> ParseMarker(const std::string& json, const std::string& origin,
+                           MarkerText what = MarkerText::kCommit);
 
 /// The checks ParseMarker makes of what it parsed (data file, version, names,
 /// shapes, boxes, writers), for a marker built in memory.
