@@ -140,6 +140,8 @@ struct Options {
   /// chunks around it. Larger chunks: a smaller marker, more bytes read
   /// beyond those asked for when the sharding differs from the save's.
   /// Rank 0's value is used. 0 = the default, 1 MiB (docs/PERFORMANCE.md).
+  /// The marker holds ~25 bytes per chunk, parsed by every rank at restore:
+  /// for checkpoints of many TB, 16-64 MiB keeps it small (docs/SCALE.md).
   uint64_t checksum_chunk_bytes = 0;
 };
 
