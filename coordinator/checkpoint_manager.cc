@@ -24,6 +24,7 @@
 #include "io/layout.h"
 #include "io/marker.h"
 #include "io/posix_file.h"
+#include "io/root_lock.h"
 #include "worker/copy.h"
 
 namespace mhckpt {
@@ -83,6 +84,58 @@ Status PrepareRoot(const std::string& root, const Options& options,
     removed = true;
   }
   return removed ? io::FsyncDir(root) : OkStatus();
+}
+
+constexpr size_t kMaxLeaseBytes = 64 * 1024;
+
+std::string LeasePath(const std::string& root) {
+  return root + "/" + std::string(io::kLeaseFileName);
+}
+
+// Why this rank does not see, at `root`, the directory that rank 0 opened
+// (whose lease text is `lease_text`; empty without ownership), or "".
+std::string RootNotShared(const std::string& root, const std::string& lease_text) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(root, ec)) return "it does not exist here";
+  if (lease_text.empty()) return "";
+  const Result<io::Lease> theirs = io::ParseLease(lease_text);
+  if (!theirs.ok()) return "";  // rank 0 could not read its own lease back: nothing to compare
+  const Result<std::string> text = io::ReadSmallFile(LeasePath(root), kMaxLeaseBytes);
+  const Result<io::Lease> here =
+      text.ok() ? io::ParseLease(*text) : Result<io::Lease>(text.status());
+  if (!here.ok()) return fmt::format("rank 0's lease is not there ({})", here.status().message());
+  if (here->host != theirs->host || here->pid != theirs->pid ||
+      here->started_unix_ms != theirs->started_unix_ms) {
+    return fmt::format("the lease there is another process's ({})",
+                       io::DescribeHolder(*here, here->heartbeat_unix_ms));
+  }
+  return "";
+}
+
+// Every rank must see the directory rank 0 opened: a root on node-local
+// storage (/tmp on every node) would have ranks write into different
+// directories, and collective file calls wait forever. With ownership, rank
+// 0's lease — just written, naming its host, pid and start time — is the
+// token every rank must find there. Collective; agreed.
+Status AgreeRootIsShared(const std::string& root, bool own_root, const Comm& comm) {
+  std::string lease_text;
+  if (comm.rank() == 0 && own_root) {
+    Result<std::string> text = io::ReadSmallFile(LeasePath(root), kMaxLeaseBytes);
+    if (text.ok()) lease_text = std::move(text).value();
+  }
+  comm.BroadcastBytes(&lease_text, 0);
+  Status s;
+  if (comm.rank() != 0) {
+    s = Guarded(fmt::format("rank {}: open", comm.rank()), [&] {
+      const std::string why = RootNotShared(root, lease_text);
+      if (why.empty()) return OkStatus();
+      return FailedPrecondition(fmt::format(
+          "rank {} on host '{}' does not see the root '{}' that rank 0 opened: {}; the root "
+          "must be on a file system that every rank sees (not node-local storage)",
+          comm.rank(), io::CurrentProcessLease().host, root, why));
+    });
+  }
+  return AgreeAll(s, comm);
 }
 
 // The options that decide which collective calls a save makes (the replica
@@ -222,6 +275,7 @@ Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(MPI_Comm comm
   }
   // Why: only rank 0 touched the directory; every rank must see its outcome.
   MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, dup));
+  MHCKPT_RETURN_IF_ERROR(AgreeRootIsShared(root, options.own_root, dup));
   // Why a second duplicate: collectives on one communicator must not run on
   // two threads at once, and the I/O thread owns the first.
   Comm caller = Comm::Duplicate(comm);
@@ -302,9 +356,8 @@ Status CheckpointManager::WaitUntilFinished() {
     // Every save recorded and its retention done (rank 0): a step committed
     // before the call is listed, a step retention deletes is not.
     std::unique_lock<std::mutex> lock(impl_->mu_);
-    impl_->saves_cv_.wait(lock, [this] {
-      return impl_->saves_in_flight_ == 0 && !impl_->retention_pending_;
-    });
+    impl_->saves_cv_.wait(
+        lock, [this] { return impl_->saves_in_flight_ == 0 && !impl_->retention_pending_; });
     s = impl_->first_error_;
     impl_->first_error_ = OkStatus();
   }

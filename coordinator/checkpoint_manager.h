@@ -242,7 +242,9 @@ class CheckpointManager {
   /// them), if `root` is empty, holds a NUL byte or is too long, or if rank 0
   /// finds it is not a directory; FailedPrecondition if another job (or
   /// another manager of this process) owns `root`, naming its host, pid, job
-  /// id and heartbeat age — nothing in `root` is changed; IoError if rank 0
+  /// id and heartbeat age — nothing in `root` is changed — or if a rank does
+  /// not see the directory rank 0 opened (a root on node-local storage),
+  /// naming that rank and its host; IoError if rank 0
   /// cannot create `root`, cannot write to it, use its lock or lease file, or
   /// remove an uncommitted step.
   static Result<std::unique_ptr<CheckpointManager>> Open(MPI_Comm comm, std::string root,
