@@ -1,12 +1,16 @@
 #include "io/h5_engine.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "io/h5_file.h"
 #include "io/layout.h"
 #include "io/posix_file.h"
+#include "io/read_counters.h"
 
 namespace mhckpt::io {
 namespace {
@@ -63,6 +67,14 @@ class H5StepReader final : public StepReader {
 
   Result<size_t> OpenArray(const ArraySpec& spec) override {
     MHCKPT_ASSIGN_OR_RETURN(Dataset ds, file_.OpenDataset(spec.name, spec.dtype, spec.shape));
+    CountDatasetOpen();
+    // A recorded offset is where reads by offset look (pread_reader.h): it
+    // must be where the dataset's bytes are.
+    const std::optional<uint64_t> at = ds.OffsetInFile();
+    if (spec.offset >= 0 && (!at || *at != static_cast<uint64_t>(spec.offset))) {
+      return DataLoss(fmt::format("array '{}': stored at byte {}, the marker says {}", spec.name,
+                                  at ? static_cast<int64_t>(*at) : -1, spec.offset));
+    }
     datasets_.push_back(std::move(ds));
     return datasets_.size() - 1;
   }
@@ -92,8 +104,8 @@ class H5Engine final : public Engine {
     return std::unique_ptr<StepWriter>(new H5StepWriter(std::move(file), std::move(path)));
   }
 
-  Result<std::unique_ptr<StepReader>> Open(const std::string& root, int64_t step,
-                                           MPI_Comm comm) override {
+  Result<std::unique_ptr<StepReader>> Open(const std::string& root, int64_t step, MPI_Comm comm,
+                                           const ReadOptions& /*options*/) override {
     MHCKPT_ASSIGN_OR_RETURN(
         H5File file, H5File::OpenReadOnly(DataPath(root, step), comm, Transfer::kIndependent));
     return std::unique_ptr<StepReader>(new H5StepReader(std::move(file)));
