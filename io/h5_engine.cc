@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -63,7 +64,7 @@ class H5StepWriter final : public StepWriter {
 
 class H5StepReader final : public StepReader {
  public:
-  explicit H5StepReader(H5File file) : file_(std::move(file)) {}
+  H5StepReader(H5File file, int64_t step) : file_(std::move(file)), step_(step) {}
 
   Result<size_t> OpenArray(const ArraySpec& spec) override {
     MHCKPT_ASSIGN_OR_RETURN(Dataset ds, file_.OpenDataset(spec.name, spec.dtype, spec.shape));
@@ -76,11 +77,15 @@ class H5StepReader final : public StepReader {
                                   at ? static_cast<int64_t>(*at) : -1, spec.offset));
     }
     datasets_.push_back(std::move(ds));
+    names_.push_back(spec.name);
     return datasets_.size() - 1;
   }
 
   Status Read(size_t array, const Box& box, void* data) override {
-    return datasets_[array].Read(box, data);
+    Status s = datasets_[array].Read(box, data);
+    if (s.ok()) return s;
+    return {s.code(), fmt::format("step {}: array '{}' box {}: {}", step_, names_[array],
+                                  BoxToString(box), s.message())};
   }
 
   Status Close() override {
@@ -90,7 +95,9 @@ class H5StepReader final : public StepReader {
 
  private:
   H5File file_;
+  int64_t step_;
   std::vector<Dataset> datasets_;
+  std::vector<std::string> names_;  // of datasets_, for messages
 };
 
 class H5Engine final : public Engine {
@@ -108,7 +115,7 @@ class H5Engine final : public Engine {
                                            const ReadOptions& /*options*/) override {
     MHCKPT_ASSIGN_OR_RETURN(
         H5File file, H5File::OpenReadOnly(DataPath(root, step), comm, Transfer::kIndependent));
-    return std::unique_ptr<StepReader>(new H5StepReader(std::move(file)));
+    return std::unique_ptr<StepReader>(new H5StepReader(std::move(file), step));
   }
 
  private:

@@ -229,9 +229,10 @@ TEST_F(Faults, EioOnRead) {
   ExpectRestores(1);
   ASSERT_TRUE(testing::ForgetOffsets(dir_, 1));  // now read through HDF5
   s = RestoreWithFault(1, fmt::format("rank={},point=h5_read,action=eio", Last()));
-  EXPECT_EQ(s.code(), StatusCode::kIoError) << s.ToString();
-  EXPECT_THAT(s.message(), HasSubstr(fmt::format("rank {}: {} (injected at h5_read)", Last(),
-                                                 std::strerror(EIO))));
+  EXPECT_EQ(s, Status(StatusCode::kIoError,
+                      fmt::format("rank {}: step 1: array 'w' box {}: {} (injected at h5_read)",
+                                  Last(), FirstStoredBox(), std::strerror(EIO))))
+      << s.ToString();
   EXPECT_TRUE(SameOnAllRanks(s)) << s.ToString();
   ExpectRestores(1);
 }
