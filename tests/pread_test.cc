@@ -165,6 +165,42 @@ TEST_F(Pread, WithoutOffsetsTheStepIsReadThroughHdf5) {
   EXPECT_TRUE(mgr_->Verify(1).ok());
 }
 
+// More small replicated arrays than one packet holds (17 x 4 MiB: a packet
+// of 16, then one of 1): every rank gets every byte.
+TEST(PreadPackets, ReplicatedArraysBeyondOnePacketArriveWhole) {
+  auto mgr = OpenForTest(FreshDir());
+  ASSERT_TRUE(mgr);
+  constexpr int kBig = 17;
+  const std::vector<int64_t> shape{1024, 1024};  // 4 MiB of float32: the largest packed
+  std::vector<std::vector<std::byte>> data;
+  std::vector<ArrayToSave> arrays;
+  data.reserve(kBig);
+  for (int i = 0; i < kBig; ++i) {
+    std::vector<Shard> shards;
+    if (i % Size() == Rank()) {
+      data.push_back(Fill(DType::kFloat32, shape, FullBox(shape), 100 + i));
+      shards.push_back({FullBox(shape), data.back().data()});
+    }
+    arrays.push_back({"big" + std::to_string(10 + i), DType::kFloat32, shape, shards});
+  }
+  ASSERT_TRUE(mgr->Save(1, arrays).ok());
+  Status s = mgr->WaitUntilFinished();
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  data.clear();
+  std::vector<std::vector<std::byte>> out(kBig, std::vector<std::byte>(size_t{4} << 20));
+  std::vector<ArrayToRestore> want;
+  for (int i = 0; i < kBig; ++i) {
+    want.push_back({arrays[i].name, DType::kFloat32, {{FullBox(shape), out[i].data()}}});
+  }
+  const uint64_t before = io::BytesRead();
+  s = mgr->Restore(1, want);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(io::BytesRead() - before, Rank() == 0 ? kBig * (uint64_t{4} << 20) : 0u);
+  for (int i = 0; i < kBig; ++i) {
+    EXPECT_TRUE(out[i] == Fill(DType::kFloat32, shape, FullBox(shape), 100 + i)) << i;
+  }
+}
+
 // Saved by the first half of the ranks (at least one), restored by all with
 // another sharding: rows for one array, columns (read through the bounce
 // buffer) for another; byte-exact, by offset.
