@@ -189,6 +189,7 @@ TEST(PreadPackets, ReplicatedArraysBeyondOnePacketArriveWhole) {
   data.clear();
   std::vector<std::vector<std::byte>> out(kBig, std::vector<std::byte>(size_t{4} << 20));
   std::vector<ArrayToRestore> want;
+  want.reserve(kBig);
   for (int i = 0; i < kBig; ++i) {
     want.push_back({arrays[i].name, DType::kFloat32, {{FullBox(shape), out[i].data()}}});
   }
