@@ -18,6 +18,8 @@
 //   retention       a step's marker is unlinked, its files not yet removed
 //   h5_write        a dataset write (use an errno action)
 //   h5_read         a dataset read (errno action)
+//   pread           a read by offset of array bytes (io/pread_reader.h;
+//                   errno actions, also `short` and `eintr`)
 //   data_fsync      the data file's flush to disk (HDF5: H5Fflush, which ends
 //                   in MPI_File_sync), in place of the flush (errno action)
 //   write, read, fsync (the marker's temp file), fsync_dir, rename, mkdir,
@@ -33,7 +35,8 @@
 //   hang            sleeps forever (a stuck rank; see the watchdog)
 //   enospc, eio, eacces   the call fails with that errno (points that return a Status)
 //   eintr           the call is interrupted (EINTR): the caller must retry it
-//   short           a write writes half of what it was given (at least a byte)
+//   short           a write (or a pread) moves half of what it was given (at
+//                   least a byte)
 //   wait            (with file=PATH) creates PATH.reached, then waits until
 //                   PATH exists and goes on: a test's gate inside a save
 #pragma once

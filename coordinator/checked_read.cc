@@ -10,9 +10,6 @@
 namespace mhckpt::internal {
 namespace {
 
-// A bounce buffer grows to hold this many bytes of chunks (or one chunk).
-constexpr uint64_t kBounceBytes = uint64_t{64} << 20;
-
 // The elements `a` and `b` share (they intersect).
 Box Intersection(const Box& a, const Box& b) {
   Box r = a;
@@ -23,108 +20,159 @@ Box Intersection(const Box& a, const Box& b) {
   return r;
 }
 
-// One stored box of an array, as the reads of `want` cut it into chunks.
-class StoredBoxRead {
- public:
-  StoredBoxRead(io::StepReader& reader, size_t handle, const io::MarkerArray& a,
-                const io::MarkerBox& b, const Box& want, std::byte* out)
-      : reader_(reader),
-        handle_(handle),
-        a_(a),
-        b_(b),
-        want_(want),
-        out_(out),
-        elem_(DTypeSize(a.dtype)),
-        want_bytes_(static_cast<size_t>(Volume(want.count).value_or(0)) * elem_) {}
+size_t BoxBytes(const Box& box, DType dtype) {
+  return static_cast<size_t>(Volume(box.count).value_or(0)) * DTypeSize(dtype);
+}
 
-  // Reads and checks the chunks of the stored box that `want` needs.
-  Status Run(std::vector<std::byte>& bounce, CheckedReadStats* stats) {
-    if (b_.box.count.empty()) return ReadGroup(0, 1, out_, stats);  // 0-d: one chunk
-    const int64_t count0 = b_.box.count[0];
-    row_bytes_ = static_cast<size_t>(Volume(b_.box.count).value_or(0) / count0) * elem_;
-    const int64_t r0 = std::max(want_.start[0], b_.box.start[0]) - b_.box.start[0];
-    const int64_t r1 =
-        std::min(want_.start[0] + want_.count[0], b_.box.start[0] + count0) - b_.box.start[0];
-    const int64_t rows = b_.chunk_rows;
-    const int64_t last = (r1 - 1) / rows + 1;
-    for (int64_t c = r0 / rows; c < last;) {
-      const bool direct = Direct(c);
-      int64_t e = c + 1;
-      if (direct) {
-        while (e < last && Direct(e)) ++e;
-      } else {
-        while (e < last && !Direct(e) &&
-               static_cast<uint64_t>(e + 1 - c) * static_cast<uint64_t>(rows) * row_bytes_ <=
-                   kBounceBytes) {
-          ++e;
-        }
-      }
-      const Box group = Chunks(c, e);
-      const size_t group_bytes = static_cast<size_t>(*Volume(group.count)) * elem_;
-      if (direct) {
-        MHCKPT_RETURN_IF_ERROR(
-            ReadGroup(c, e, out_ + RowRunBytes(want_, group, want_bytes_)->first, stats));
-      } else {
-        if (bounce.size() < group_bytes) bounce.resize(group_bytes);
-        MHCKPT_RETURN_IF_ERROR(ReadGroup(c, e, bounce.data(), stats));
-        CopyRegion(bounce.data(), group, out_, want_, Intersection(group, want_), elem_);
-      }
-      c = e;
+// Rows [first * chunk_rows, last * chunk_rows) of stored box `b`, clipped.
+Box Chunks(const io::MarkerBox& b, int64_t first, int64_t last) {
+  Box box = b.box;
+  box.start[0] = b.box.start[0] + first * b.chunk_rows;
+  box.count[0] = std::min(last * b.chunk_rows, b.box.count[0]) - first * b.chunk_rows;
+  return box;
+}
+
+// Checks every stored box of `a` whose bytes all lie, contiguously, in the
+// `bytes` read for `box` at `host`: the box itself, or a run of whole rows of
+// it (row shards, or the slices of replica-parallel saving, read whole). A
+// read of part of a stored box cannot be checked against its checksum.
+Status CheckStoredBoxes(const io::MarkerArray& a, const Box& box, const std::byte* host,
+                        size_t bytes) {
+  for (const io::MarkerBox& b : a.boxes) {
+    if (b.box == box) {
+      MHCKPT_RETURN_IF_ERROR(CheckChecksum(a, b, Checksum(host, bytes)));
+    } else if (auto run = RowRunBytes(box, b.box, bytes)) {
+      MHCKPT_RETURN_IF_ERROR(CheckChecksum(a, b, Checksum(host + run->first, run->second)));
     }
-    return OkStatus();
   }
+  return OkStatus();
+}
 
- private:
-  // Rows [first * chunk_rows, last * chunk_rows) of the stored box, clipped.
-  [[nodiscard]] Box Chunks(int64_t first, int64_t last) const {
-    Box box = b_.box;
-    box.start[0] = b_.box.start[0] + first * b_.chunk_rows;
-    box.count[0] = std::min(last * b_.chunk_rows, b_.box.count[0]) - first * b_.chunk_rows;
-    return box;
+// Checks chunks [first, last) of stored box `b` of `a`, read into `dst`
+// (`bytes` of them).
+Status CheckChunks(const io::MarkerArray& a, const io::MarkerBox& b, int64_t first, int64_t last,
+                   const std::byte* dst, size_t bytes) {
+  size_t chunk_bytes = bytes;
+  if (!b.box.count.empty()) {
+    const size_t row_bytes = BoxBytes(b.box, a.dtype) / static_cast<size_t>(b.box.count[0]);
+    chunk_bytes = static_cast<size_t>(b.chunk_rows) * row_bytes;
   }
-
-  // Chunk `c` lies whole in `want` as a run of its rows: read it in place.
-  [[nodiscard]] bool Direct(int64_t c) const {
-    return RowRunBytes(want_, Chunks(c, c + 1), want_bytes_).has_value();
+  for (int64_t c = first; c < last; ++c) {
+    const size_t at = static_cast<size_t>(c - first) * chunk_bytes;
+    MHCKPT_RETURN_IF_ERROR(
+        CheckChunkChecksum(a, b, c, Checksum(dst + at, std::min(chunk_bytes, bytes - at))));
   }
-
-  // Reads chunks [first, last) into `dst` and checks each.
-  Status ReadGroup(int64_t first, int64_t last, std::byte* dst, CheckedReadStats* stats) {
-    const Box group = b_.box.count.empty() ? b_.box : Chunks(first, last);
-    const size_t bytes = static_cast<size_t>(*Volume(group.count)) * elem_;
-    MHCKPT_RETURN_IF_ERROR(reader_.Read(handle_, group, dst));
-    const size_t chunk_bytes =
-        b_.box.count.empty() ? bytes : static_cast<size_t>(b_.chunk_rows) * row_bytes_;
-    for (int64_t c = first; c < last; ++c) {
-      const size_t at = static_cast<size_t>(c - first) * chunk_bytes;
-      MHCKPT_RETURN_IF_ERROR(
-          CheckChunkChecksum(a_, b_, c, Checksum(dst + at, std::min(chunk_bytes, bytes - at))));
-    }
-    if (stats != nullptr) {
-      stats->read += bytes;
-      stats->checked += bytes;
-    }
-    return OkStatus();
-  }
-
-  io::StepReader& reader_;
-  size_t handle_;
-  const io::MarkerArray& a_;
-  const io::MarkerBox& b_;
-  const Box& want_;
-  std::byte* out_;
-  size_t elem_;
-  size_t want_bytes_;
-  size_t row_bytes_ = 0;
-};
+  return OkStatus();
+}
 
 }  // namespace
 
-Status ReadChecked(io::StepReader& reader, size_t handle, const io::MarkerArray& a, const Box& want,
-                   std::byte* out, std::vector<std::byte>& bounce, CheckedReadStats* stats) {
+Status ReadBatch::Add(size_t handle, const io::MarkerArray& a, const Box& want, std::byte* out) {
+  if (!verify_ || version_ < 2) {
+    items_.push_back({});
+    Item& it = items_.back();
+    it.handle = handle;
+    it.a = &a;
+    it.box = want;
+    it.dst = out;
+    it.whole_boxes = verify_;
+    return OkStatus();
+  }
   for (const io::MarkerBox& b : a.boxes) {
     if (Volume(b.box.count).value_or(0) == 0 || !BoxesIntersect(want, b.box)) continue;
-    MHCKPT_RETURN_IF_ERROR(StoredBoxRead(reader, handle, a, b, want, out).Run(bounce, stats));
+    MHCKPT_RETURN_IF_ERROR(AddStoredBox(handle, a, b, want, out));
+  }
+  return OkStatus();
+}
+
+// Queues the chunks of stored box `b` that `want` needs: runs of chunks that
+// lie whole in `want` straight into `out`, the others in groups of at most
+// kBounceBytes into bounce memory (flushing the batch when it is full).
+Status ReadBatch::AddStoredBox(size_t handle, const io::MarkerArray& a, const io::MarkerBox& b,
+                               const Box& want, std::byte* out) {
+  const size_t want_bytes = BoxBytes(want, a.dtype);
+  auto queue = [&](int64_t first, int64_t last, const Box& group, std::byte* dst) {
+    const size_t group_bytes = BoxBytes(group, a.dtype);
+    if (dst == nullptr && bounce_bytes_ > 0 && bounce_bytes_ + group_bytes > kBounceBytes) {
+      MHCKPT_RETURN_IF_ERROR(Flush());
+    }
+    items_.push_back({});
+    Item& it = items_.back();
+    it.handle = handle;
+    it.a = &a;
+    it.box = group;
+    it.stored = &b;
+    it.first = first;
+    it.last = last;
+    if (dst != nullptr) {
+      it.dst = dst;
+      return OkStatus();
+    }
+    it.bounce_at = bounce_bytes_;
+    bounce_bytes_ += group_bytes;
+    it.bounced = true;
+    it.want = want;
+    it.out = out;
+    return OkStatus();
+  };
+  if (b.box.count.empty()) return queue(0, 1, b.box, out);  // 0-d: one chunk, in place
+  const size_t row_bytes = BoxBytes(b.box, a.dtype) / static_cast<size_t>(b.box.count[0]);
+  const int64_t r0 = std::max(want.start[0], b.box.start[0]) - b.box.start[0];
+  const int64_t r1 =
+      std::min(want.start[0] + want.count[0], b.box.start[0] + b.box.count[0]) - b.box.start[0];
+  const int64_t rows = b.chunk_rows;
+  const int64_t last = (r1 - 1) / rows + 1;
+  auto direct = [&](int64_t c) {  // chunk c lies whole in `want` as a run of its rows
+    return RowRunBytes(want, Chunks(b, c, c + 1), want_bytes).has_value();
+  };
+  for (int64_t c = r0 / rows; c < last;) {
+    const bool in_place = direct(c);
+    int64_t e = c + 1;
+    while (
+        e < last && direct(e) == in_place &&
+        (in_place || static_cast<uint64_t>(e + 1 - c) * static_cast<uint64_t>(rows) * row_bytes <=
+                         kBounceBytes)) {
+      ++e;
+    }
+    const Box group = Chunks(b, c, e);
+    MHCKPT_RETURN_IF_ERROR(
+        queue(c, e, group, in_place ? out + RowRunBytes(want, group, want_bytes)->first : nullptr));
+    c = e;
+  }
+  return OkStatus();
+}
+
+Status ReadBatch::Flush() {
+  if (items_.empty()) return OkStatus();
+  if (bounce_.size() < bounce_bytes_) bounce_.resize(bounce_bytes_);
+  std::vector<io::ReadRequest> requests;
+  requests.reserve(items_.size());
+  for (const Item& it : items_) {
+    requests.push_back({it.handle, it.box, it.bounced ? bounce_.data() + it.bounce_at : it.dst});
+  }
+  Status s = reader_.ReadMany(requests);
+  for (size_t i = 0; s.ok() && i < items_.size(); ++i) {
+    s = Finish(items_[i], static_cast<std::byte*>(requests[i].data));
+  }
+  items_.clear();
+  bounce_bytes_ = 0;
+  return s;
+}
+
+// The checks and the copy that follow the read of `item` into `dst`.
+Status ReadBatch::Finish(const Item& item, std::byte* dst) {
+  const io::MarkerArray& a = *item.a;
+  const size_t bytes = BoxBytes(item.box, a.dtype);
+  if (item.whole_boxes) MHCKPT_RETURN_IF_ERROR(CheckStoredBoxes(a, item.box, dst, bytes));
+  if (item.stored == nullptr) return OkStatus();
+  MHCKPT_RETURN_IF_ERROR(CheckChunks(a, *item.stored, item.first, item.last, dst, bytes));
+  if (stats_ != nullptr) {
+    stats_->read += bytes;
+    stats_->checked += bytes;
+  }
+  if (item.bounced) {
+    CopyRegion(dst, item.box, item.out, item.want, Intersection(item.box, item.want),
+               DTypeSize(a.dtype));
   }
   return OkStatus();
 }

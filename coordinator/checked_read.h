@@ -3,6 +3,10 @@
 // into chunks of whole rows, each with its own checksum in the commit marker
 // (docs/FORMAT.md); a read of any part of it reads the whole chunks around
 // that part, checks each, and copies out the part asked for.
+//
+// Reads are queued in a batch and made together (StepReader::ReadMany), so
+// that a reader by offset can sort and join the reads of many small arrays;
+// the checks and copies follow, in the order the reads were queued.
 #pragma once
 
 #include <cstddef>
@@ -22,16 +26,61 @@ struct CheckedReadStats {
   uint64_t checked = 0;  ///< of them, hashed and compared with the marker
 };
 
-/// Reads `want` of array `a` (opened as `handle` in `reader`) into the
-/// row-major buffer `out`, checking every chunk of every stored box it reads
-/// against the marker's chunk checksums. Chunks that lie whole, as a run of
-/// rows, in `want` are read straight into `out`; the others into `bounce`
-/// (grown as needed, up to 64 MiB or one chunk) and copied out. Needs a
-/// version-2 marker. DataLoss naming the array, the stored box, the chunk and
-/// the rank that wrote it on a mismatch; the reader's errors as they come.
-Status ReadChecked(io::StepReader& reader, size_t handle, const io::MarkerArray& a, const Box& want,
-                   std::byte* out, std::vector<std::byte>& bounce,
-                   CheckedReadStats* stats = nullptr);
+/// Reads queued, and the checks and copies that follow them.
+class ReadBatch {
+ public:
+  /// Bounce bytes (for chunks that do not lie whole in a destination) a
+  /// batch holds before Add flushes it; one larger chunk group is let in.
+  static constexpr uint64_t kBounceBytes = uint64_t{64} << 20;
+
+  /// `format_version`: the marker's; `verify`: check checksums
+  /// (RestoreOptions::verify_checksums).
+  ReadBatch(io::StepReader& reader, int format_version, bool verify,
+            CheckedReadStats* stats = nullptr)
+      : reader_(reader), version_(format_version), verify_(verify), stats_(stats) {}
+
+  /// Queues the read of `want` of array `a` (opened as `handle`) into the
+  /// row-major buffer `out`, which must stay valid until Flush. In a
+  /// version-2 step with `verify`: the whole chunks of every stored box
+  /// `want` overlaps — those lying whole in `want` as a run of its rows
+  /// straight into `out`, the others into the batch's bounce memory, to be
+  /// copied out. In a version-1 step with `verify`, only a read covering
+  /// stored boxes whole (a box, or a run of whole rows of it) is checked.
+  /// Flushes when the bounce memory is full: that flush's error.
+  Status Add(size_t handle, const io::MarkerArray& a, const Box& want, std::byte* out);
+
+  /// Reads everything queued, then checks and copies out in the order
+  /// queued. The reader's first error, or DataLoss naming the array, the
+  /// stored box, the chunk and the rank that wrote it on a mismatch.
+  Status Flush();
+
+ private:
+  struct Item {
+    size_t handle = 0;
+    const io::MarkerArray* a = nullptr;
+    Box box;                   // read into dst
+    std::byte* dst = nullptr;  // or, if null, bounce_ + bounce_at
+    size_t bounce_at = 0;
+    const io::MarkerBox* stored = nullptr;  // chunks [first, last) of it, to check
+    int64_t first = 0, last = 0;
+    bool bounced = false;  // copy the part in `want` to `out`
+    Box want;
+    std::byte* out = nullptr;
+    bool whole_boxes = false;  // version 1: check the stored boxes it covers
+  };
+
+  Status AddStoredBox(size_t handle, const io::MarkerArray& a, const io::MarkerBox& b,
+                      const Box& want, std::byte* out);
+  Status Finish(const Item& item, std::byte* dst);
+
+  io::StepReader& reader_;
+  int version_;
+  bool verify_;
+  CheckedReadStats* stats_;
+  std::vector<Item> items_;
+  size_t bounce_bytes_ = 0;
+  std::vector<std::byte> bounce_;  // kept between flushes
+};
 
 /// Copies `region` (inside both boxes) from the row-major bytes of `src_box`
 /// at `src` to those of `dst_box` at `dst`; elements of `elem` bytes.

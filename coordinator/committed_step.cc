@@ -38,7 +38,11 @@ Status CheckMarkerStep(const io::Marker& m, const std::string& root, int64_t ste
       fmt::format("commit marker '{}' says step {}", io::MarkerPath(root, step), m.step));
 }
 
-io::ArraySpec StoredSpec(const io::MarkerArray& a) { return {a.name, a.dtype, a.shape}; }
+io::ArraySpec StoredSpec(const io::MarkerArray& a) { return {a.name, a.dtype, a.shape, a.offset}; }
+
+bool ReadableByOffset(const io::MarkerArray& a) {
+  return a.offset >= 0 || Volume(a.shape).value_or(0) == 0;
+}
 
 Status CheckChecksum(const io::MarkerArray& a, const io::MarkerBox& b, uint64_t actual) {
   if (actual == b.checksum) return OkStatus();

@@ -23,8 +23,12 @@ Result<io::Marker> ReadMarkerEverywhere(const Comm& comm, const std::string& roo
 /// step (a marker copied from another step is not this step's).
 Status CheckMarkerStep(const io::Marker& m, const std::string& root, int64_t step);
 
-/// How array `a` of a marker (or plan) is stored.
+/// How array `a` of a marker (or plan) is stored, with its recorded offset.
 io::ArraySpec StoredSpec(const io::MarkerArray& a);
+
+/// The marker says where `a`'s bytes lie in the data file (format version
+/// 2), or it has none: it can be read by offset (io::ReadOptions::by_offset).
+bool ReadableByOffset(const io::MarkerArray& a);
 
 /// OK if `actual` is the checksum the marker records for box `b` of `a`;
 /// otherwise DataLoss naming the array, the box and the rank that wrote it.

@@ -5,27 +5,32 @@
 //   2. Each rank checks its own requests against the marker; one agreement.
 //      One allreduce tells every rank which arrays anybody wants, and whether
 //      every rank wants all of a replicated array.
-//   3. All ranks open the file and agree that they could (the opens of the
-//      datasets that follow are collective), then, collectively, each wanted
-//      dataset; a rank that fails to open one still takes part in the
-//      array's broadcast, carrying its error. Each
-//      rank reads its boxes as hyperslabs (independent transfers), so any
+//   3. All ranks open the step and agree that they could. If the marker
+//      records the file offset of every wanted array (format version 2),
+//      the step is read by offset: each rank opens the data file once,
+//      read-only, and preads its boxes there, opening no dataset
+//      (io/pread_reader.h); otherwise (version 1) through the engine, which
+//      opens each wanted dataset collectively; a rank that fails to open
+//      one still takes part in the array's broadcast, carrying its error.
+//      Each rank queues the reads of its boxes in one batch, read sorted by
+//      file offset and joined across small arrays (ReadBatch), so any
 //      sharding on any world size is a plain read. A replicated array that
-//      every rank wants whole is read once by rank 0 and broadcast.
+//      every rank wants whole is read once by rank 0 and broadcast; small
+//      ones go together, up to 64 MiB per broadcast (PacketBroadcast).
 //      Every byte returned is checked (RestoreOptions::verify_checksums):
 //      in a version-2 step each read takes the whole checksummed chunks of
-//      the stored boxes it overlaps, checks them as they arrive, and copies
+//      the stored boxes it overlaps, checks them once they arrive, and copies
 //      out the part asked for (coordinator/checked_read.h). In a version-1
 //      step only a read that covers a whole stored box (the box itself, or
 //      a slice of whole rows of it) can be checked; parts of boxes are not.
 //   4. Close; one agreement.
+#include <cstring>
 #include <memory>
 #include <set>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "base/checksum.h"
 #include "base/guard.h"
 #include "coordinator/agree.h"
 #include "coordinator/checked_read.h"
@@ -120,50 +125,16 @@ class Landing {
   std::byte* bounce_ = nullptr;
 };
 
-// Checks every stored box of `a` whose bytes all lie, contiguously, in the
-// `bytes` read for `box` at `host`: the box itself, or a run of whole rows of
-// it (row shards, or the slices of replica-parallel saving, read whole). A
-// read of part of a stored box cannot be checked against its checksum.
-Status CheckStoredBoxes(const io::MarkerArray& a, const Box& box, const std::byte* host,
-                        size_t bytes) {
-  for (const io::MarkerBox& b : a.boxes) {
-    if (b.box == box) {
-      MHCKPT_RETURN_IF_ERROR(CheckChecksum(a, b, Checksum(host, bytes)));
-    } else if (auto run = RowRunBytes(box, b.box, bytes)) {
-      MHCKPT_RETURN_IF_ERROR(CheckChecksum(a, b, Checksum(host + run->first, run->second)));
-    }
-  }
-  return OkStatus();
-}
-
-// How step 3 reads: checked or not, and the bounce buffer of checked reads.
-struct ReadMode {
-  int format_version;
-  bool verify;
-  std::vector<std::byte> bounce;
-};
-
-// Reads `box` of array `a` into `host` (`bytes` of them), checking what
-// `mode` says to check.
-Status ReadBox(io::StepReader& reader, size_t handle, const io::MarkerArray& a, const Box& box,
-               void* host, size_t bytes, ReadMode& mode) {
-  auto* out = static_cast<std::byte*>(host);
-  if (mode.verify && mode.format_version >= 2) {
-    return ReadChecked(reader, handle, a, box, out, mode.bounce);
-  }
-  MHCKPT_RETURN_IF_ERROR(reader.Read(handle, box, host));
-  return mode.verify ? CheckStoredBoxes(a, box, out, bytes) : OkStatus();
-}
-
 // Step 3 for an array every rank wants whole: rank 0 reads it once and
 // broadcasts it. `local` is this rank's error so far.
-Status ReadAndBroadcast(io::StepReader& reader, size_t handle, const io::MarkerArray& a,
+Status ReadAndBroadcast(ReadBatch& batch, size_t handle, const io::MarkerArray& a,
                         const Destination& whole, const Comm& comm, PinnedBuffer& bounce,
-                        Status local, ReadMode& mode) {
+                        Status local) {
   Landing land(whole, a.dtype, bounce);
   if (comm.rank() == 0 && local.ok()) {
     local = Guarded("restore", [&] {  // the rank is named with every local error
-      return ReadBox(reader, handle, a, whole.box, land.host(), land.bytes(), mode);
+      MHCKPT_RETURN_IF_ERROR(batch.Add(handle, a, whole.box, static_cast<std::byte*>(land.host())));
+      return batch.Flush();
     });
   }
   comm.BroadcastBuffer(land.host(), land.bytes(), 0);
@@ -173,14 +144,14 @@ Status ReadAndBroadcast(io::StepReader& reader, size_t handle, const io::MarkerA
 
 // Step 3 for an array every rank wants whole into device memory, with NCCL:
 // rank 0 reads it into its GPU, NCCL copies it to the others' GPUs.
-Status ReadAndBroadcastOnDevices(io::StepReader& reader, size_t handle, const io::MarkerArray& a,
+Status ReadAndBroadcastOnDevices(ReadBatch& batch, size_t handle, const io::MarkerArray& a,
                                  const Destination& whole, int rank, DeviceBroadcaster& nccl,
-                                 PinnedBuffer& bounce, Status local, ReadMode& mode) {
+                                 PinnedBuffer& bounce, Status local) {
   Landing land(whole, a.dtype, bounce);
   if (rank == 0 && local.ok()) {
     local = Guarded("restore", [&] {
-      MHCKPT_RETURN_IF_ERROR(
-          ReadBox(reader, handle, a, whole.box, land.host(), land.bytes(), mode));
+      MHCKPT_RETURN_IF_ERROR(batch.Add(handle, a, whole.box, static_cast<std::byte*>(land.host())));
+      MHCKPT_RETURN_IF_ERROR(batch.Flush());
       return land.Finish();
     });
   }
@@ -188,13 +159,84 @@ Status ReadAndBroadcastOnDevices(io::StepReader& reader, size_t handle, const io
   return local.ok() ? sent : local;
 }
 
-// Step 3 for the boxes this rank asked for of array `a`.
-Status ReadShards(io::StepReader& reader, size_t handle, const io::MarkerArray& a,
-                  const ArrayToRestore& request, PinnedBuffer& bounce, ReadMode& mode) {
+// Step 3 for small replicated arrays that every rank wants whole and that
+// go through MPI: rank 0 reads a packet of them (one batch: sorted, joined
+// reads) and broadcasts it once; every rank copies its arrays out. Every
+// rank adds the same arrays in the same order (the marker and the flags are
+// agreed), so every rank sends the same packets.
+class PacketBroadcast {
+ public:
+  /// Arrays up to this size are packed; larger ones are broadcast alone.
+  static constexpr size_t kMaxArrayBytes = size_t{4} << 20;
+  /// A packet holds at most this many bytes.
+  static constexpr size_t kPacketBytes = size_t{64} << 20;
+
+  PacketBroadcast(ReadBatch& batch, const Comm& comm, PinnedBuffer& bounce)
+      : batch_(batch), comm_(comm), bounce_(bounce) {}
+
+  /// Packs array `a` (opened as `handle`; `whole` this rank's destination);
+  /// collective when that sends the full packet first.
+  void Add(size_t handle, const io::MarkerArray& a, const Destination& whole, Status& local) {
+    const size_t bytes = static_cast<size_t>(Volume(a.shape).value_or(0)) * DTypeSize(a.dtype);
+    if (bytes_ + bytes > kPacketBytes) Send(local);
+    entries_.push_back({handle, &a, &whole, bytes_, bytes});
+    bytes_ += bytes;
+  }
+
+  /// Collective: reads (rank 0), broadcasts and unpacks the packet.
+  void Send(Status& local) {
+    if (entries_.empty()) return;
+    if (buffer_.size() < bytes_) buffer_.resize(bytes_);
+    if (comm_.rank() == 0 && local.ok()) {
+      local = Guarded("restore", [&] {  // the rank is named with every local error
+        for (const Entry& e : entries_) {
+          MHCKPT_RETURN_IF_ERROR(
+              batch_.Add(e.handle, *e.a, FullBox(e.a->shape), buffer_.data() + e.at));
+        }
+        return batch_.Flush();
+      });
+    }
+    // Why a broadcast: every rank wants these arrays whole; one read serves all.
+    comm_.BroadcastBuffer(buffer_.data(), bytes_, 0);
+    for (size_t i = 0; local.ok() && i < entries_.size(); ++i) {
+      const Entry& e = entries_[i];
+      Landing land(*e.whole, e.a->dtype, bounce_);
+      if (e.bytes > 0) std::memcpy(land.host(), buffer_.data() + e.at, e.bytes);
+      local = land.Finish();
+    }
+    entries_.clear();
+    bytes_ = 0;
+  }
+
+ private:
+  struct Entry {
+    size_t handle;
+    const io::MarkerArray* a;
+    const Destination* whole;
+    size_t at;
+    size_t bytes;
+  };
+
+  ReadBatch& batch_;
+  const Comm& comm_;
+  PinnedBuffer& bounce_;
+  std::vector<Entry> entries_;
+  size_t bytes_ = 0;
+  std::vector<std::byte> buffer_;
+};
+
+// Step 3 for the boxes this rank asked for of array `a`: host destinations
+// are queued in `batch` (read when it is flushed), device ones read at once.
+Status ReadShards(ReadBatch& batch, size_t handle, const io::MarkerArray& a,
+                  const ArrayToRestore& request, PinnedBuffer& bounce) {
   for (const Destination& d : request.shards) {
     if (Volume(d.box.count).value_or(0) == 0) continue;
     Landing land(d, a.dtype, bounce);
-    MHCKPT_RETURN_IF_ERROR(ReadBox(reader, handle, a, d.box, land.host(), land.bytes(), mode));
+    const bool device = land.host() != d.data;
+    if (device) MHCKPT_RETURN_IF_ERROR(batch.Flush());  // the pinned buffer is shared
+    MHCKPT_RETURN_IF_ERROR(batch.Add(handle, a, d.box, static_cast<std::byte*>(land.host())));
+    if (!device) continue;
+    MHCKPT_RETURN_IF_ERROR(batch.Flush());
     MHCKPT_RETURN_IF_ERROR(land.Finish());
   }
   return OkStatus();
@@ -204,6 +246,19 @@ Status ReadShards(io::StepReader& reader, size_t handle, const io::MarkerArray& 
 // whole at once; wanted whole into host memory; wanted whole into device
 // memory on another device than this rank's first such array.
 enum : size_t { kWanted, kPartly, kOnHost, kOtherDevice, kFlags };
+
+// Every array someone wants (`flags`, agreed) can be read by offset: the
+// same answer on every rank.
+bool WantedReadableByOffset(const io::Marker& m, const std::vector<int>& flags) {
+  for (size_t i = 0; i < m.arrays.size(); ++i) {
+    if (flags[kFlags * i + kWanted] && !ReadableByOffset(m.arrays[i])) return false;
+  }
+  return true;
+}
+
+size_t ArrayBytes(const io::MarkerArray& a) {
+  return static_cast<size_t>(Volume(a.shape).value_or(0)) * DTypeSize(a.dtype);
+}
 
 // This rank's device for a destination in device memory, or -1.
 int DeviceOf(const Destination& d) {
@@ -282,17 +337,20 @@ Status ManagerImpl::RunRestore(int64_t step, std::span<const ArrayToRestore> arr
   comm_.AllreduceMax(&flags);
   DeviceBroadcaster* nccl = DeviceBroadcasterFor(m, flags, mine);
 
-  // 3. Read.
+  // 3. Read: by offset if the marker places every wanted array.
   Status local;
   PinnedBuffer bounce;  // grown to the largest device destination
-  ReadMode mode{m.format_version, options.verify_checksums, {}};
-  Result<std::unique_ptr<io::StepReader>> reader = engine_->Open(root_, step, comm_.get());
+  io::ReadOptions how;
+  how.by_offset = WantedReadableByOffset(m, flags);
+  Result<std::unique_ptr<io::StepReader>> reader = engine_->Open(root_, step, comm_.get(), how);
   if (!reader.ok()) {
     local = DataLoss(fmt::format("rank {}: step {}: {}", rank, step, reader.status().message()));
   }
   // Why an agreement: the dataset opens below are collective; a rank that
   // could not open the file must not leave the others alone in them.
   MHCKPT_RETURN_IF_ERROR(AgreeAll(local, comm_));
+  ReadBatch batch(**reader, m.format_version, options.verify_checksums);
+  PacketBroadcast packets(batch, comm_, bounce);
   for (size_t i = 0; i < m.arrays.size(); ++i) {
     if (!flags[kFlags * i + kWanted]) continue;
     const io::MarkerArray& a = m.arrays[i];
@@ -304,16 +362,21 @@ Status ManagerImpl::RunRestore(int64_t step, std::span<const ArrayToRestore> arr
     // Why a broadcast: every rank wants the whole array; one read serves all.
     // Every rank takes part, even one that failed to open it.
     if (a.replicated && !f[kPartly] && nccl != nullptr && !f[kOnHost] && !f[kOtherDevice]) {
-      local = ReadAndBroadcastOnDevices(**reader, h, a, it->second->shards[0], rank, *nccl, bounce,
-                                        local, mode);
+      local =
+          ReadAndBroadcastOnDevices(batch, h, a, it->second->shards[0], rank, *nccl, bounce, local);
+    } else if (a.replicated && !f[kPartly] && ArrayBytes(a) <= PacketBroadcast::kMaxArrayBytes) {
+      packets.Add(h, a, it->second->shards[0], local);
     } else if (a.replicated && !f[kPartly]) {
-      local = ReadAndBroadcast(**reader, h, a, it->second->shards[0], comm_, bounce, local, mode);
+      local = ReadAndBroadcast(batch, h, a, it->second->shards[0], comm_, bounce, local);
     } else if (it != mine.end() && local.ok()) {
       // (The rank is named below, with every local error.)
       local = Guarded(fmt::format("restore of step {}", step),
-                      [&] { return ReadShards(**reader, h, a, *it->second, bounce, mode); });
+                      [&] { return ReadShards(batch, h, a, *it->second, bounce); });
     }
   }
+  packets.Send(local);
+  if (local.ok())
+    local = Guarded(fmt::format("restore of step {}", step), [&] { return batch.Flush(); });
   Status closed = (*reader)->Close();
   if (local.ok()) local = closed;
   if (!local.ok()) local = Status(local.code(), fmt::format("rank {}: {}", rank, local.message()));

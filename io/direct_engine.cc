@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "base/fault.h"
+#include "io/box_runs.h"
 #include "io/h5_engine.h"
 #include "io/h5_file.h"
 #include "io/layout.h"
@@ -14,46 +15,6 @@
 
 namespace mhckpt::io {
 namespace {
-
-// Where an array's bytes lie in the file.
-struct Placement {
-  std::optional<uint64_t> offset;  // none: the array has no elements
-  std::vector<int64_t> shape;
-  size_t element = 0;
-};
-
-// The contiguous runs of `box` in a row-major array placed at `p`, in the
-// order of the box's own row-major bytes at `data`. The box is contiguous
-// from the first dimension k at which every later dimension is whole; each
-// index of dimensions 0..k-1 starts one run.
-std::vector<RawRun> BoxRuns(const Placement& p, const Box& box, const std::byte* data) {
-  std::vector<RawRun> runs;
-  if (!p.offset || Volume(box.count).value_or(0) == 0) return runs;
-  const size_t nd = p.shape.size();
-  if (nd == 0) return {{*p.offset, data, p.element}};
-  std::vector<uint64_t> stride(nd, 1);  // in elements
-  for (size_t d = nd - 1; d-- > 0;)
-    stride[d] = stride[d + 1] * static_cast<uint64_t>(p.shape[d + 1]);
-  size_t k = nd - 1;
-  while (k > 0 && box.count[k] == p.shape[k]) --k;
-  const size_t run_bytes = static_cast<size_t>(box.count[k]) * stride[k] * p.element;
-  std::vector<int64_t> index(k, 0);
-  const std::byte* src = data;
-  for (;;) {
-    uint64_t e = static_cast<uint64_t>(box.start[k]) * stride[k];
-    for (size_t d = 0; d < k; ++d) e += static_cast<uint64_t>(box.start[d] + index[d]) * stride[d];
-    const uint64_t offset = *p.offset + e * p.element;
-    if (!runs.empty() && runs.back().offset + runs.back().size == offset) {
-      runs.back().size += run_bytes;  // adjacent in the file and in memory
-    } else {
-      runs.push_back({offset, src, run_bytes});
-    }
-    src += run_bytes;
-    size_t d = k;
-    while (d > 0 && ++index[d - 1] == box.count[d - 1]) index[--d] = 0;
-    if (d == 0) return runs;
-  }
-}
 
 class DirectStepWriter final : public StepWriter {
  public:
@@ -96,8 +57,9 @@ class DirectStepWriter final : public StepWriter {
     MHCKPT_RETURN_IF_ERROR(fault::Hit("h5_write"));
     // Runs wait here until they make a chunk, so that many small arrays are
     // one job for the threads, not one each.
-    for (const RawRun& r : BoxRuns(placements_[array], box, static_cast<const std::byte*>(data))) {
-      pending_.push_back(r);
+    const auto* bytes = static_cast<const std::byte*>(data);
+    for (const BoxRun& r : BoxRuns(placements_[array], box)) {
+      pending_.push_back({r.offset, bytes + r.at, r.size});
       pending_bytes_ += r.size;
     }
     if (pending_bytes_ >= kRawChunkBytes) SubmitPending();
@@ -153,9 +115,9 @@ class DirectEngine final : public Engine {
     return std::unique_ptr<StepWriter>(std::move(writer));
   }
 
-  Result<std::unique_ptr<StepReader>> Open(const std::string& root, int64_t step,
-                                           MPI_Comm comm) override {
-    return reader_->Open(root, step, comm);
+  Result<std::unique_ptr<StepReader>> Open(const std::string& root, int64_t step, MPI_Comm comm,
+                                           const ReadOptions& options) override {
+    return reader_->Open(root, step, comm, options);
   }
 
  private:

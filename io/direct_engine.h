@@ -25,7 +25,8 @@
 namespace mhckpt::io {
 
 /// `threads` writer threads (kept for the engine's lifetime); O_DIRECT with
-/// `direct`. Reads go through HDF5 (independent hyperslabs).
+/// `direct`. Its own reads go through HDF5 (independent hyperslabs); reads
+/// by offset are MakeEngine's (io/pread_reader.h).
 std::unique_ptr<Engine> MakeDirectEngine(int threads, bool direct);
 
 }  // namespace mhckpt::io

@@ -1,12 +1,17 @@
 #include "io/h5_engine.h"
 
 #include <algorithm>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "io/h5_file.h"
 #include "io/layout.h"
 #include "io/posix_file.h"
+#include "io/read_counters.h"
 
 namespace mhckpt::io {
 namespace {
@@ -59,16 +64,28 @@ class H5StepWriter final : public StepWriter {
 
 class H5StepReader final : public StepReader {
  public:
-  explicit H5StepReader(H5File file) : file_(std::move(file)) {}
+  H5StepReader(H5File file, int64_t step) : file_(std::move(file)), step_(step) {}
 
   Result<size_t> OpenArray(const ArraySpec& spec) override {
     MHCKPT_ASSIGN_OR_RETURN(Dataset ds, file_.OpenDataset(spec.name, spec.dtype, spec.shape));
+    CountDatasetOpen();
+    // A recorded offset is where reads by offset look (pread_reader.h): it
+    // must be where the dataset's bytes are.
+    const std::optional<uint64_t> at = ds.OffsetInFile();
+    if (spec.offset >= 0 && (!at || *at != static_cast<uint64_t>(spec.offset))) {
+      return DataLoss(fmt::format("array '{}': stored at byte {}, the marker says {}", spec.name,
+                                  at ? static_cast<int64_t>(*at) : -1, spec.offset));
+    }
     datasets_.push_back(std::move(ds));
+    names_.push_back(spec.name);
     return datasets_.size() - 1;
   }
 
   Status Read(size_t array, const Box& box, void* data) override {
-    return datasets_[array].Read(box, data);
+    Status s = datasets_[array].Read(box, data);
+    if (s.ok()) return s;
+    return {s.code(), fmt::format("step {}: array '{}' box {}: {}", step_, names_[array],
+                                  BoxToString(box), s.message())};
   }
 
   Status Close() override {
@@ -78,7 +95,9 @@ class H5StepReader final : public StepReader {
 
  private:
   H5File file_;
+  int64_t step_;
   std::vector<Dataset> datasets_;
+  std::vector<std::string> names_;  // of datasets_, for messages
 };
 
 class H5Engine final : public Engine {
@@ -92,11 +111,11 @@ class H5Engine final : public Engine {
     return std::unique_ptr<StepWriter>(new H5StepWriter(std::move(file), std::move(path)));
   }
 
-  Result<std::unique_ptr<StepReader>> Open(const std::string& root, int64_t step,
-                                           MPI_Comm comm) override {
+  Result<std::unique_ptr<StepReader>> Open(const std::string& root, int64_t step, MPI_Comm comm,
+                                           const ReadOptions& /*options*/) override {
     MHCKPT_ASSIGN_OR_RETURN(
         H5File file, H5File::OpenReadOnly(DataPath(root, step), comm, Transfer::kIndependent));
-    return std::unique_ptr<StepReader>(new H5StepReader(std::move(file)));
+    return std::unique_ptr<StepReader>(new H5StepReader(std::move(file), step));
   }
 
  private:

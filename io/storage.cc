@@ -6,11 +6,18 @@
 
 #include "io/direct_engine.h"
 #include "io/h5_engine.h"
+#include "io/layout.h"
+#include "io/pread_reader.h"
+#include "io/read_counters.h"
 
 namespace mhckpt::io {
 namespace {
 
 std::atomic<uint64_t> g_bytes_read{0};
+std::atomic<uint64_t> g_dataset_opens{0};
+std::atomic<uint64_t> g_offset_arrays{0};
+std::atomic<uint64_t> g_offset_boxes{0};
+std::atomic<uint64_t> g_offset_reads{0};
 
 // Counts the bytes every reader returns, whatever the engine behind it.
 class CountingReader final : public StepReader {
@@ -27,14 +34,23 @@ class CountingReader final : public StepReader {
   }
   Status Read(size_t array, const Box& box, void* data) override {
     Status s = inner_->Read(array, box, data);
-    if (s.ok() && array < element_bytes_.size()) {
-      g_bytes_read += static_cast<uint64_t>(Volume(box.count).value_or(0)) * element_bytes_[array];
-    }
+    if (s.ok()) Count(array, box);
+    return s;
+  }
+  Status ReadMany(std::span<const ReadRequest> requests) override {
+    Status s = inner_->ReadMany(requests);
+    for (size_t i = 0; s.ok() && i < requests.size(); ++i)
+      Count(requests[i].array, requests[i].box);
     return s;
   }
   Status Close() override { return inner_->Close(); }
 
  private:
+  void Count(size_t array, const Box& box) {
+    if (array >= element_bytes_.size()) return;
+    g_bytes_read += static_cast<uint64_t>(Volume(box.count).value_or(0)) * element_bytes_[array];
+  }
+
   std::unique_ptr<StepReader> inner_;
   std::vector<size_t> element_bytes_;  // by handle
 };
@@ -46,9 +62,18 @@ class CountingEngine final : public Engine {
                                              MPI_Comm comm) override {
     return inner_->Create(root, step, comm);
   }
-  Result<std::unique_ptr<StepReader>> Open(const std::string& root, int64_t step,
-                                           MPI_Comm comm) override {
-    MHCKPT_ASSIGN_OR_RETURN(std::unique_ptr<StepReader> reader, inner_->Open(root, step, comm));
+  // Both engines store a step as one data file with every array contiguous
+  // at its FileOffset (storage.h), so reads by offset serve either.
+  Result<std::unique_ptr<StepReader>> Open(const std::string& root, int64_t step, MPI_Comm comm,
+                                           const ReadOptions& options) override {
+    std::unique_ptr<StepReader> reader;
+    if (!options.by_offset || options.check_metadata) {
+      MHCKPT_ASSIGN_OR_RETURN(reader, inner_->Open(root, step, comm, options));
+    }
+    if (options.by_offset) {
+      MHCKPT_ASSIGN_OR_RETURN(reader,
+                              OpenPreadReader(DataPath(root, step), step, std::move(reader)));
+    }
     return std::unique_ptr<StepReader>(std::make_unique<CountingReader>(std::move(reader)));
   }
 
@@ -66,6 +91,23 @@ std::unique_ptr<Engine> MakeEngine(const StorageOptions& options) {
   return std::make_unique<CountingEngine>(MakeH5Engine(options.transfer));
 }
 
+Status StepReader::ReadMany(std::span<const ReadRequest> requests) {
+  for (const ReadRequest& r : requests) MHCKPT_RETURN_IF_ERROR(Read(r.array, r.box, r.data));
+  return OkStatus();
+}
+
 uint64_t BytesRead() { return g_bytes_read.load(); }
+
+ReadCounters Counters() {
+  return {g_dataset_opens.load(), g_offset_arrays.load(), g_offset_boxes.load(),
+          g_offset_reads.load()};
+}
+
+void CountDatasetOpen() { ++g_dataset_opens; }
+void CountOffsetArray() { ++g_offset_arrays; }
+void CountOffsetReads(uint64_t boxes, uint64_t reads) {
+  g_offset_boxes += boxes;
+  g_offset_reads += reads;
+}
 
 }  // namespace mhckpt::io

@@ -50,6 +50,30 @@ struct ArraySpec {
   std::string name;  ///< "params/layer0/w"
   DType dtype = DType::kFloat32;
   std::vector<int64_t> shape;  ///< global
+  /// For reading: where the array's bytes start in the step's data file, as
+  /// the commit marker records it (StepWriter::FileOffset), or -1 if unknown.
+  int64_t offset = -1;
+};
+
+/// How a step is opened for reading.
+struct ReadOptions {
+  /// Read every array's bytes with pread at the offset its ArraySpec gives,
+  /// from the data file opened once, read-only (io/pread_reader.h), instead
+  /// of through the engine's per-array opens. Every array opened must have
+  /// an offset, or no elements.
+  bool by_offset = false;
+  /// With `by_offset`: OpenArray still checks, through the engine, that the
+  /// array is stored with its dtype, shape and offset (verify). Then
+  /// OpenArray is collective; without it, it is local and touches nothing.
+  bool check_metadata = false;
+};
+
+/// One read of a batch: `box` of the opened array `array` into the row-major
+/// buffer `data`.
+struct ReadRequest {
+  size_t array = 0;
+  Box box;
+  void* data = nullptr;
 };
 
 /// Writes the arrays of one step. Closing without Flush (destruction) makes
@@ -99,6 +123,11 @@ class StepReader {
   virtual Result<size_t> OpenArray(const ArraySpec& spec) = 0;
   /// Reads `box` of an opened array into the row-major buffer `data`.
   virtual Status Read(size_t array, const Box& box, void* data) = 0;
+  /// Reads every request; the buffers must not overlap. A reader may order
+  /// and join them (the pread reader sorts them by file offset and reads
+  /// neighbours in one request); this one reads them one by one. The first
+  /// error, naming the array and box of a request it hit.
+  virtual Status ReadMany(std::span<const ReadRequest> requests);
   /// Collective. Closes the step (and every array opened in it).
   virtual Status Close() = 0;
 };
@@ -111,19 +140,33 @@ class Engine {
   /// step directory exists, replacing whatever an earlier attempt left.
   virtual Result<std::unique_ptr<StepWriter>> Create(const std::string& root, int64_t step,
                                                      MPI_Comm comm) = 0;
-  /// Collective over `comm`. Opens the arrays of step `step` under `root`.
+  /// Collective over `comm`. Opens the arrays of step `step` under `root`
+  /// (with `options.by_offset` and without `check_metadata`, local: only
+  /// the data file, read-only).
   virtual Result<std::unique_ptr<StepReader>> Open(const std::string& root, int64_t step,
-                                                   MPI_Comm comm) = 0;
+                                                   MPI_Comm comm, const ReadOptions& options) = 0;
 };
 
 /// The engine for `options`: the direct engine (HDF5 layout, pwritten data)
-/// for independent writes with `pwrite`, else parallel HDF5. Its readers
-/// count what they read (BytesRead).
+/// for independent writes with `pwrite`, else parallel HDF5. Both store a
+/// step as one data file with each array contiguous at its FileOffset, so
+/// both open a reader by offset (ReadOptions::by_offset). Its readers count
+/// what they read (BytesRead).
 std::unique_ptr<Engine> MakeEngine(const StorageOptions& options);
 
 /// Bytes of array data this process has read through StepReader::Read, over
 /// all engines and steps: how tests and benchmarks see that a box wanted by
 /// several ranks was read from storage once.
 uint64_t BytesRead();
+
+/// What this process's readers did, over all engines and steps: how tests
+/// and benchmarks see which read path a restore or verify took.
+struct ReadCounters {
+  uint64_t dataset_opens = 0;  ///< arrays opened through HDF5 (H5Dopen)
+  uint64_t offset_arrays = 0;  ///< arrays opened for reads by offset
+  uint64_t offset_boxes = 0;   ///< boxes read by offset (ReadRequests)
+  uint64_t offset_reads = 0;   ///< pread/preadv requests made for them, after joining
+};
+ReadCounters Counters();
 
 }  // namespace mhckpt::io

@@ -17,6 +17,7 @@
 #include "base/fault.h"
 #include "coordinator/checkpoint_manager.h"
 #include "io/layout.h"
+#include "io/marker.h"
 #include "tests/test_util.h"
 
 namespace mhckpt {
@@ -60,6 +61,12 @@ class Faults : public ::testing::Test {
         step, std::vector<ArrayToRestore>{{"w", DType::kFloat32, {{FullBox(shape), out.data()}}}});
     ASSERT_TRUE(s.ok()) << s.ToString();
     EXPECT_TRUE(out == Fill(DType::kFloat32, shape, FullBox(shape), step));
+  }
+
+  // The box of "w" that rank 0 saved (SaveStep): the first a whole-array
+  // read reads, and the one its errors name.
+  static std::string FirstStoredBox(int64_t rows = 64) {
+    return BoxToString(Box{{0, 0}, {SplitRange(rows, Size(), 0).second, 1024}});
   }
 
   void ExpectAgreedFailure(const Status& s, int64_t step, const std::string& text) {
@@ -198,9 +205,10 @@ TEST_F(Faults, ShortWritesAndEintrAreRetried) {
   ExpectRestores(2);
 }
 
-// EIO on a read: the commit marker (rank 0) or the data (the last rank).
-// Restore fails the same way everywhere; once the cause is gone, the step
-// restores bit-exactly.
+// EIO on a read: the commit marker (rank 0) or the data (the last rank),
+// read by offset (pread) or, where the marker records no offsets, through
+// HDF5. Restore fails the same way everywhere, naming the rank, the array
+// and the box; once the cause is gone, the step restores bit-exactly.
 TEST_F(Faults, EioOnRead) {
   ASSERT_TRUE(Open(FreshDir()));
   ASSERT_TRUE(SaveStep(1).ok());
@@ -210,12 +218,54 @@ TEST_F(Faults, EioOnRead) {
               HasSubstr(fmt::format("rank 0: read the commit marker of step 1: read '{}': {}",
                                     io::MarkerPath(dir_, 1), std::strerror(EIO))));
   EXPECT_TRUE(SameOnAllRanks(s)) << s.ToString();
-  s = RestoreWithFault(1, fmt::format("rank={},point=h5_read,action=eio", Last()));
-  EXPECT_EQ(s.code(), StatusCode::kIoError) << s.ToString();
-  EXPECT_THAT(s.message(), HasSubstr(fmt::format("rank {}: {} (injected at h5_read)", Last(),
-                                                 std::strerror(EIO))));
+  const int64_t offset = io::ReadMarker(io::MarkerPath(dir_, 1)).value().Find("w")->offset;
+  s = RestoreWithFault(1, fmt::format("rank={},point=pread,action=eio", Last()));
+  EXPECT_EQ(
+      s, Status(StatusCode::kIoError,
+                fmt::format("rank {}: step 1: array 'w' box {}: pread '{}' at byte {}: {}", Last(),
+                            FirstStoredBox(), io::DataPath(dir_, 1), offset, std::strerror(EIO))))
+      << s.ToString();
   EXPECT_TRUE(SameOnAllRanks(s)) << s.ToString();
   ExpectRestores(1);
+  ASSERT_TRUE(testing::ForgetOffsets(dir_, 1));  // now read through HDF5
+  s = RestoreWithFault(1, fmt::format("rank={},point=h5_read,action=eio", Last()));
+  EXPECT_EQ(s, Status(StatusCode::kIoError,
+                      fmt::format("rank {}: step 1: array 'w' box {}: {} (injected at h5_read)",
+                                  Last(), FirstStoredBox(), std::strerror(EIO))))
+      << s.ToString();
+  EXPECT_TRUE(SameOnAllRanks(s)) << s.ToString();
+  ExpectRestores(1);
+}
+
+// Short reads and EINTR on the reads by offset are retried: the restore is
+// OK on every rank and bit-exact. A file that really ends early is an
+// agreed DataLoss naming the array, the box and where the file ends.
+TEST_F(Faults, ShortReadsAndEintrOnPreadAreRetriedAndEndOfFileIsDataLoss) {
+  ASSERT_TRUE(Open(FreshDir()));
+  ASSERT_TRUE(SaveStep(1).ok());
+  ASSERT_TRUE(fault::Configure("point=pread,action=short").ok());  // every pread, all ranks
+  ExpectRestores(1);
+  EXPECT_GT(FiredEverywhere(), static_cast<uint64_t>(Size())) << "every rank read in halves";
+  ASSERT_TRUE(
+      fault::Configure(fmt::format("rank={},point=pread,action=eintr,times=3", Last())).ok());
+  ExpectRestores(1);
+  EXPECT_EQ(FiredEverywhere(), 3u);
+  ASSERT_TRUE(fault::Configure("").ok());
+  const int64_t offset = io::ReadMarker(io::MarkerPath(dir_, 1)).value().Find("w")->offset;
+  const int64_t cut = offset + 1000;  // inside the first row
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (Rank() == 0) std::filesystem::resize_file(io::DataPath(dir_, 1), cut);
+  MPI_Barrier(MPI_COMM_WORLD);
+  Status s = RestoreWithFault(1, "");
+  const std::string failed =
+      Size() == 1 ? ""
+                  : fmt::format(" (and {} more rank{} failed)", Size() - 1, Size() > 2 ? "s" : "");
+  EXPECT_EQ(s, Status(StatusCode::kDataLoss,
+                      fmt::format("rank 0: step 1: array 'w' box {}: '{}' ends before byte {} "
+                                  "(truncated?){}",
+                                  FirstStoredBox(), io::DataPath(dir_, 1), cut, failed)))
+      << s.ToString();
+  EXPECT_TRUE(SameOnAllRanks(s)) << s.ToString();
 }
 
 // Retention's unlink of an old marker, or its removal of the old step's

@@ -5,6 +5,10 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "io/layout.h"
+#include "io/marker.h"
+#include "io/posix_file.h"
+
 namespace mhckpt::testing {
 
 int Rank(MPI_Comm comm) {
@@ -52,8 +56,9 @@ std::vector<std::byte> Fill(DType dtype, const std::vector<int64_t>& shape, cons
     int64_t global = 0;
     for (size_t d = 0; d < rank; ++d) global = global * shape[d] + box.start[d] + idx[d];
     uint64_t h = Mix(seed * 1000003ULL + static_cast<uint64_t>(global));
-    for (size_t k = 0; k < es; ++k) out[static_cast<size_t>(e) * es + k] = std::byte(h >> (8 * k));
-    if (dtype == DType::kBool) out[static_cast<size_t>(e)] = std::byte(h & 1);
+    for (size_t k = 0; k < es; ++k)
+      out[static_cast<size_t>(e) * es + k] = static_cast<std::byte>(h >> (8 * k));
+    if (dtype == DType::kBool) out[static_cast<size_t>(e)] = static_cast<std::byte>(h & 1);
     for (size_t d = rank; d-- > 0;) {  // advance the row-major counter
       if (++idx[d] < box.count[d]) break;
       idx[d] = 0;
@@ -79,6 +84,20 @@ std::unique_ptr<CheckpointManager> OpenForTest(const std::string& dir, const Opt
     return nullptr;
   }
   return std::move(opened).value();
+}
+
+bool ForgetOffsets(const std::string& dir, int64_t step) {
+  uint64_t failed = 0;
+  if (Rank() == 0) {
+    Result<io::Marker> m = io::ReadMarker(io::MarkerPath(dir, step));
+    if (m.ok()) {
+      for (io::MarkerArray& a : m->arrays) a.offset = -1;
+      failed = io::WriteFileAtomic(io::MarkerPath(dir, step), io::MarkerToJson(*m)).ok() ? 0 : 1;
+    } else {
+      failed = 1;
+    }
+  }
+  return SumOverRanks(failed) == 0;
 }
 
 bool SameOnAllRanks(const Status& s, MPI_Comm comm) {

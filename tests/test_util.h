@@ -46,6 +46,12 @@ std::unique_ptr<CheckpointManager> OpenForTest(const std::string& dir, const Opt
 /// Collective: true if `s` is the same Status on every rank.
 bool SameOnAllRanks(const Status& s, MPI_Comm comm = MPI_COMM_WORLD);
 
+/// Collective: rank 0 rewrites the commit marker of `step` under `dir` with
+/// every array's file offset -1 (as an engine without offsets writes it),
+/// so that restore and verify read it through HDF5. False on every rank if
+/// rank 0 failed.
+bool ForgetOffsets(const std::string& dir, int64_t step);
+
 /// Collective: the sum of `v` over ranks.
 uint64_t SumOverRanks(uint64_t v, MPI_Comm comm = MPI_COMM_WORLD);
 

@@ -1,0 +1,252 @@
+// Reads by offset (io/pread_reader.h): a restore or verify of a version-2
+// step opens no HDF5 dataset, reads many small arrays in a few joined
+// requests, packs small replicated arrays into one broadcast, and returns
+// the saved bytes exactly — also at another world size and sharding. A step
+// without offsets reads through HDF5. Counted with io::Counters().
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "coordinator/checkpoint_manager.h"
+#include "io/storage.h"
+#include "tests/test_util.h"
+
+namespace mhckpt {
+namespace {
+
+using testing::Fill;
+using testing::FreshDir;
+using testing::OpenAgreed;
+using testing::OpenForTest;
+using testing::Rank;
+using testing::Size;
+using testing::SumOverRanks;
+
+constexpr int kArrays = 300;
+
+std::string Name(int i) { return "small/a" + std::to_string(1000 + i); }
+std::vector<int64_t> Shape(int i) { return {3 + i % 5, 37}; }  // ~0.5-1 KiB of float32
+
+// Counters since `before`, on this rank.
+io::ReadCounters Since(const io::ReadCounters& before) {
+  io::ReadCounters now = io::Counters();
+  return {now.dataset_opens - before.dataset_opens, now.offset_arrays - before.offset_arrays,
+          now.offset_boxes - before.offset_boxes, now.offset_reads - before.offset_reads};
+}
+
+// Saves kArrays small arrays as step 1, array i whole on rank i % size
+// (`size` ranks of `comm`), plus "rep": replicated, float64 [50, 9].
+Status SaveSmall(CheckpointManager& mgr, int rank, int size) {
+  std::vector<std::vector<std::byte>> data;
+  std::vector<ArrayToSave> arrays;
+  data.reserve(kArrays + 1);
+  for (int i = 0; i < kArrays; ++i) {
+    const Box whole = FullBox(Shape(i));
+    std::vector<Shard> shards;
+    if (i % size == rank) {
+      data.push_back(Fill(DType::kFloat32, Shape(i), whole, i));
+      shards.push_back({whole, data.back().data()});
+    }
+    arrays.push_back({Name(i), DType::kFloat32, Shape(i), shards});
+  }
+  data.push_back(Fill(DType::kFloat64, {50, 9}, FullBox({50, 9}), 7));
+  arrays.push_back(
+      {"rep", DType::kFloat64, {50, 9}, {Shard{FullBox({50, 9}), data.back().data()}}});
+  MHCKPT_RETURN_IF_ERROR(mgr.Save(1, arrays));
+  return mgr.WaitUntilFinished();
+}
+
+// This rank's requests: array i whole where i % size == (rank + 1) % size
+// (another rank than its writer where there are several), and "rep" whole.
+struct Wanted {
+  std::vector<std::vector<std::byte>> out;
+  std::vector<ArrayToRestore> arrays;
+  std::vector<int> index;
+};
+Wanted WantShifted() {
+  Wanted w;
+  w.out.reserve(kArrays);
+  for (int i = 0; i < kArrays; ++i) {
+    if (i % Size() != (Rank() + 1) % Size()) continue;
+    const Box whole = FullBox(Shape(i));
+    w.out.emplace_back(static_cast<size_t>(*Volume(whole.count)) * 4);
+    w.arrays.push_back({Name(i), DType::kFloat32, {{whole, w.out.back().data()}}});
+    w.index.push_back(i);
+  }
+  return w;
+}
+
+class Pread : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = FreshDir();
+    mgr_ = OpenForTest(dir_);
+    ASSERT_TRUE(mgr_);
+    Status s = SaveSmall(*mgr_, Rank(), Size());
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  std::string dir_;
+  std::unique_ptr<CheckpointManager> mgr_;
+};
+
+TEST_F(Pread, ManySmallArraysAreReadByOffsetInFewJoinedRequests) {
+  Wanted w = WantShifted();
+  const io::ReadCounters before = io::Counters();
+  Status s = mgr_->Restore(1, w.arrays);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  const io::ReadCounters c = Since(before);
+  for (size_t k = 0; k < w.index.size(); ++k) {
+    const int i = w.index[k];
+    EXPECT_TRUE(w.out[k] == Fill(DType::kFloat32, Shape(i), FullBox(Shape(i)), i)) << Name(i);
+  }
+  EXPECT_EQ(c.dataset_opens, 0u) << "no HDF5 dataset is opened";
+  EXPECT_EQ(c.offset_arrays, static_cast<uint64_t>(kArrays)) << "each array someone wants";
+  EXPECT_EQ(c.offset_boxes, w.arrays.size());
+  // Joined: far fewer requests than arrays (they lie together in the file).
+  EXPECT_GE(w.arrays.size(), 50u);
+  EXPECT_LT(c.offset_reads * 10, w.arrays.size()) << c.offset_reads << " reads";
+}
+
+TEST_F(Pread, SmallReplicatedArraysArePackedIntoOneBroadcast) {
+  // Every array wanted whole on every rank (each was saved whole by one
+  // rank: a replicated array): rank 0 reads them all in a few joined
+  // requests and broadcasts them in one packet.
+  std::vector<std::vector<std::byte>> out;
+  std::vector<ArrayToRestore> want;
+  out.reserve(kArrays + 1);
+  uint64_t total = 0;
+  for (int i = 0; i < kArrays; ++i) {
+    out.emplace_back(static_cast<size_t>(*Volume(Shape(i))) * 4);
+    want.push_back({Name(i), DType::kFloat32, {{FullBox(Shape(i)), out.back().data()}}});
+    total += out.back().size();
+  }
+  out.emplace_back(50 * 9 * 8);
+  want.push_back({"rep", DType::kFloat64, {{FullBox({50, 9}), out.back().data()}}});
+  total += out.back().size();
+  const io::ReadCounters before = io::Counters();
+  const uint64_t read_before = io::BytesRead();
+  Status s = mgr_->Restore(1, want);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  for (int i = 0; i < kArrays; ++i) {
+    EXPECT_TRUE(out[i] == Fill(DType::kFloat32, Shape(i), FullBox(Shape(i)), i)) << Name(i);
+  }
+  EXPECT_TRUE(out[kArrays] == Fill(DType::kFloat64, {50, 9}, FullBox({50, 9}), 7));
+  const io::ReadCounters c = Since(before);
+  EXPECT_EQ(io::BytesRead() - read_before, Rank() == 0 ? total : 0u);
+  EXPECT_EQ(c.offset_boxes, Rank() == 0 ? kArrays + 1u : 0u);
+  EXPECT_LT(c.offset_reads, Rank() == 0 ? 10u : 1u) << c.offset_reads << " reads";
+  EXPECT_EQ(c.dataset_opens, 0u);
+}
+
+TEST_F(Pread, VerifyReadsByOffsetAndStillChecksTheDatasets) {
+  const io::ReadCounters before = io::Counters();
+  uint64_t bytes = 0;
+  Status s = mgr_->Verify(1, &bytes);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  const io::ReadCounters c = Since(before);
+  EXPECT_EQ(c.dataset_opens, kArrays + 1u) << "each dataset checked (collectively)";
+  EXPECT_GT(SumOverRanks(c.offset_boxes), 0u);
+  EXPECT_LT(SumOverRanks(c.offset_reads) * 10, SumOverRanks(c.offset_boxes));
+}
+
+TEST_F(Pread, WithoutOffsetsTheStepIsReadThroughHdf5) {
+  ASSERT_TRUE(testing::ForgetOffsets(dir_, 1));
+  Wanted w = WantShifted();
+  const io::ReadCounters before = io::Counters();
+  Status s = mgr_->Restore(1, w.arrays);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  const io::ReadCounters c = Since(before);
+  for (size_t k = 0; k < w.index.size(); ++k) {
+    const int i = w.index[k];
+    EXPECT_TRUE(w.out[k] == Fill(DType::kFloat32, Shape(i), FullBox(Shape(i)), i)) << Name(i);
+  }
+  EXPECT_EQ(c.offset_arrays, 0u);
+  EXPECT_GT(c.dataset_opens, 0u);
+  EXPECT_TRUE(mgr_->Verify(1).ok());
+}
+
+// More small replicated arrays than one packet holds (17 x 4 MiB: a packet
+// of 16, then one of 1): every rank gets every byte.
+TEST(PreadPackets, ReplicatedArraysBeyondOnePacketArriveWhole) {
+  auto mgr = OpenForTest(FreshDir());
+  ASSERT_TRUE(mgr);
+  constexpr int kBig = 17;
+  const std::vector<int64_t> shape{1024, 1024};  // 4 MiB of float32: the largest packed
+  std::vector<std::vector<std::byte>> data;
+  std::vector<ArrayToSave> arrays;
+  data.reserve(kBig);
+  for (int i = 0; i < kBig; ++i) {
+    std::vector<Shard> shards;
+    if (i % Size() == Rank()) {
+      data.push_back(Fill(DType::kFloat32, shape, FullBox(shape), 100 + i));
+      shards.push_back({FullBox(shape), data.back().data()});
+    }
+    arrays.push_back({"big" + std::to_string(10 + i), DType::kFloat32, shape, shards});
+  }
+  ASSERT_TRUE(mgr->Save(1, arrays).ok());
+  Status s = mgr->WaitUntilFinished();
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  data.clear();
+  std::vector<std::vector<std::byte>> out(kBig, std::vector<std::byte>(size_t{4} << 20));
+  std::vector<ArrayToRestore> want;
+  want.reserve(kBig);
+  for (int i = 0; i < kBig; ++i) {
+    want.push_back({arrays[i].name, DType::kFloat32, {{FullBox(shape), out[i].data()}}});
+  }
+  const uint64_t before = io::BytesRead();
+  s = mgr->Restore(1, want);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(io::BytesRead() - before, Rank() == 0 ? kBig * (uint64_t{4} << 20) : 0u);
+  for (int i = 0; i < kBig; ++i) {
+    EXPECT_TRUE(out[i] == Fill(DType::kFloat32, shape, FullBox(shape), 100 + i)) << i;
+  }
+}
+
+// Saved by the first half of the ranks (at least one), restored by all with
+// another sharding: rows for one array, columns (read through the bounce
+// buffer) for another; byte-exact, by offset.
+TEST(PreadReshard, SavedOnFewerRanksRestoresOnAllByOffset) {
+  const std::string dir = FreshDir();
+  const int savers = std::max(1, Size() / 2);
+  MPI_Comm sub = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, Rank() < savers ? 0 : MPI_UNDEFINED, Rank(), &sub);
+  const std::vector<int64_t> shape{101, 13};
+  int ok = 1;
+  if (sub != MPI_COMM_NULL) {
+    auto mgr = OpenAgreed(dir, {}, sub);
+    auto [lo, hi] = SplitRange(shape[0], savers, Rank());
+    const Box mine{{lo, 0}, {hi - lo, shape[1]}};
+    auto rows = Fill(DType::kInt32, shape, mine, 3);
+    auto cols = Fill(DType::kInt32, shape, mine, 4);
+    Status s = mgr.status();
+    if (s.ok()) {
+      s = (*mgr)->Save(
+          1, std::vector<ArrayToSave>{{"r", DType::kInt32, shape, {{mine, rows.data()}}},
+                                      {"c", DType::kInt32, shape, {{mine, cols.data()}}}});
+      if (s.ok()) s = (*mgr)->WaitUntilFinished();
+    }
+    ok = s.ok() ? 1 : 0;
+    MPI_Comm_free(&sub);
+  }
+  ASSERT_EQ(SumOverRanks(ok == 1 ? 0 : 1), 0u);
+  auto mgr = OpenForTest(dir);
+  ASSERT_TRUE(mgr);
+  auto [r0, r1] = SplitRange(shape[0], Size(), Size() - 1 - Rank());
+  auto [c0, c1] = SplitRange(shape[1], Size(), Rank());
+  const Box rows{{r0, 0}, {r1 - r0, shape[1]}}, cols{{0, c0}, {shape[0], c1 - c0}};
+  std::vector<std::byte> got_r(static_cast<size_t>(*Volume(rows.count)) * 4);
+  std::vector<std::byte> got_c(static_cast<size_t>(*Volume(cols.count)) * 4);
+  const io::ReadCounters before = io::Counters();
+  Status s =
+      mgr->Restore(1, std::vector<ArrayToRestore>{{"r", DType::kInt32, {{rows, got_r.data()}}},
+                                                  {"c", DType::kInt32, {{cols, got_c.data()}}}});
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(got_r == Fill(DType::kInt32, shape, rows, 3));
+  EXPECT_TRUE(got_c == Fill(DType::kInt32, shape, cols, 4));
+  const io::ReadCounters c = Since(before);
+  EXPECT_EQ(c.dataset_opens, 0u);
+  EXPECT_EQ(c.offset_arrays, 2u);
+}
+
+}  // namespace
+}  // namespace mhckpt
