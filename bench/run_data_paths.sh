@@ -9,10 +9,11 @@
 # NP writers into disjoint ranges of one shared file, buffered and O_DIRECT,
 # each fsync'd. Everything is interleaved round by round, so that a slow spell
 # of the disk hits every case alike. Prints Markdown tables (min/median/max)
-# and writes every sample to a JSON file.
+# and writes every sample to a JSON file (first).
 #
-#   bench/run_data_paths.sh                     # about 20 minutes at 1 GiB on 2 cores
+#   bench/run_data_paths.sh                     # about 40 minutes at 1 GiB on 2 cores (ROUNDS=1 REPS=5: 25)
 #   MIB=256 ROUNDS=1 REPS=2 NPS="1 2" FS_DIRS=/dev/shm/x bench/run_data_paths.sh   # a quick look
+#   bench/run_data_paths.sh --report bench/results/data-paths-....json            # the tables again
 #
 # Environment (defaults in brackets):
 #   MIB [1024]                checkpoint size, all ranks together
@@ -38,6 +39,49 @@ commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD -- base worker io coordinator bench 2>/dev/null || commit="$commit+dirty"
 OUT=${OUT:-bench/results/data-paths-$(date -u +%Y-%m-%d)-$commit.json}
 BIN=$BUILD_DIR/bin/mhckpt-bench
+
+# The Markdown tables of a results JSON (this script's OUT): per file system
+# and world size, every case's min/median/max and its median throughput against
+# one dd writing all the bytes on the same file system.
+report() {
+  /usr/bin/python3 - "$1" <<'PY'
+import collections, json, statistics, sys
+
+doc = json.load(open(sys.argv[1]))
+s = {(x["fs"], x["np"], x["case"], x["kind"]): x["s"] for x in doc["samples"]}
+gb = doc["mib"] * 2**20 / 1e9
+
+
+def med(fs, np_, case, kind="commit"):
+    v = s.get((fs, np_, case, kind))
+    return statistics.median(v) if v else None
+
+
+for fs in sorted({k[0] for k in s}):
+    ddb, ddd = med(fs, 1, "dd_buffered_files"), med(fs, 1, "dd_direct_files")
+    for np_ in sorted({k[1] for k in s if k[0] == fs}):
+        print(f"\n{fs}, np {np_}, {doc['mib']} MiB (commit {doc['commit']}, load average {' '.join(doc['loadavg'])} "
+              "at the end). Ratios: dd time / case time for the same bytes, dd = one writer at np 1 "
+              "(> 1: the case is faster)\n")
+        print("| case | n | commit min / median / max s | GB/s | vs dd buffered | vs dd direct "
+              "| no retention, median s | restore right after, s |")
+        print("|---|---|---|---|---|---|---|---|")
+        for (f_, n_, case, kind), v in sorted(s.items()):
+            if f_ != fs or n_ != np_ or kind != "commit":
+                continue
+            m = statistics.median(v)
+            ratio = lambda base: f"{base / m:.2f}×" if base else "—"  # noqa: E731
+            nr, wr = med(fs, np_, case, "commit_no_retention"), med(fs, np_, case, "warm_restore")
+            print(f"| {case} | {len(v)} | {min(v):.2f} / **{m:.2f}** / {max(v):.2f} | {gb / m:.2f} | "
+                  f"{ratio(ddb)} | {ratio(ddd)} | {'—' if nr is None else f'{nr:.2f}'} | "
+                  f"{'—' if wr is None else f'{wr:.2f}'} |")
+print(f"\n(from {sys.argv[1]}; 'restore right after': one restore by the same job right after its saves, "
+      "into touched memory; the page cache still holds the bytes after buffered and HDF5 writes, not after "
+      "O_DIRECT ones)")
+PY
+}
+
+if [ "${1:-}" = --report ]; then report "$2"; exit 0; fi
 [ -x "$BIN" ] || { echo "run_data_paths: $BIN not built" >&2; exit 1; }
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
@@ -122,16 +166,15 @@ PY
   done
 done
 
+# The JSON of every sample, then the tables from it.
 /usr/bin/python3 - "$samples" "$MIB" "$OUT" "$commit" "$ROUNDS" "$REPS" <<'PY'
-"""Tables: per file system and world size, every case's min/median/max and its
-median throughput against dd's of the same bytes."""
-import collections, datetime, json, os, statistics, sys
+import collections, datetime, json, os, sys
 
 path, mib, out, commit, rounds, reps = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
 s = collections.defaultdict(list)
 for line in open(path):
-    fs, case, np_, secs, kind = line.split("\t")
-    s[(fs, int(np_), case, kind.strip())].append(float(secs))
+    fs, case, np_, secs, kind = line.rstrip("\n").split("\t")
+    s[(fs, int(np_), case, kind)].append(float(secs))
 doc = {"bench": "data_paths", "commit": commit, "mib": mib, "rounds": int(rounds), "reps": int(reps),
        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
        "loadavg": open("/proc/loadavg").read().split()[:3],
@@ -140,25 +183,5 @@ os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
 with open(out, "w") as f:
     json.dump(doc, f, indent=1)
     f.write("\n")
-gb = mib * 2**20 / 1e9
-for fs in sorted({k[0] for k in s}):
-    for np_ in sorted({k[1] for k in s if k[0] == fs}):
-        med = lambda case, kind="commit": statistics.median(s[(fs, np_, case, kind)]) if s.get((fs, np_, case, kind)) else None
-        # The baselines: one dd writing all the bytes (np 1) on this file system.
-        one = lambda case: statistics.median(s[(fs, 1, case, "commit")]) if s.get((fs, 1, case, "commit")) else None
-        ddb, ddd = one("dd_buffered_files"), one("dd_direct_files")
-        print(f"\n{fs}, np {np_}, {mib} MiB (commit {commit}); ratios are throughput against one dd writing all the bytes (> 1: faster)\n")
-        print("| case | n | commit min / median / max s | GB/s | vs dd buffered | vs dd direct "
-              "| no retention median s | warm restore median s |")
-        print("|---|---|---|---|---|---|---|---|")
-        for (f_, n_, case, kind), v in sorted(s.items()):
-            if f_ != fs or n_ != np_ or kind != "commit":
-                continue
-            m = statistics.median(v)
-            ratio = lambda base: f"{base / m:.2f}×" if base else "—"
-            nr, wr = med(case, "commit_no_retention"), med(case, "warm_restore")
-            print(f"| {case} | {len(v)} | {min(v):.2f} / **{m:.2f}** / {max(v):.2f} | {gb / m:.2f} | "
-                  f"{ratio(ddb)} | {ratio(ddd)} | {'—' if nr is None else f'{nr:.2f}'} | "
-                  f"{'—' if wr is None else f'{wr:.2f}'} |")
-print(f"\nrun_data_paths: samples in {out}")
 PY
+report "$OUT"
