@@ -122,6 +122,10 @@ class Report:
         self.lines.append(s)
 
     def table(self, header, rows):
+        if not rows:  # a case this run did not measure: say so instead of an empty table
+            self.p("(not measured in this run)")
+            self.p()
+            return
         if self.lines and self.lines[-1]:
             self.p()
         self.p("| " + " | ".join(header) + " |")
