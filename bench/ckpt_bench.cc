@@ -35,6 +35,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <sstream>
@@ -232,42 +233,6 @@ bool DropCaches() {
   return ok != 0;
 }
 
-struct RestoreRun {
-  std::vector<double> restore;  // per rep, slowest rank
-  bool verified = true;
-  bool drop_caches_ok = true;
-  std::string first_bad;
-};
-
-// `reps` restores of `step` into `d`, each verified; with `drop`, the page
-// cache is dropped before each.
-RestoreRun RunRestores(CheckpointManager& mgr, int64_t step, Destinations& d, int reps, bool drop,
-                       bool verify_checksums = true) {
-  RestoreRun out;
-  RestoreOptions options;
-  options.verify_checksums = verify_checksums;
-  for (int i = 0; i < reps; ++i) {
-    d.Scrub(std::byte{0xA5});
-    if (drop) out.drop_caches_ok &= DropCaches();
-    Barrier();
-    auto t0 = Clock::now();
-    Status s = mgr.Restore(step, d.arrays, options);
-    const double dt = Since(t0);
-    CheckOk(s, "restore");
-    out.restore.push_back(MaxOverRanks(dt));
-    std::string first_bad;
-    int bad = d.Verify(&first_bad);
-    if (bad > 0) {
-      fmt::print(stderr, "{}: rank {}: restore {} of step {}: {} arrays differ, first {}\n",
-                 kProgram, Rank(), i, step, bad, first_bad);
-      if (out.first_bad.empty()) out.first_bad = first_bad;
-    }
-    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    out.verified &= bad == 0;
-  }
-  return out;
-}
-
 // Extra peak RSS: VmHWM reset, then VmRSS read; later VmHWM minus that.
 struct MemoryFigure {
   ProcMemory baseline;
@@ -286,6 +251,68 @@ MemoryFigure StartMemory() {
 uint64_t ExtraPeakRss(const MemoryFigure& m) {
   const uint64_t peak = ReadProcMemory().hwm_bytes;
   return MaxOverRanksU64(peak > m.baseline.rss_bytes ? peak - m.baseline.rss_bytes : 0);
+}
+
+struct RestoreRun {
+  std::vector<double> restore;  // per rep, slowest rank
+  bool verified = true;
+  bool drop_caches_ok = true;
+  std::string first_bad;
+  uint64_t local_bytes = 0;  // this rank's destination bytes
+  size_t arrays = 0;
+  uint64_t rss_extra = 0;  // extra peak RSS over the destinations, worst rank
+  bool hwm_reset = false;
+};
+
+// How RunRestores treats the destination memory.
+enum class Dest {
+  kReused,  // one set, touched, scrubbed before each restore
+  kFresh,   // new, untouched buffers for each restore, as a framework's new arrays are
+};
+
+// `reps` restores of `step` into arrays of `specs` laid out for this world
+// size, each verified, after `warmup` untimed ones (the warm-up every system
+// of bench/run.sh gets); with `drop`, the page cache is dropped before each.
+RestoreRun RunRestores(CheckpointManager& mgr, int64_t step, const std::vector<ArraySpec>& specs,
+                       int reps, bool drop, Dest dest, int warmup = 0,
+                       bool verify_checksums = true) {
+  const int rank = Rank(), size = Size();
+  RestoreRun out;
+  RestoreOptions options;
+  options.verify_checksums = verify_checksums;
+  std::optional<Destinations> d;
+  MemoryFigure mem = StartMemory();
+  for (int i = -warmup; i < reps; ++i) {
+    if (dest == Dest::kFresh || !d) {
+      d.reset();  // freed first: the new buffers do not add to the old ones
+      d.emplace(AllocateDestinations(specs, rank, size, /*touch=*/dest == Dest::kReused));
+    }
+    if (dest == Dest::kReused) d->Scrub(std::byte{0xA5});
+    if (drop) out.drop_caches_ok &= DropCaches();
+    Barrier();
+    auto t0 = Clock::now();
+    Status s = mgr.Restore(step, d->arrays, options);
+    const double dt = Since(t0);
+    CheckOk(s, "restore");
+    const double slowest = MaxOverRanks(dt);
+    if (i >= 0) out.restore.push_back(slowest);
+    std::string first_bad;
+    int bad = d->Verify(&first_bad);
+    if (bad > 0) {
+      fmt::print(stderr, "{}: rank {}: restore {} of step {}: {} arrays differ, first {}\n",
+                 kProgram, Rank(), i, step, bad, first_bad);
+      if (out.first_bad.empty()) out.first_bad = first_bad;
+    }
+    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    out.verified &= bad == 0;
+  }
+  out.local_bytes = d->local_bytes;
+  out.arrays = d->specs.size();
+  const uint64_t peak = ReadProcMemory().hwm_bytes;
+  const uint64_t floor = mem.baseline.rss_bytes + (dest == Dest::kFresh ? d->local_bytes : 0);
+  out.rss_extra = MaxOverRanksU64(peak > floor ? peak - floor : 0);
+  out.hwm_reset = mem.hwm_reset;
+  return out;
 }
 
 // The saves of one case, from a fresh manager on a fresh `root`.
@@ -386,6 +413,11 @@ void AddSaves(json& r, const SaveRun& s, const Model& m) {
   r["samples"]["commit_s"] = s.commit;
   r["samples"]["memcpy_s"] = s.memcpy;
   r["samples"]["gc_s"] = s.gc;
+  // The commit without the retention deletes that WaitUntilFinished also waits for.
+  std::vector<double> no_retention;
+  for (size_t i = 0; i < s.commit.size(); ++i) no_retention.push_back(s.commit[i] - s.gc[i]);
+  r["commit_no_retention_s"] = Median(no_retention);
+  r["samples"]["commit_no_retention_s"] = no_retention;
   // The phases of a save (SaveTimings; marker_commit_s is SaveTimings::commit).
   json phases = json::object();
   for (size_t p = 0; p < s.phases.size(); ++p) phases[kPhases[p]] = Median(s.phases[p]);
@@ -394,7 +426,8 @@ void AddSaves(json& r, const SaveRun& s, const Model& m) {
 
 constexpr const char* kSaveNotes =
     "stall_s: Save() call; commit_s: Save() start until WaitUntilFinished() returns (data "
-    "fsync'd, marker committed; older steps are deleted after it: max_to_keep 2, gc_s); memcpy_s: "
+    "fsync'd, marker committed; older steps are deleted after it: max_to_keep 2, gc_s, and "
+    "WaitUntilFinished waits for that too; commit_no_retention_s = commit_s - gc_s); memcpy_s: "
     "the "
     "same local bytes into touched memory; per rep the slowest rank, median over reps; the "
     "first save (fresh staging) apart as first_stall_s";
@@ -422,15 +455,15 @@ json RunSave(const Flags& f) {
   r["file_bytes"] = FileBytes(root, s.last_step);
 
   // Verify: restore the last step at this world size.
-  Destinations d = AllocateDestinations(m.specs, rank, size);
-  RestoreRun v = RunRestores(*s.mgr, s.last_step, d, 1, false);
+  RestoreRun v = RunRestores(*s.mgr, s.last_step, m.specs, 1, false, Dest::kReused);
   r["verify_restore_s"] = v.restore.front();
   r["verified"] = v.verified;
   r["root"] = root;
   r["kept"] = f.keep;
   r["notes"] = WithNote(f, std::string(kSaveNotes) +
                                "; restore_s: see --mode restore; verify_restore_s: one restore "
-                               "at the same np right after the saves (page cache warm)");
+                               "at the same np right after the saves (page cache warm, "
+                               "destinations touched)");
   s.mgr.reset();
   if (!f.keep) RemoveAll(root);
   return r;
@@ -474,10 +507,8 @@ json RunRestore(const Flags& f) {
     mib = std::strtod(m->second.c_str(), nullptr);
   }
 
-  Destinations d = AllocateDestinations(std::move(specs), rank, size);
-  MemoryFigure mem = StartMemory();
-  RestoreRun v = RunRestores(*mgr, step, d, f.reps, f.drop_caches, !f.no_verify_checksums);
-  const uint64_t rss_extra = ExtraPeakRss(mem);
+  RestoreRun v = RunRestores(*mgr, step, specs, f.reps, f.drop_caches, Dest::kFresh,
+                             /*warmup=*/1, !f.no_verify_checksums);
   if (f.drop_caches && !v.drop_caches_ok && rank == 0) {
     fmt::print(stderr, "{}: cannot write /proc/sys/vm/drop_caches: the page cache stays warm\n",
                kProgram);
@@ -491,13 +522,13 @@ json RunRestore(const Flags& f) {
   r["resharded"] = resharded;
   r["step"] = step;
   r["global_bytes"] = global;
-  r["local_bytes_max"] = MaxOverRanksU64(d.local_bytes);
-  r["n_arrays"] = d.specs.size();
+  r["local_bytes_max"] = MaxOverRanksU64(v.local_bytes);
+  r["n_arrays"] = v.arrays;
   r["restore_s"] = Median(v.restore);
   r["reshard_s"] = resharded ? json(Median(v.restore)) : json(nullptr);
   r["samples"]["restore_s"] = v.restore;
-  r["peak_rss_extra_bytes"] = rss_extra;
-  r["hwm_reset"] = mem.hwm_reset;
+  r["peak_rss_extra_bytes"] = v.rss_extra;
+  r["hwm_reset"] = v.hwm_reset;
   r["drop_caches"] = f.drop_caches;
   r["drop_caches_ok"] = f.drop_caches && v.drop_caches_ok;
   r["verify_checksums"] = !f.no_verify_checksums;
@@ -506,8 +537,9 @@ json RunRestore(const Flags& f) {
   r["verified"] = v.verified;
   r["root"] = root;
   r["notes"] = WithNote(
-      f, fmt::format("restore_s: Restore() of the latest step into touched arrays laid out for "
-                     "np {}, saved at np {}; reshard_s = restore_s when the world sizes differ; "
+      f, fmt::format("restore_s: Restore() of the latest step into new, untouched arrays (a fresh "
+                     "allocation per rep) laid out for np {}, saved at np {}, after one untimed "
+                     "warm-up restore; reshard_s = restore_s when the world sizes differ; "
                      "page cache {}; per rep the slowest rank, median over reps; peak RSS "
                      "extra: over the destination arrays",
                      size, marker->world_size,
@@ -529,10 +561,9 @@ json RunSaveRestore(const Flags& f, const std::string& kase, std::vector<ArraySp
   AddSaves(r, s, m);
   r["file_bytes"] = FileBytes(root, s.last_step);
 
-  Destinations d = AllocateDestinations(m.specs, rank, size);
-  MemoryFigure mem = StartMemory();
-  RestoreRun v = RunRestores(*s.mgr, s.last_step, d, f.reps, f.drop_caches);
-  r["restore_peak_rss_extra_bytes"] = ExtraPeakRss(mem);
+  RestoreRun v =
+      RunRestores(*s.mgr, s.last_step, m.specs, f.reps, f.drop_caches, Dest::kFresh, /*warmup=*/1);
+  r["restore_peak_rss_extra_bytes"] = v.rss_extra;
   r["restore_np"] = size;
   r["restore_s"] = Median(v.restore);
   r["samples"]["restore_s"] = v.restore;
@@ -540,8 +571,9 @@ json RunSaveRestore(const Flags& f, const std::string& kase, std::vector<ArraySp
   r["drop_caches_ok"] = f.drop_caches && v.drop_caches_ok;
   r["verified"] = v.verified;
   r["notes"] = WithNote(f, std::string(kSaveNotes) +
-                               "; restore_s: Restore() at the same np into touched arrays, "
-                               "each rep verified");
+                               "; restore_s: Restore() at the same np into new, untouched "
+                               "arrays (a fresh allocation per rep) after one untimed warm-up "
+                               "restore, each rep verified");
   s.mgr.reset();
   if (!f.keep) RemoveAll(root);
   return r;

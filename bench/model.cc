@@ -170,7 +170,8 @@ std::vector<ArraySpec> ManySmallSpecs(double mib, int arrays) {
   out.reserve(tensors.size() * 4);
   for (const Kind& k : kKinds) {
     for (const Tensor& t : tensors) {
-      out.push_back({fmt::format("{}/{}", k.prefix, t.name), k.dtype, t.shape, true});
+      const bool embedding = t.name.ends_with("_embedding");
+      out.push_back({fmt::format("{}/{}", k.prefix, t.name), k.dtype, t.shape, embedding, !embedding});
     }
   }
   return out;
@@ -180,9 +181,22 @@ std::vector<ArraySpec> OneArraySpecs(uint64_t bytes) {
   return {{"one_array", DType::kUInt8, {static_cast<int64_t>(bytes)}, true}};
 }
 
+std::vector<int> Holders(const std::vector<ArraySpec>& specs, int size) {
+  std::vector<int> holder(specs.size(), -1);
+  std::vector<uint64_t> load(static_cast<size_t>(size), 0);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (!specs[i].one_holder) continue;
+    const auto least = std::min_element(load.begin(), load.end());
+    *least += ArrayBytes(specs[i]);
+    holder[i] = static_cast<int>(least - load.begin());
+  }
+  return holder;
+}
+
 Model Materialize(std::vector<ArraySpec> specs, int rank, int size) {
   Model m;
   m.specs = std::move(specs);
+  const std::vector<int> holder = Holders(m.specs, size);
   auto add = [&](std::vector<ArrayToSave>& to, const ArraySpec& a) {
     const Box box = LocalBox(a, rank, size);
     const size_t bytes = BoxBytes(a, box);
@@ -193,12 +207,18 @@ Model Materialize(std::vector<ArraySpec> specs, int rank, int size) {
     return bytes;
   };
   m.arrays.reserve(m.specs.size());
-  for (const ArraySpec& a : m.specs) {
+  for (size_t i = 0; i < m.specs.size(); ++i) {
+    const ArraySpec& a = m.specs[i];
+    if (holder[i] >= 0 && holder[i] != rank) {  // another rank's: listed, no box
+      m.arrays.push_back(ArrayToSave{a.name, a.dtype, a.shape, {}});
+      m.global_bytes += ArrayBytes(a);
+      continue;
+    }
     const size_t bytes = add(m.arrays, a);
     m.boxes.emplace_back(m.buffers.back().get(), bytes);
     m.local_bytes += bytes;
     m.global_bytes += ArrayBytes(a);
-    if (IsSharded(a, size)) {
+    if (holder[i] < 0 && IsSharded(a, size)) {
       ++m.large_arrays;
     } else {
       m.replicated_bytes += bytes;
@@ -215,28 +235,40 @@ Model BuildModel(const TrainingStateConfig& c, int rank, int size) {
 }
 
 void Destinations::Scrub(std::byte value) {
-  for (size_t i = 0; i < buffers.size(); ++i)
-    std::memset(buffers[i].get(), static_cast<int>(value), bytes[i]);
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    if (bytes[i] > 0) std::memset(buffers[i].get(), static_cast<int>(value), bytes[i]);
+  }
 }
 
 int Destinations::Verify(std::string* first_bad) const {
   int bad = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
     const ArraySpec& a = specs[i];
+    if (arrays[i].shards.empty()) continue;  // another rank's
     if (CheckFill(buffers[i].get(), bytes[i], NameSeed(a.name), BoxOffset(a, boxes[i]))) continue;
     if (bad++ == 0 && first_bad != nullptr) *first_bad = a.name + " " + BoxToString(boxes[i]);
   }
   return bad;
 }
 
-Destinations AllocateDestinations(std::vector<ArraySpec> specs, int rank, int size) {
+Destinations AllocateDestinations(std::vector<ArraySpec> specs, int rank, int size, bool touch) {
   Destinations d;
   d.specs = std::move(specs);
-  for (const ArraySpec& a : d.specs) {
+  const std::vector<int> holder = Holders(d.specs, size);
+  for (size_t i = 0; i < d.specs.size(); ++i) {
+    const ArraySpec& a = d.specs[i];
     Box box = LocalBox(a, rank, size);
+    if (holder[i] >= 0 && holder[i] != rank) {  // another rank's: asks for nothing
+      d.buffers.emplace_back();
+      d.arrays.push_back(ArrayToRestore{a.name, a.dtype, {}});
+      d.boxes.push_back(std::move(box));
+      d.bytes.push_back(0);
+      continue;
+    }
     const size_t bytes = BoxBytes(a, box);
+    // new[] without "()": the pages stay untouched unless `touch`.
     d.buffers.emplace_back(new std::byte[std::max<size_t>(bytes, 1)]);
-    std::memset(d.buffers.back().get(), 0, bytes);
+    if (touch) std::memset(d.buffers.back().get(), 0, bytes);
     d.arrays.push_back(ArrayToRestore{a.name, a.dtype, {Destination{box, d.buffers.back().get()}}});
     d.boxes.push_back(std::move(box));
     d.bytes.push_back(bytes);

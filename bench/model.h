@@ -38,7 +38,15 @@ struct ArraySpec {
   /// as many rows as there are ranks; otherwise, and when false, every rank
   /// holds it whole.
   bool shard = false;
+  /// Held whole by one rank only (which one: Holders); `shard` is ignored.
+  bool one_holder = false;
 };
+
+/// For each of `specs`, the one rank holding it (ArraySpec::one_holder), or
+/// -1 when every rank holds a box of it. One-holder arrays go in order to the
+/// rank with the fewest of their bytes so far (ties: the lowest rank), so the
+/// ranks' shares differ by at most one array.
+std::vector<int> Holders(const std::vector<ArraySpec>& specs, int size);
 
 /// True if `a` is split over `size` ranks (see ArraySpec::shard).
 bool IsSharded(const ArraySpec& a, int size);
@@ -68,7 +76,9 @@ std::vector<ArraySpec> TrainingStateSpecs(const TrainingStateConfig& c, int size
 /// few shapes, their biases, two layer norms; 156 layers for 10,000 arrays),
 /// a token and a position embedding and a final norm, each tensor as bf16
 /// parameters plus fp32 master, Adam m and v. The layers hold about 70% of the
-/// bytes. Every array is sharded by rows when it has enough rows.
+/// bytes. The two embeddings are sharded by rows; every other array is held
+/// whole by one rank (ArraySpec::one_holder), as a model-parallel layout
+/// puts a small tensor on one rank.
 inline constexpr int kManySmallArrays = 10000;
 std::vector<ArraySpec> ManySmallSpecs(double mib, int arrays = kManySmallArrays);
 
@@ -86,7 +96,7 @@ struct Model {
   uint64_t replicated_bytes = 0;  ///< of local_bytes: arrays this rank holds whole
   uint64_t global_bytes = 0;
   int large_arrays = 0;  ///< sharded over the ranks
-  int small_arrays = 0;  ///< held whole
+  int small_arrays = 0;  ///< held whole (by this rank or, one_holder, by one rank)
 };
 
 /// Allocates and fills rank `rank`'s boxes of `specs` (laid out for `size`
@@ -96,14 +106,15 @@ Model Materialize(std::vector<ArraySpec> specs, int rank, int size);
 /// The training state (TrainingStateSpecs), materialized for `rank`.
 Model BuildModel(const TrainingStateConfig& c, int rank, int size);
 
-/// Buffers for a restore of `specs` laid out for `size` ranks, every page
-/// touched.
+/// Buffers for a restore of `specs` laid out for `size` ranks. With `touch`,
+/// every page is written once; without, the buffers are fresh allocations
+/// whose pages the restore touches first (as a framework's new arrays are).
 struct Destinations {
   std::vector<ArraySpec> specs;
   std::vector<ArrayToRestore> arrays;
   std::vector<std::unique_ptr<std::byte[]>> buffers;
   std::vector<Box> boxes;
-  std::vector<size_t> bytes;
+  std::vector<size_t> bytes;  ///< 0 where another rank holds the array (one_holder)
   uint64_t local_bytes = 0;
 
   /// Overwrites every buffer with `value` (so that a restore that writes
@@ -113,6 +124,7 @@ struct Destinations {
   /// arrays that differ; `first_bad` gets the name of the first.
   int Verify(std::string* first_bad) const;
 };
-Destinations AllocateDestinations(std::vector<ArraySpec> specs, int rank, int size);
+Destinations AllocateDestinations(std::vector<ArraySpec> specs, int rank, int size,
+                                  bool touch = true);
 
 }  // namespace mhckpt::bench

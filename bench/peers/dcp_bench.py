@@ -19,6 +19,12 @@ sync_files=True; its own gloo group, so that the timing collectives on the defau
 do not interleave with the background save's), timing the call (stall) and the wait on its
 future (commit). Restore: dcp.load into freshly allocated DTensors at N, and in a second
 launch at M (DCP reshards on load). Two steps are kept; older ones are deleted untimed.
+One untimed save and one untimed restore come first (the warm-up every system gets).
+
+--stager default: async_save's own stager (a new DefaultStager per call: fresh CPU copies
+every save). --stager cached: one DefaultStager kept across the saves (system "dcp-cached"):
+it caches its CPU copies by source storage and copies into them again (pinned memory where
+CUDA is available; StagingOptions otherwise off, so staging is synchronous as in the default).
 """
 import json
 import os
@@ -104,41 +110,53 @@ def worker(args):
         dist.barrier()
 
     res = {"stall_s": [], "commit_s": [], "restore_s": [], "reshard_s": []}
-    last = args.reps - 1
+    last = args.reps  # step 0 is the warm-up
     if args.role == "save":
         save_group = dist.new_group(backend="gloo")
+        stager = None
+        if args.stager == "cached":
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+            stager = DefaultStager(StagingOptions(use_pinned_memory=torch.cuda.is_available(),
+                                                  use_shared_memory=False, use_async_staging=False,
+                                                  use_non_blocking_copy=False))
         arrays = model.build_local(args.mib, size, rank, "ceil")
         sd = state_dict(arrays, mesh, rows)
         dist.barrier()
         base = model.rss_bytes()
         model.reset_hwm()
-        for step in range(args.reps):
+        for step in range(args.reps + 1):
             dist.barrier()
             t0 = model.now()
-            fut = dcp.async_save(sd, checkpoint_id=step_dir(args.dir, step), process_group=save_group)
+            fut = dcp.async_save(sd, checkpoint_id=step_dir(args.dir, step), process_group=save_group,
+                                 async_stager=stager)
             t1 = model.now()
             # Future, or AsyncSaveResponse(staging_completion, upload_completion) in some configurations.
             (getattr(fut, "upload_completion", None) or fut).result()
             t2 = model.now()
-            res["stall_s"].append(tmax(t1 - t0))
-            res["commit_s"].append(tmax(t2 - t0))
+            stall, commit = tmax(t1 - t0), tmax(t2 - t0)
+            if step > 0:
+                res["stall_s"].append(stall)
+                res["commit_s"].append(commit)
             dist.barrier()
             if rank == 0 and step >= 2:
                 shutil.rmtree(step_dir(args.dir, step - 2))
         res["peak_rss_extra_bytes"] = tmax(model.hwm_bytes() - base)
-        del sd, arrays
+        if stager is not None:
+            stager.close()
+        del sd, arrays, stager
         key = "restore_s"
     else:
         key = "reshard_s"
     verified = True
-    for i in range(args.reps):
+    for i in range(args.reps + 1):  # i == 0: the warm-up
         got = empty_arrays(rows, rank, size)
         target = state_dict(got, mesh, rows)
         maybe_drop()
         t0 = model.now()
         dcp.load(target, checkpoint_id=step_dir(args.dir, last))
         dist.barrier()
-        res[key].append(tmax(model.now() - t0))
+        if i > 0:
+            res[key].append(tmax(model.now() - t0))
         if i == 0:
             # The small tensors may have been replaced in the dict rather than filled in place.
             for name, _, _ in model.SMALL:
@@ -167,19 +185,25 @@ def launch(n, argv, out_part):
 
 def main():
     p = model.common_args(__doc__.splitlines()[0])
+    p.add_argument("--stager", choices=["default", "cached"], default="default",
+                   help="async_save's stager (see the top of this file)")
     args = p.parse_args()
     if args.role != "driver":
         return worker(args)
-    r, samples, verified = model.drive(args, launch)
-    notes = (f"torch {r['torch']} (PyPI wheel, CPU only), gloo, N worker processes. DTensor [Shard(0)] "
+    r, samples, verified = model.drive(args, launch, ["--stager", args.stager])
+    stager = ("one DefaultStager kept across saves (cached CPU copies)" if args.stager == "cached"
+              else "the default stager (new CPU copies every save)")
+    notes = (f"torch {r['torch']} (PyPI wheel, CPU only), gloo, N worker processes; {stager}; one untimed "
+             "warm-up save and restore. DTensor [Shard(0)] "
              "over a CPU DeviceMesh (chunked rows: ceil(rows/np) per rank), small arrays as plain "
-             "tensors. dcp.async_save (thread, default stager copies into CPU memory) with the default "
+             "tensors. dcp.async_save (thread; the stager copies into CPU memory) with the default "
              "FileSystemWriter, sync_files=True: os.fsync on every .distcp data file and on .metadata.tmp "
              "before its rename to .metadata (strace); the step directory is never fsynced, so the "
              "rename is not itself durable. stall = async_save "
              "call, commit = until its future is done. Restore and reshard: dcp.load into new "
              "DTensors; reshard is a separate launch at restore_np." + model.cache_note(args))
-    rec = model.record("dcp", f"torch {r['torch']}", args.mib, args.np_, args.restore_np, args.reps, samples,
+    system = "dcp-cached" if args.stager == "cached" else "dcp"
+    rec = model.record(system, f"torch {r['torch']}", args.mib, args.np_, args.restore_np, args.reps, samples,
                        r["peak_rss_extra_bytes"], True, verified, "processes", notes, layout="ceil")
     model.finish(args, rec)
 

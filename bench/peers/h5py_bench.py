@@ -22,7 +22,8 @@ all ranks (contiguous, no fill), each large dataset written collectively
 and os.fsync()s it and the directory. Synchronous: stall == commit. Restore: each rank
 reads its rows of every large dataset collectively and every small one whole, into new
 arrays. bfloat16 arrays are stored as uint16 (HDF5 has no bfloat16; same bytes). Two
-steps are kept on disk; older ones are deleted outside the timed region.
+steps are kept on disk; older ones are deleted outside the timed region. One untimed save
+and one untimed restore come first (the warm-up every system gets).
 """
 import json
 import os
@@ -104,19 +105,20 @@ def worker(args):
     begin, end = model.row_range(rows, rank, size, "floor")
     res = {"stall_s": [], "commit_s": [], "restore_s": [], "reshard_s": []}
     tmax = lambda t: comm.allreduce(t, op=MPI.MAX)  # noqa: E731
-    last = args.reps - 1
+    last = args.reps  # step 0 is the warm-up
     if args.role == "save":
         arrays = model.build_local(args.mib, size, rank, "floor")
         comm.Barrier()
         base = model.rss_bytes()
         model.reset_hwm()
-        for step in range(args.reps):
+        for step in range(args.reps + 1):
             comm.Barrier()
             t0 = model.now()
             save(comm, h5py, step_path(args.dir, step), arrays, rows, begin, end)
             t = tmax(model.now() - t0)
-            res["stall_s"].append(t)
-            res["commit_s"].append(t)
+            if step > 0:
+                res["stall_s"].append(t)
+                res["commit_s"].append(t)
             if rank == 0 and step >= 2:
                 os.remove(step_path(args.dir, step - 2))
             comm.Barrier()
@@ -126,11 +128,13 @@ def worker(args):
     else:
         key, layout_np = "reshard_s", size
     verified = True
-    for i in range(args.reps):
+    for i in range(args.reps + 1):  # i == 0: the warm-up
         maybe_drop(comm, args)
         t0 = model.now()
         got = restore(comm, h5py, step_path(args.dir, last), rows, begin, end)
-        res[key].append(tmax(model.now() - t0))
+        t = tmax(model.now() - t0)
+        if i > 0:
+            res[key].append(t)
         if i == 0:
             ok = model.verify_local(got, args.mib, layout_np, rank, "floor") if size == args.np_ else \
                 verify_box(got, args.mib, rows, begin, end)

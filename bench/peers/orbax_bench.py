@@ -18,7 +18,8 @@ the same pseudo-random stream (a few rows; the record's byte counts are those sa
 saves a new step through an async ocp.CheckpointManager (StandardSave, max_to_keep=2, Orbax
 defaults otherwise: OCDBT, TensorStore): stall = the save() call, commit = until
 wait_until_finished() returns. Restore: StandardRestore with the same sharding, and in a second
-launch with an M-process mesh.
+launch with an M-process mesh. One untimed save and one untimed restore come first (the warm-up
+every system gets).
 """
 import json
 import math
@@ -69,7 +70,7 @@ def worker(args):
     res = {"stall_s": [], "commit_s": [], "restore_s": [], "reshard_s": []}
     opts = ocp.CheckpointManagerOptions(max_to_keep=2, enable_async_checkpointing=True)
     mgr = ocp.CheckpointManager(os.path.abspath(args.dir), options=opts)
-    last = args.reps - 1
+    last = args.reps  # step 0 is the warm-up
     if args.role == "save":
         flat = {}
         for name, dt in model.LARGE:
@@ -85,15 +86,17 @@ def worker(args):
         barrier("built")
         base = model.rss_bytes()
         model.reset_hwm()
-        for step in range(args.reps):
+        for step in range(args.reps + 1):
             barrier(f"save{step}")
             t0 = model.now()
             mgr.save(step, args=ocp.args.StandardSave(state))
             t1 = model.now()
             mgr.wait_until_finished()
             t2 = model.now()
-            res["stall_s"].append(tmax(t1 - t0))
-            res["commit_s"].append(tmax(t2 - t0))
+            stall, commit = tmax(t1 - t0), tmax(t2 - t0)
+            if step > 0:
+                res["stall_s"].append(stall)
+                res["commit_s"].append(commit)
         res["peak_rss_extra_bytes"] = tmax(model.hwm_bytes() - base)
         del state, flat
         key = "restore_s"
@@ -106,12 +109,14 @@ def worker(args):
         abstract[name] = jax.ShapeDtypeStruct(shape, model.numpy_dtype(dt), sharding=replicated)
     abstract = model.nest(abstract)
     verified = True
-    for i in range(args.reps):
+    for i in range(args.reps + 1):  # i == 0: the warm-up
         maybe_drop(i)
         t0 = model.now()
         got = mgr.restore(last, args=ocp.args.StandardRestore(abstract))
         jax.block_until_ready(got)
-        res[key].append(tmax(model.now() - t0))
+        t = tmax(model.now() - t0)
+        if i > 0:
+            res[key].append(t)
         if i == 0:
             g = model.flatten(got)
             for name, dt in model.LARGE:

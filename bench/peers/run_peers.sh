@@ -8,7 +8,8 @@
 #
 # Environment: NPS (default "1 2 4"), SIZES in MiB (default "256 1024 4096"), REPS (3),
 # PEERS ("mhckpt-py orbax dcp h5py"; also "mhckpt-jax", the Python API with jax.Array
-# leaves), VENV (python/.venv, made by setup_venv.sh), DIR (/tmp/mhckpt-peers; each run
+# leaves, and "dcp-cached", DCP with a stager kept across saves), VENV (python/.venv, made
+# by setup_venv.sh; SKIP_SETUP=1: already made, do not run setup_venv.sh), DIR (/tmp/mhckpt-peers; each run
 # gets a fresh subdirectory,
 # deleted afterwards), OUT (bench/results/peers-<UTC date>.json), TIMEOUT per peer run in
 # seconds (900), DROP_CACHES (1 when root: drop the page cache before each restore).
@@ -27,7 +28,9 @@ OUT=${OUT:-bench/results/peers-$(date -u +%Y-%m-%d).json}
 TIMEOUT=${TIMEOUT:-900}
 DROP_CACHES=${DROP_CACHES:-$([ "$(id -u)" -eq 0 ] && echo 1 || echo 0)}
 
-VENV="$VENV" bench/peers/setup_venv.sh || { echo "run_peers: setup_venv.sh failed" >&2; exit 1; }
+if [ "${SKIP_SETUP:-0}" != 1 ]; then
+  VENV="$VENV" bench/peers/setup_venv.sh || { echo "run_peers: setup_venv.sh failed" >&2; exit 1; }
+fi
 
 restore_np() {
   local v="RESTORE_NP_$1"
@@ -47,6 +50,7 @@ for mib in $SIZES; do
         h5py) py=/usr/bin/python3; script=h5py_bench.py ;;
         mhckpt-py) py=$VENV/bin/python; script=mhckpt_py_bench.py ;;
         mhckpt-jax) py=$VENV/bin/python; script=mhckpt_py_bench.py; extra=(--leaves jax) ;;
+        dcp-cached) py=$VENV/bin/python; script=dcp_bench.py; extra=(--stager cached) ;;
         *) py=$VENV/bin/python; script=${peer}_bench.py ;;
       esac
       run=$(mktemp -d "$DIR/$peer-np$np-$mib.XXXXXX")
