@@ -171,7 +171,8 @@ std::vector<ArraySpec> ManySmallSpecs(double mib, int arrays) {
   for (const Kind& k : kKinds) {
     for (const Tensor& t : tensors) {
       const bool embedding = t.name.ends_with("_embedding");
-      out.push_back({fmt::format("{}/{}", k.prefix, t.name), k.dtype, t.shape, embedding, !embedding});
+      out.push_back(
+          {fmt::format("{}/{}", k.prefix, t.name), k.dtype, t.shape, embedding, !embedding});
     }
   }
   return out;
