@@ -85,20 +85,27 @@ class Pread : public ::testing::Test {
     Status s = SaveSmall(*mgr_, Rank(), Size());
     ASSERT_TRUE(s.ok()) << s.ToString();
   }
+  // Restores `w` (step 1), checks every array's bytes, and returns in `c`
+  // the read counters the restore moved.
+  void RestoreAndCheck(Wanted& w, io::ReadCounters* c) {
+    const io::ReadCounters before = io::Counters();
+    Status s = mgr_->Restore(1, w.arrays);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    *c = Since(before);
+    for (size_t k = 0; k < w.index.size(); ++k) {
+      const int i = w.index[k];
+      EXPECT_TRUE(w.out[k] == Fill(DType::kFloat32, Shape(i), FullBox(Shape(i)), i)) << Name(i);
+    }
+  }
+
   std::string dir_;
   std::unique_ptr<CheckpointManager> mgr_;
 };
 
 TEST_F(Pread, ManySmallArraysAreReadByOffsetInFewJoinedRequests) {
   Wanted w = WantShifted();
-  const io::ReadCounters before = io::Counters();
-  Status s = mgr_->Restore(1, w.arrays);
-  ASSERT_TRUE(s.ok()) << s.ToString();
-  const io::ReadCounters c = Since(before);
-  for (size_t k = 0; k < w.index.size(); ++k) {
-    const int i = w.index[k];
-    EXPECT_TRUE(w.out[k] == Fill(DType::kFloat32, Shape(i), FullBox(Shape(i)), i)) << Name(i);
-  }
+  io::ReadCounters c;
+  ASSERT_NO_FATAL_FAILURE(RestoreAndCheck(w, &c));
   EXPECT_EQ(c.dataset_opens, 0u) << "no HDF5 dataset is opened";
   EXPECT_EQ(c.offset_arrays, static_cast<uint64_t>(kArrays)) << "each array someone wants";
   EXPECT_EQ(c.offset_boxes, w.arrays.size());
@@ -152,14 +159,8 @@ TEST_F(Pread, VerifyReadsByOffsetAndStillChecksTheDatasets) {
 TEST_F(Pread, WithoutOffsetsTheStepIsReadThroughHdf5) {
   ASSERT_TRUE(testing::ForgetOffsets(dir_, 1));
   Wanted w = WantShifted();
-  const io::ReadCounters before = io::Counters();
-  Status s = mgr_->Restore(1, w.arrays);
-  ASSERT_TRUE(s.ok()) << s.ToString();
-  const io::ReadCounters c = Since(before);
-  for (size_t k = 0; k < w.index.size(); ++k) {
-    const int i = w.index[k];
-    EXPECT_TRUE(w.out[k] == Fill(DType::kFloat32, Shape(i), FullBox(Shape(i)), i)) << Name(i);
-  }
+  io::ReadCounters c;
+  ASSERT_NO_FATAL_FAILURE(RestoreAndCheck(w, &c));
   EXPECT_EQ(c.offset_arrays, 0u);
   EXPECT_GT(c.dataset_opens, 0u);
   EXPECT_TRUE(mgr_->Verify(1).ok());
