@@ -37,9 +37,14 @@ exec "$@"
 """
 
 
-def can_unshare():
+def can_unshare(probe_dir):
+    """True if this process may make a mount namespace and mount a tmpfs in it
+    (both, as the wrapper does)."""
+    os.makedirs(probe_dir, exist_ok=True)
     try:
-        p = subprocess.run(["unshare", "--mount", "true"], capture_output=True, timeout=10)
+        p = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                            'mount -t tmpfs none "$0"', probe_dir],
+                           capture_output=True, timeout=10)
         return p.returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
@@ -52,8 +57,8 @@ def run(args, wrapper, root, env):
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=JOB_TIMEOUT,
                            env=dict(os.environ, **env))
     except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        return None, out
+        out = e.stdout or b""
+        return None, out.decode(errors="replace") if isinstance(out, bytes) else out
     return p.returncode, p.stdout + p.stderr
 
 
@@ -64,10 +69,10 @@ def main():
     ap.add_argument("--mpiexec", required=True)
     ap.add_argument("--np", type=int, default=2)
     args = ap.parse_args()
-    if not can_unshare():
-        print("skipped: cannot make a mount namespace here (unshare --mount failed)")
-        return 77
     shutil.rmtree(args.work, ignore_errors=True)
+    if not can_unshare(os.path.join(args.work, "probe")):
+        print("skipped: cannot mount a tmpfs in a mount namespace here (unshare --mount)")
+        return 77
     local = os.path.join(args.work, "local")
     os.makedirs(local)
     wrapper = os.path.join(args.work, "node_local.sh")
