@@ -10,6 +10,7 @@
 #include "cli/text_format.h"
 #include "coordinator/retention.h"
 #include "io/catalog.h"
+#include "io/posix_file.h"
 #include "io/root_lock.h"
 
 namespace mhckpt::cli {
@@ -70,6 +71,17 @@ Status RunGc(const GcArgs& args, std::FILE* out) {
     fmt::print(out, "{} step {} ({}, {})\n", verb, s.entry.step, why, HumanBytes(s.bytes_on_disk));
     ++deleted;
     freed += s.bytes_on_disk;
+  }
+  // Steps a job retired (marker gone, directory renamed) but did not finish
+  // removing: it ended or crashed first.
+  MHCKPT_ASSIGN_OR_RETURN(std::vector<std::string> retired, io::RetiredDirs(args.root));
+  for (const std::string& dir : retired) {
+    if (!args.dry_run) {
+      Status st = io::RemoveAll(dir);
+      if (st.ok()) st = io::FsyncDir(args.root);
+      if (!st.ok()) return Status(st.code(), fmt::format("deleting {}: {}", dir, st.message()));
+    }
+    fmt::print(out, "{} {} (retired, its removal unfinished)\n", verb, dir);
   }
   fmt::print(out, "gc {}: {} {} step{} ({}); {} committed step{} kept\n", args.root, verb, deleted,
              deleted == 1 ? "" : "s", HumanBytes(freed), kept_committed,

@@ -83,6 +83,13 @@ Status PrepareRoot(const std::string& root, const Options& options,
     MHCKPT_RETURN_IF_ERROR(io::RemoveAll(io::StepDir(root, *step)));
     removed = true;
   }
+  // Retired steps whose removal a previous job did not finish.
+  MHCKPT_ASSIGN_OR_RETURN(std::vector<std::string> retired, io::RetiredDirs(root));
+  for (const std::string& dir : retired) {
+    spdlog::info("mhckpt: removing {}, retired by a previous job", dir);
+    MHCKPT_RETURN_IF_ERROR(io::RemoveAll(dir));
+    removed = true;
+  }
   return removed ? io::FsyncDir(root) : OkStatus();
 }
 

@@ -103,7 +103,12 @@ struct Options {
   double root_wait_seconds = 0;
   /// After each commit, keep only the newest `max_to_keep` committed steps
   /// (0: keep all), plus those kept by `keep_period`. The newest is never
-  /// deleted. Deletion runs on the I/O thread and removes the marker first.
+  /// deleted. Deletion runs after the commit is announced: rank 0's I/O
+  /// thread retires the old step (removes its marker, then renames its
+  /// directory out of the listing), and a thread of its own frees the files
+  /// (an unlink of GiBs can take a second where the file system discards
+  /// freed blocks); destroying the manager waits for that, and the next Open
+  /// removes what a crash left.
   int max_to_keep = 0;
   /// Steps that are multiples of `keep_period` are kept for good (0: none).
   int64_t keep_period = 0;
@@ -221,9 +226,11 @@ struct SaveTimings {
   double write = 0;        ///< create datasets and write boxes
   double flush = 0;        ///< make the data file durable and close it
   double commit = 0;       ///< agree, write the marker, agree
-  /// Retention deletes (rank 0). They run after the commit is announced, so
-  /// they are not part of the commit (WaitUntilFinished still waits for
-  /// them); this is filled in when they end (0 until then).
+  /// Retention (rank 0): retiring the steps max_to_keep drops. It runs after
+  /// the commit is announced, so it is not part of the commit
+  /// (WaitUntilFinished still waits for it); freeing the retired steps' files
+  /// runs later, in the background, and is not counted. Filled in when the
+  /// retiring ends (0 until then).
   double gc = 0;
   bool plan_cached = false;    ///< same arrays and boxes as the previous save: no gather
   uint64_t local_bytes = 0;    ///< bytes this rank staged
@@ -269,7 +276,8 @@ class CheckpointManager {
   Status Save(int64_t step, std::span<const ArrayToSave> arrays, const UserMetadata& metadata = {});
 
   /// Collective. Waits for every save started so far to commit or fail, and
-  /// for the retention after it (max_to_keep, keep_period), so that listings
+  /// for the retention after it (max_to_keep, keep_period: the old steps are
+  /// retired, not yet freed on disk), so that listings
   /// made after it agree on every rank; returns the first failure since the
   /// last call, the same on every rank:
   /// InvalidArgument (inconsistent input, naming array, rank and box),

@@ -1,5 +1,6 @@
-// The one thread per rank that touches HDF5 and the I/O communicator. Jobs
-// run one at a time, in the order they were submitted. A job reports its own
+// A job thread. Jobs run one at a time, in the order they were submitted.
+// Each rank has one that touches HDF5 and the I/O communicator (its I/O
+// thread); rank 0 has a second one that removes retired steps. A job reports its own
 // outcome; an exception that escapes one anyway is logged and the thread
 // goes on (base/guard.h).
 #pragma once

@@ -60,6 +60,8 @@ class ManagerImpl {
   void RecordSave(const Status& s, const SaveTimings& t, bool retention_follows);
   // Step 7 of the save protocol (save.cc), rank 0, after RecordSave.
   void RunRetention(int64_t step);
+  // Rank 0: removes a retired step directory on deleter_.
+  void RemoveInBackground(std::string dir);
   void RecordRetention(double seconds);
 
   Comm comm_;         // the I/O thread's
@@ -93,6 +95,13 @@ class ManagerImpl {
   // Rank 0 with Options::own_root: the root's lock and lease, released after
   // the I/O thread (declared after it) has finished every job.
   std::unique_ptr<io::RootLock> root_lock_;
+
+  // Rank 0: removes the directories that retention has retired (RunRetention),
+  // off the I/O thread, so that freeing their blocks delays neither
+  // WaitUntilFinished nor the next job. Made on first use; destroyed after
+  // the I/O thread (the last to add to it) and before the root's lock, so
+  // that the removals end while this job still owns the root.
+  std::unique_ptr<IoThread> deleter_;
 
   std::unique_ptr<IoThread> thread_;  // last: joined before the rest is destroyed
 };

@@ -36,10 +36,11 @@
 //      the step directory, and broadcasts the outcome; every rank returns it.
 //      (The reservation of step 3 is exact: nothing to give back.)
 //   7. Retention (ManagerImpl::RunRetention). After the outcome is recorded,
-//      so off the path to the commit, rank 0's I/O thread deletes the steps
-//      the policy no longer keeps (marker first, io::DeleteStep) before it
-//      runs any later job. A failure here is logged, not returned: the new
-//      step is committed either way.
+//      so off the path to the commit, rank 0's I/O thread retires the steps
+//      the policy no longer keeps (marker first, then the directory renamed
+//      out of the listing: io::RetireStep) before it runs any later job;
+//      its deleter thread frees their files in the background. A failure
+//      here is logged, not returned: the new step is committed either way.
 //
 // A crash anywhere before step 6 leaves a directory without a marker, which
 // is never listed and is removed by the next Open.
@@ -539,21 +540,34 @@ class SaveRun {
 
 Status ManagerImpl::RunSave(SaveJob& job) { return SaveRun(*this, job).Run(); }
 
-// 7. Retention (rank 0, I/O thread), after RecordSave: WaitUntilFinished has
-// returned by now; the next job (a save, restore or verify) runs after it,
-// and CheckpointManager::CommittedSteps waits for it.
+// 7. Retention (rank 0, I/O thread), after RecordSave: WaitUntilFinished
+// waits for this part, which only retires old steps (marker removed, then
+// the directory renamed: milliseconds); the deleter thread frees their files
+// afterwards, so the next job does not wait for that either.
+// CheckpointManager::CommittedSteps waits for this part too.
 void ManagerImpl::RunRetention(int64_t step) {
   auto t0 = Clock::now();
   // Guarded: RecordRetention must run whatever happens, or waiters hang.
   Status gc = Guarded("rank 0: retention", [&] {
     MHCKPT_ASSIGN_OR_RETURN(std::vector<int64_t> committed, io::CommittedSteps(root_));
     for (int64_t old : StepsToDelete(committed, options_.max_to_keep, options_.keep_period)) {
-      MHCKPT_RETURN_IF_ERROR(io::DeleteStep(root_, old));
+      MHCKPT_ASSIGN_OR_RETURN(std::string retired, io::RetireStep(root_, old));
+      if (!retired.empty()) RemoveInBackground(std::move(retired));
     }
     return OkStatus();
   });
   if (!gc.ok()) spdlog::warn("mhckpt: retention after step {}: {}", step, gc.ToString());
   RecordRetention(Since(t0));
+}
+
+void ManagerImpl::RemoveInBackground(std::string dir) {
+  if (!deleter_) deleter_ = std::make_unique<IoThread>();
+  deleter_->Submit([root = root_, dir = std::move(dir)] {
+    Status s = io::RemoveAll(dir, "remove_step");
+    if (s.ok()) s = io::FsyncDir(root);
+    // Left behind, it is removed when the root is next opened.
+    if (!s.ok()) spdlog::warn("mhckpt: removing retired '{}': {}", dir, s.ToString());
+  });
 }
 
 }  // namespace mhckpt::internal

@@ -3,6 +3,8 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <map>
 #include <mutex>
 
@@ -104,12 +106,38 @@ Result<std::vector<int64_t>> CommittedSteps(const std::string& root) {
   return steps;
 }
 
-Status DeleteStep(const std::string& root, int64_t step) {
+Result<std::string> RetireStep(const std::string& root, int64_t step) {
   const std::string marker = MarkerPath(root, step);
+  const std::string dir = StepDir(root, step);
   MHCKPT_RETURN_IF_ERROR(RemoveFile(marker));
-  if (PathExists(StepDir(root, step))) MHCKPT_RETURN_IF_ERROR(FsyncDir(StepDir(root, step)));
+  if (!PathExists(dir)) return std::string();
+  MHCKPT_RETURN_IF_ERROR(FsyncDir(dir));
   MHCKPT_RETURN_IF_ERROR(fault::Hit("retention"));  // uncommitted now, files still there
-  MHCKPT_RETURN_IF_ERROR(RemoveAll(StepDir(root, step), "remove_step"));
+  // The nonce: the clock, and a counter for two retirements in one tick.
+  static std::atomic<uint64_t> counter{0};
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  const std::string retired =
+      fmt::format("{}/{}{}.{:x}.{}", root, kRetiredPrefix, StepDirName(step),
+                  std::chrono::duration_cast<std::chrono::nanoseconds>(now).count(), counter++);
+  MHCKPT_RETURN_IF_ERROR(Rename(dir, retired));
+  MHCKPT_RETURN_IF_ERROR(FsyncDir(root));
+  return retired;
+}
+
+Result<std::vector<std::string>> RetiredDirs(const std::string& root) {
+  MHCKPT_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(root));
+  std::vector<std::string> out;
+  for (const std::string& name : names) {
+    if (name.starts_with(kRetiredPrefix)) out.push_back(fmt::format("{}/{}", root, name));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Status DeleteStep(const std::string& root, int64_t step) {
+  MHCKPT_ASSIGN_OR_RETURN(std::string retired, RetireStep(root, step));
+  if (retired.empty()) return OkStatus();
+  MHCKPT_RETURN_IF_ERROR(RemoveAll(retired, "remove_step"));
   return FsyncDir(root);
 }
 

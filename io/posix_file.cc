@@ -143,6 +143,13 @@ Status RemoveAll(const std::string& path, const char* fault_point) {
   return OkStatus();
 }
 
+Status Rename(const std::string& from, const std::string& to) {
+  if (SysRename(from.c_str(), to.c_str()) != 0) {
+    return IoError(fmt::format("rename '{}' to '{}': {}", from, to, std::strerror(errno)));
+  }
+  return OkStatus();
+}
+
 Result<std::vector<std::string>> ListDir(const std::string& dir) {
   std::error_code ec;
   std::vector<std::string> names;

@@ -32,6 +32,10 @@ Status MakeDirs(const std::string& dir);
 /// `fault_point`: its name at the fault seam (base/fault.h).
 Status RemoveAll(const std::string& path, const char* fault_point = "remove");
 
+/// Renames `from` to `to` (rename(2): atomic, same file system; fault point
+/// `rename`). Not durable until the parent directories are fsynced.
+Status Rename(const std::string& from, const std::string& to);
+
 /// The names of the entries of `dir` (no "." or "..").
 Result<std::vector<std::string>> ListDir(const std::string& dir);
 

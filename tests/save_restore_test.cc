@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "coordinator/checkpoint_manager.h"
+#include "io/catalog.h"
 #include "io/layout.h"
 #include "io/marker.h"
 #include "tests/test_util.h"
@@ -368,6 +369,47 @@ TEST(SaveRestore, RetentionKeepsNewestAndEveryKthStep) {
   w.Add(FullBox({4}));
   ASSERT_TRUE(mgr->Restore(3, std::vector<ArrayToRestore>{w.array}).ok());
   w.Expect(3);
+}
+
+// Retention retires old steps at once (marker, then a rename out of the
+// listing) and removes their files in the background: after
+// WaitUntilFinished the old steps are neither listed nor under their step
+// directory's name; once the manager is gone (its deleter drained), nothing
+// of them is left. A retired directory left behind by a previous job is
+// removed by the next Open.
+TEST(SaveRestore, RetiredStepsAreRemovedInTheBackgroundAndAtOpen) {
+  const std::string dir = FreshDir();
+  Options o;
+  o.max_to_keep = 1;
+  {
+    auto mgr = OpenForTest(dir, o);
+    ASSERT_TRUE(mgr);
+    for (int step = 1; step <= 4; ++step) {
+      Saved a{{"x", DType::kInt32, {4}, {}}, {}};
+      a.Add(FullBox({4}), step);
+      ASSERT_TRUE(mgr->Save(step, std::vector<ArrayToSave>{a.array}).ok());
+      ASSERT_TRUE(mgr->WaitUntilFinished().ok());
+      EXPECT_EQ(mgr->CommittedSteps().value(), (std::vector<int64_t>{step}));
+      for (int old = 1; old < step; ++old) {
+        EXPECT_FALSE(std::filesystem::exists(io::StepDir(dir, old))) << "step " << old;
+      }
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);  // every manager closed: rank 0's deleter has finished
+  EXPECT_TRUE(io::RetiredDirs(dir).value().empty());
+  MPI_Barrier(MPI_COMM_WORLD);  // every rank has looked
+
+  // A previous job's leftover: a retired directory with a file in it.
+  if (Rank() == 0) {
+    const std::string left = dir + "/" + std::string(io::kRetiredPrefix) + "step_0000000002.1.0";
+    std::filesystem::create_directories(left);
+    std::ofstream(left + "/data.h5") << "old bytes";
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto mgr = OpenForTest(dir, o);
+  ASSERT_TRUE(mgr);
+  EXPECT_TRUE(io::RetiredDirs(dir).value().empty());
+  EXPECT_EQ(mgr->CommittedSteps().value(), (std::vector<int64_t>{4}));
 }
 
 }  // namespace
