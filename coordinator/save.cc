@@ -16,7 +16,8 @@
 //      checksums of the planned boxes it holds; boxes held by several ranks
 //      must be equal everywhere before anything is written.
 //   3. Write. All ranks create the step (and agree that they could) and its
-//      arrays collectively through the storage engine (io/storage.h); rank 0
+//      arrays through the storage engine (io/storage.h; the direct engine's
+//      rank 0 lays the file out alone and broadcasts the offsets); rank 0
 //      reserves their space on disk and all agree on it and on the arrays,
 //      so a full disk fails here and not inside a collective flush; then
 //      each rank writes the boxes the plan gives it
@@ -26,7 +27,7 @@
 //      error is remembered, and the rank keeps taking part. The staging
 //      buffer goes back to the pool as soon as the rank's writes are done.
 //   4. Flush. The engine makes the step durable and closes it (the direct
-//      engine: H5Fclose, then one fsync of the file per rank; the HDF5
+//      engine: one fsync of the file per rank; the HDF5
 //      engine: H5Fflush(GLOBAL), which syncs through MPI-IO, then H5Fclose).
 //   5. Agree. One gather: every rank's outcome, and the checksums (XXH3) of
 //      the boxes it wrote, which go into the marker.

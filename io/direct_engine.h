@@ -6,16 +6,23 @@
 // (io/raw_writer.h), with O_DIRECT where the file system accepts it. The file
 // is plain HDF5: h5py, h5dump and the HDF5 engine's reader read it.
 //
+// Rank 0 alone lays the file out, through HDF5's POSIX driver: it creates
+// every dataset, closes the file (HDF5 writes its metadata), and broadcasts
+// the datasets' offsets; the other ranks never call HDF5 while saving.
+//
 // Why HDF5 never writes stale bytes over the pwritten ones: a dataset
 // created with H5D_FILL_TIME_NEVER is never written by HDF5 unless through
 // H5Dwrite, which this engine never calls; its metadata lives at other
 // addresses; and HDF5 keeps no raw-data cache for datasets it neither read
 // nor wrote. Closing the file writes metadata only and may lengthen the file
-// to HDF5's end of allocation, which lies past every dataset. So the order
-// is: create the datasets (collective), pwrite, H5Fclose (metadata, no
-// sync), then one fsync per rank of the file, which makes both durable
-// (fsync covers every descriptor of a file). tests/direct_engine_test.cc
-// checks it byte for byte through HDF5, h5py and h5dump.
+// to HDF5's end of allocation, which lies past every dataset; a page shared
+// by metadata and array bytes is written through the page cache by both
+// (io/raw_writer.h writes only whole pages of array bytes directly). So the
+// order is: rank 0 creates the datasets and closes the file (metadata, no
+// sync), everyone pwrites, then one fsync per rank of the file, which makes
+// both durable (fsync covers every descriptor of a file).
+// tests/direct_engine_test.cc checks it byte for byte through HDF5, h5py and
+// h5dump.
 #pragma once
 
 #include <memory>

@@ -86,14 +86,16 @@ hid_t MakeDxpl(Transfer transfer) {
   return dxpl;
 }
 
+// Large datasets start on 1 MiB boundaries (file-system stripes and pages).
+void SetAlignment(hid_t fapl) { H5Pset_alignment(fapl, 4u << 20, 1u << 20); }
+
 hid_t MakeFapl(MPI_Comm comm) {
   hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
   H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL);
   // Metadata reads and writes are done collectively: one rank reads, all get it.
   H5Pset_all_coll_metadata_ops(fapl, true);
   H5Pset_coll_metadata_write(fapl, true);
-  // Large datasets start on 1 MiB boundaries (file-system stripes and pages).
-  H5Pset_alignment(fapl, 4u << 20, 1u << 20);
+  SetAlignment(fapl);
   return fapl;
 }
 
@@ -105,11 +107,24 @@ hid_t MakeFapl(MPI_Comm comm) {
 //   readable by every HDF5 >= 1.8 (h5py included);
 // - metadata and small raw data are allocated from 1 MiB blocks, so they lie
 //   together and reach the file in fewer, larger writes.
-hid_t MakeCreateFapl(MPI_Comm comm) {
-  hid_t fapl = MakeFapl(comm);
+void SetCreateProperties(hid_t fapl) {
   H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_V18);
   H5Pset_meta_block_size(fapl, 1u << 20);
   H5Pset_small_data_block_size(fapl, 1u << 20);
+}
+
+hid_t MakeCreateFapl(MPI_Comm comm) {
+  hid_t fapl = MakeFapl(comm);
+  SetCreateProperties(fapl);
+  return fapl;
+}
+
+// The same file, made by one process through the POSIX driver.
+hid_t MakeLocalCreateFapl() {
+  hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+  H5Pset_fapl_sec2(fapl);
+  SetAlignment(fapl);
+  SetCreateProperties(fapl);
   return fapl;
 }
 
@@ -288,6 +303,18 @@ Result<H5File> H5File::Create(const std::string& path, MPI_Comm comm, io::Transf
   if (f.id_ < 0) return H5Error(fmt::format("create '{}'", path));
   f.transfer_ = transfer;
   f.shared_ = std::make_shared<H5Shared>(transfer);
+  f.path_ = path;
+  return f;
+}
+
+Result<H5File> H5File::CreateLocal(const std::string& path) {
+  SilenceHdf5();
+  Handle fapl(MakeLocalCreateFapl());
+  H5File f;
+  f.id_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get());
+  if (f.id_ < 0) return H5Error(fmt::format("create '{}'", path));
+  f.transfer_ = io::Transfer::kIndependent;
+  f.shared_ = std::make_shared<H5Shared>(f.transfer_);
   f.path_ = path;
   return f;
 }

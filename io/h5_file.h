@@ -76,6 +76,11 @@ class H5File {
 
   /// Collective. Creates (truncates) `path` for parallel writing.
   static Result<H5File> Create(const std::string& path, MPI_Comm comm, io::Transfer transfer);
+  /// Creates (truncates) `path` with HDF5's POSIX driver, for this process
+  /// alone: the same file format and creation properties as Create, without
+  /// MPI-IO and collective metadata (the direct engine's rank 0 lays out a
+  /// step's file so; io/direct_engine.h). Not collective.
+  static Result<H5File> CreateLocal(const std::string& path);
   /// Collective. Opens `path` for parallel reading.
   static Result<H5File> OpenReadOnly(const std::string& path, MPI_Comm comm, io::Transfer transfer);
 
