@@ -163,6 +163,15 @@ struct RestoreOptions {
   /// other reads of it are not checked. False skips every check (the bytes
   /// are read as asked, no more).
   bool verify_checksums = true;
+  /// Read each box that several ranks want from storage once, and pass it to
+  /// the others over MPI: a replicated array that every rank wants whole is
+  /// read by rank 0 and broadcast (between GPUs with NCCL where it can be),
+  /// and any other box that two or more ranks want exactly (the same array,
+  /// the same start and count; e.g. a tensor-parallel shard held by every
+  /// data-parallel copy) is read by one of them and sent to the others.
+  /// False turns off both: every rank reads every box it asked for itself
+  /// (to measure the difference). Off on every rank if false on any.
+  bool read_once = true;
 };
 
 struct VerifyOptions {

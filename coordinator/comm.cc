@@ -127,4 +127,61 @@ int Comm::AllreduceSum(int value) const {
 
 void Comm::Barrier() const { MPI_Barrier(comm_); }
 
+std::vector<std::vector<int64_t>> Comm::AllToAllValues(
+    const std::vector<std::vector<int64_t>>& to_each) const {
+  std::vector<int> send_counts(size_), recv_counts(size_), send_displs(size_), recv_displs(size_);
+  std::vector<int64_t> send;
+  for (int r = 0; r < size_; ++r) {
+    send_displs[r] = static_cast<int>(send.size());
+    send_counts[r] = static_cast<int>(to_each[r].size());
+    send.insert(send.end(), to_each[r].begin(), to_each[r].end());
+  }
+  MPI_Alltoall(send_counts.data(), 1, MPI_INT, recv_counts.data(), 1, MPI_INT, comm_);
+  int total = 0;
+  for (int r = 0; r < size_; ++r) {
+    recv_displs[r] = total;
+    total += recv_counts[r];
+  }
+  std::vector<int64_t> recv(static_cast<size_t>(total));
+  MPI_Alltoallv(send.data(), send_counts.data(), send_displs.data(), MPI_INT64_T, recv.data(),
+                recv_counts.data(), recv_displs.data(), MPI_INT64_T, comm_);
+  std::vector<std::vector<int64_t>> out(size_);
+  for (int r = 0; r < size_; ++r) {
+    out[r].assign(recv.begin() + recv_displs[r], recv.begin() + recv_displs[r] + recv_counts[r]);
+  }
+  return out;
+}
+
+namespace {
+
+// Point-to-point pieces, like BroadcastBuffer's: below MPI's int count limit.
+constexpr size_t kMessagePiece = size_t{1} << 30;
+
+}  // namespace
+
+void Comm::PostSend(const void* data, size_t bytes, int peer, int tag,
+                    std::vector<MPI_Request>* requests) const {
+  const auto* p = static_cast<const char*>(data);
+  for (size_t done = 0; done < bytes; done += kMessagePiece) {
+    requests->emplace_back();
+    MPI_Isend(p + done, static_cast<int>(std::min(kMessagePiece, bytes - done)), MPI_BYTE, peer,
+              tag, comm_, &requests->back());
+  }
+}
+
+void Comm::PostReceive(void* data, size_t bytes, int peer, int tag,
+                       std::vector<MPI_Request>* requests) const {
+  auto* p = static_cast<char*>(data);
+  for (size_t done = 0; done < bytes; done += kMessagePiece) {
+    requests->emplace_back();
+    MPI_Irecv(p + done, static_cast<int>(std::min(kMessagePiece, bytes - done)), MPI_BYTE, peer,
+              tag, comm_, &requests->back());
+  }
+}
+
+void Comm::WaitAll(std::vector<MPI_Request>* requests) {
+  MPI_Waitall(static_cast<int>(requests->size()), requests->data(), MPI_STATUSES_IGNORE);
+  requests->clear();
+}
+
 }  // namespace mhckpt::internal

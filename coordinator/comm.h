@@ -50,6 +50,27 @@ class Comm {
   [[nodiscard]] int AllreduceSum(int value) const;
   void Barrier() const;
 
+  /// Personalized all-to-all: `to_each[r]` goes to rank r (to_each.size() ==
+  /// size()); returns what each rank sent here, indexed by rank. One
+  /// MPI_Alltoall of the counts, one MPI_Alltoallv of the values. What one
+  /// rank sends or receives in all must stay below 2^31 values (int counts
+  /// and displacements): restore's keys are a few words per destination.
+  [[nodiscard]] std::vector<std::vector<int64_t>> AllToAllValues(
+      const std::vector<std::vector<int64_t>>& to_each) const;
+
+  /// Posts the send of `bytes` at `data` to `peer` with `tag` (MPI_Isend), in
+  /// pieces below MPI's int count limit, appending their requests to
+  /// `*requests`. A matching PostReceive of the same length at `peer` takes
+  /// the pieces in order (MPI does not let messages of one tag between two
+  /// ranks overtake each other).
+  void PostSend(const void* data, size_t bytes, int peer, int tag,
+                std::vector<MPI_Request>* requests) const;
+  /// The receiving side of PostSend (MPI_Irecv of the same pieces).
+  void PostReceive(void* data, size_t bytes, int peer, int tag,
+                   std::vector<MPI_Request>* requests) const;
+  /// Waits for every request and clears the list.
+  static void WaitAll(std::vector<MPI_Request>* requests);
+
  private:
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;

@@ -17,6 +17,19 @@
 //      sharding on any world size is a plain read. A replicated array that
 //      every rank wants whole is read once by rank 0 and broadcast; small
 //      ones go together, up to 64 MiB per broadcast (PacketBroadcast).
+//      Any other box that several ranks want exactly (the same array, start
+//      and count: a tensor-parallel shard held by every data-parallel copy)
+//      is read once too: before the reads, each rank sends its keys (array,
+//      box) to a home rank chosen by their hash (one all-to-all); each home
+//      groups identical keys, picks a reader per group of two or more ranks
+//      (the member it gave the fewest bytes so far) and replies to each
+//      member (a second all-to-all) (FindSharedReads). The reader reads the
+//      box with its other reads, checked like them, and after the batch sends
+//      it to the others point to point, who receive it straight into their
+//      destination (or pinned memory, for device memory); in key order, one
+//      tag (SharedTransfers). Every rank takes part in every transfer even
+//      after an error. RestoreOptions::read_once = false (on any rank) turns
+//      off both this and the broadcasts: each rank reads what it asked for.
 //      Every byte returned is checked (RestoreOptions::verify_checksums):
 //      in a version-2 step each read takes the whole checksummed chunks of
 //      the stored boxes it overlaps, checks them once they arrive, and copies
@@ -24,7 +37,9 @@
 //      step only a read that covers a whole stored box (the box itself, or
 //      a slice of whole rows of it) can be checked; parts of boxes are not.
 //   4. Close; one agreement.
+#include <algorithm>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <set>
 
@@ -225,12 +240,14 @@ class PacketBroadcast {
   std::vector<std::byte> buffer_;
 };
 
-// Step 3 for the boxes this rank asked for of array `a`: host destinations
-// are queued in `batch` (read when it is flushed), device ones read at once.
+// Step 3 for the boxes this rank asked for of array `a`, but those in
+// `shared` (read once for several ranks, SharedRead): host destinations are
+// queued in `batch` (read when it is flushed), device ones read at once.
 Status ReadShards(ReadBatch& batch, size_t handle, const io::MarkerArray& a,
-                  const ArrayToRestore& request, PinnedBuffer& bounce) {
+                  const ArrayToRestore& request, PinnedBuffer& bounce,
+                  const std::set<const Destination*>& shared) {
   for (const Destination& d : request.shards) {
-    if (Volume(d.box.count).value_or(0) == 0) continue;
+    if (Volume(d.box.count).value_or(0) == 0 || shared.count(&d)) continue;
     Landing land(d, a.dtype, bounce);
     const bool device = land.host() != d.data;
     if (device) MHCKPT_RETURN_IF_ERROR(batch.Flush());  // the pinned buffer is shared
@@ -292,6 +309,217 @@ std::vector<int> WantedFlags(const io::Marker& m,
   return flags;
 }
 
+size_t BoxBytes(const Box& box, DType dtype) {
+  return static_cast<size_t>(Volume(box.count).value_or(0)) * DTypeSize(dtype);
+}
+
+// Step 3 for a box that several ranks want and that no whole-array broadcast
+// serves (e.g. a tensor-parallel shard held by every data-parallel copy): one
+// of them reads it from storage, checked like every read, and sends it to
+// the others.
+struct SharedRead {
+  std::vector<int64_t> key;  // KeyOf: the array's index in the marker, the box
+  size_t array = 0;          // index in the marker
+  const Destination* d = nullptr;
+  int reader = -1;              // the rank that reads it; -1: this rank alone wants it
+  std::vector<int> recipients;  // where this rank is the reader: the others
+};
+
+// One (array, box) as words: index, rank of the box, start, count. The
+// order of keys (lexicographic) is the order of the transfers.
+std::vector<int64_t> KeyOf(size_t array, const Box& box) {
+  std::vector<int64_t> key{static_cast<int64_t>(array), static_cast<int64_t>(box.start.size())};
+  key.insert(key.end(), box.start.begin(), box.start.end());
+  key.insert(key.end(), box.count.begin(), box.count.end());
+  return key;
+}
+
+// The rank that groups `key` (its "home"): a hash of every word, so that
+// the keys, and the work of grouping them, spread over the ranks.
+int HomeOf(const std::vector<int64_t>& key, int size) {
+  uint64_t h = 0x6d68636b7074ULL;
+  for (int64_t w : key) {  // splitmix64 steps
+    h += static_cast<uint64_t>(w) + 0x9e3779b97f4a7c15ULL;
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebULL;
+    h ^= h >> 31;
+  }
+  return static_cast<int>(h % static_cast<uint64_t>(size));
+}
+
+// Collective. Finds which of `mine` (this rank's keys, each once) other
+// ranks want too, without gathering every request anywhere: each key goes
+// to its home rank (one all-to-all), the home groups identical keys — the
+// whole key compared, not its hash — and picks one reader per group of two
+// or more ranks, the member it has given the fewest bytes to read so far
+// (ties: the first member at or after the home rank), so reads spread over
+// the ranks. It replies (a
+// second all-to-all): to each member the reader, to the reader the other
+// members. Deterministic: every home walks its groups in key order. Returns
+// the keys shared with other ranks, in key order.
+std::vector<SharedRead> FindSharedReads(const io::Marker& m, std::vector<SharedRead> mine,
+                                        const Comm& comm) {
+  const int size = comm.size();
+  std::vector<std::vector<int64_t>> to_home(size);
+  std::vector<std::vector<size_t>> sent(size);  // indices into `mine`, in the order sent
+  for (size_t k = 0; k < mine.size(); ++k) {
+    const int home = HomeOf(mine[k].key, size);
+    to_home[home].insert(to_home[home].end(), mine[k].key.begin(), mine[k].key.end());
+    sent[home].push_back(k);
+  }
+  const std::vector<std::vector<int64_t>> got = comm.AllToAllValues(to_home);
+
+  // At the home: the members of each key, each with the position of the key
+  // in what that member sent.
+  struct Member {
+    int rank;
+    size_t position;
+  };
+  std::map<std::vector<int64_t>, std::vector<Member>> groups;
+  std::vector<size_t> received(size, 0);  // keys received from each rank
+  for (int r = 0; r < size; ++r) {        // ascending: members come sorted by rank
+    const std::vector<int64_t>& words = got[r];
+    for (size_t at = 0; at + 2 <= words.size(); ++received[r]) {
+      const size_t n = 2 + 2 * static_cast<size_t>(words[at + 1]);
+      groups[std::vector<int64_t>(words.begin() + static_cast<ptrdiff_t>(at),
+                                  words.begin() + static_cast<ptrdiff_t>(at + n))]
+          .push_back({r, received[r]});
+      at += n;
+    }
+  }
+  // The reply to each rank, per key in the order it sent them:
+  // [reader (-1: nobody else wants it), n, n recipients].
+  std::vector<std::vector<std::vector<int64_t>>> reply(size);
+  for (int r = 0; r < size; ++r) reply[r].resize(received[r]);
+  std::map<int, uint64_t> assigned;  // bytes this home has given each rank to read
+  for (const auto& [key, members] : groups) {
+    if (members.size() < 2) {
+      reply[members[0].rank][members[0].position] = {-1, 0};
+      continue;
+    }
+    // Ties go to the first member at or after this home, cyclically: homes
+    // are spread by the hash, so the first reads of different homes are too.
+    auto after_home = [&](int r) { return (r - comm.rank() + size) % size; };
+    int reader = members[0].rank;
+    for (const Member& mb : members) {
+      if (std::pair(assigned[mb.rank], after_home(mb.rank)) <
+          std::pair(assigned[reader], after_home(reader))) {
+        reader = mb.rank;
+      }
+    }
+    const io::MarkerArray& a = m.arrays[static_cast<size_t>(key[0])];
+    const auto ndim = static_cast<size_t>(key[1]);
+    const std::vector<int64_t> count(key.begin() + 2 + static_cast<ptrdiff_t>(ndim), key.end());
+    assigned[reader] += static_cast<uint64_t>(Volume(count).value_or(0)) * DTypeSize(a.dtype);
+    std::vector<int64_t> to_reader{reader, static_cast<int64_t>(members.size() - 1)};
+    for (const Member& mb : members) {
+      if (mb.rank != reader) to_reader.push_back(mb.rank);
+    }
+    for (const Member& mb : members) {
+      reply[mb.rank][mb.position] = mb.rank == reader ? to_reader : std::vector<int64_t>{reader, 0};
+    }
+  }
+  std::vector<std::vector<int64_t>> flat(size);
+  for (int r = 0; r < size; ++r) {
+    for (const std::vector<int64_t>& words : reply[r]) {
+      flat[r].insert(flat[r].end(), words.begin(), words.end());
+    }
+  }
+  const std::vector<std::vector<int64_t>> back = comm.AllToAllValues(flat);
+
+  for (int home = 0; home < size; ++home) {
+    size_t at = 0;
+    for (size_t k : sent[home]) {
+      const std::vector<int64_t>& words = back[home];
+      SharedRead& s = mine[k];
+      s.reader = static_cast<int>(words[at]);
+      const auto n = static_cast<size_t>(words[at + 1]);
+      for (size_t i = 0; i < n; ++i) s.recipients.push_back(static_cast<int>(words[at + 2 + i]));
+      at += 2 + n;
+    }
+  }
+  std::erase_if(mine, [](const SharedRead& s) { return s.reader < 0; });
+  std::sort(mine.begin(), mine.end(),
+            [](const SharedRead& x, const SharedRead& y) { return x.key < y.key; });
+  return mine;
+}
+
+// Bytes of pinned host memory one round of SharedTransfers lands device
+// destinations in (a larger box goes alone).
+constexpr size_t kSharedRoundBytes = size_t{256} << 20;
+// The tag of every shared-read message; MPI's non-overtaking rule matches
+// them, since both sides post them in key order.
+constexpr int kSharedReadTag = 14;
+
+// Collective over the ranks that share reads. After the batch's reads (a
+// reader's host destinations are already filled): each reader sends its
+// boxes to their recipients, each recipient receives them straight into its
+// destination (host memory) or into pinned memory then copied up (device
+// memory; so is a reader's device destination, read here). In rounds, each
+// a run of `shared` (key order) whose device boxes fit kSharedRoundBytes; a
+// rank whose rounds are cut elsewhere cannot deadlock, since the smallest
+// unfinished transfer is in the current round of each of its two ends.
+// Every rank takes part in every transfer, even after an error (a reader
+// that failed sends meaningless bytes); `local` is this rank's error so far.
+Status SharedTransfers(const std::vector<SharedRead>& shared, const io::Marker& m,
+                       const std::vector<size_t>& handles, ReadBatch& batch, const Comm& comm,
+                       Status local) {
+  PinnedBuffer pinned;
+  std::vector<MPI_Request> requests;
+  std::vector<std::byte*> host;  // where each transfer of the round lands or leaves from
+  for (size_t begin = 0; begin < shared.size();) {
+    size_t end = begin, pinned_bytes = 0;
+    std::vector<size_t> at;
+    for (; end < shared.size(); ++end) {
+      const SharedRead& s = shared[end];
+      const size_t bytes =
+          s.d->memory == Memory::kCuda ? BoxBytes(s.d->box, m.arrays[s.array].dtype) : 0;
+      if (end > begin && pinned_bytes + bytes > kSharedRoundBytes) break;
+      at.push_back(pinned_bytes);
+      pinned_bytes += bytes;
+    }
+    if (pinned.size() < pinned_bytes) pinned = PinnedBuffer(pinned_bytes);
+    host.clear();
+    for (size_t k = begin; k < end; ++k) {
+      const Destination& d = *shared[k].d;
+      host.push_back(d.memory == Memory::kCuda ? pinned.data() + at[k - begin]
+                                               : static_cast<std::byte*>(d.data));
+    }
+    if (local.ok()) {
+      local = Guarded("restore", [&] {
+        for (size_t k = begin; k < end; ++k) {
+          const SharedRead& s = shared[k];
+          if (s.reader != comm.rank() || s.d->memory != Memory::kCuda) continue;
+          MHCKPT_RETURN_IF_ERROR(
+              batch.Add(handles[s.array], m.arrays[s.array], s.d->box, host[k - begin]));
+        }
+        return batch.Flush();
+      });
+    }
+    for (size_t k = begin; k < end; ++k) {
+      const SharedRead& s = shared[k];
+      const size_t bytes = BoxBytes(s.d->box, m.arrays[s.array].dtype);
+      if (s.reader == comm.rank()) {
+        for (int to : s.recipients) {
+          comm.PostSend(host[k - begin], bytes, to, kSharedReadTag, &requests);
+        }
+      } else {
+        comm.PostReceive(host[k - begin], bytes, s.reader, kSharedReadTag, &requests);
+      }
+    }
+    Comm::WaitAll(&requests);
+    for (size_t k = begin; local.ok() && k < end; ++k) {
+      const Destination& d = *shared[k].d;
+      if (d.memory != Memory::kCuda) continue;
+      CopyTask t{d.data, host[k - begin], BoxBytes(d.box, m.arrays[shared[k].array].dtype),
+                 d.device, d.stream};
+      local = CopyHostToDevice({&t, 1});
+    }
+    begin = end;
+  }
+  return local;
+}
+
 }  // namespace
 
 // Collective; `flags` agreed. The NCCL broadcaster if some replicated array
@@ -334,8 +562,15 @@ Status ManagerImpl::RunRestore(int64_t step, std::span<const ArrayToRestore> arr
   std::map<std::string_view, const ArrayToRestore*> mine;
   for (const ArrayToRestore& a : arrays) mine[a.name] = &a;
   std::vector<int> flags = WantedFlags(m, mine);
+  flags.push_back(options.read_once ? 0 : 1);  // agreed with the flags: off if off anywhere
   comm_.AllreduceMax(&flags);
-  DeviceBroadcaster* nccl = DeviceBroadcasterFor(m, flags, mine);
+  const bool read_once = flags.back() == 0;
+  flags.pop_back();
+  // Arrays every rank wants whole, read once and broadcast (below).
+  auto broadcast = [&](size_t i) {
+    return read_once && m.arrays[i].replicated && !flags[kFlags * i + kPartly];
+  };
+  DeviceBroadcaster* nccl = read_once ? DeviceBroadcasterFor(m, flags, mine) : nullptr;
 
   // 3. Read: by offset if the marker places every wanted array.
   Status local;
@@ -349,34 +584,71 @@ Status ManagerImpl::RunRestore(int64_t step, std::span<const ArrayToRestore> arr
   // Why an agreement: the dataset opens below are collective; a rank that
   // could not open the file must not leave the others alone in them.
   MHCKPT_RETURN_IF_ERROR(AgreeAll(local, comm_));
+
+  // Boxes that several ranks want, of the arrays no broadcast serves: each
+  // read once, by one of them, and sent to the others. Skipped when no such
+  // array is wanted (the same on every rank: the flags are agreed).
+  std::vector<SharedRead> shared;
+  std::set<const Destination*> shared_dests;
+  bool any_unbroadcast = false;
+  for (size_t i = 0; i < m.arrays.size(); ++i) {
+    any_unbroadcast = any_unbroadcast || (flags[kFlags * i + kWanted] && !broadcast(i));
+  }
+  if (read_once && comm_.size() > 1 && any_unbroadcast) {
+    std::vector<SharedRead> keys;
+    std::set<std::vector<int64_t>> seen;  // a box asked for twice here is shared once
+    for (size_t i = 0; i < m.arrays.size(); ++i) {
+      auto it = mine.find(m.arrays[i].name);
+      if (it == mine.end() || broadcast(i)) continue;
+      for (const Destination& d : it->second->shards) {
+        if (Volume(d.box.count).value_or(0) == 0) continue;
+        std::vector<int64_t> key = KeyOf(i, d.box);
+        if (seen.insert(key).second) keys.push_back({std::move(key), i, &d, -1, {}});
+      }
+    }
+    shared = FindSharedReads(m, std::move(keys), comm_);
+    for (const SharedRead& sr : shared) shared_dests.insert(sr.d);
+  }
+
   ReadBatch batch(**reader, m.format_version, options.verify_checksums);
   PacketBroadcast packets(batch, comm_, bounce);
+  std::vector<size_t> handles(m.arrays.size(), 0);
   for (size_t i = 0; i < m.arrays.size(); ++i) {
     if (!flags[kFlags * i + kWanted]) continue;
     const io::MarkerArray& a = m.arrays[i];
     Result<size_t> handle = (*reader)->OpenArray(StoredSpec(a));
     if (!handle.ok() && local.ok()) local = handle.status();
-    const size_t h = handle.ok() ? *handle : 0;
+    const size_t h = handles[i] = handle.ok() ? *handle : 0;
     auto it = mine.find(a.name);
     const int* f = &flags[kFlags * i];
     // Why a broadcast: every rank wants the whole array; one read serves all.
     // Every rank takes part, even one that failed to open it.
-    if (a.replicated && !f[kPartly] && nccl != nullptr && !f[kOnHost] && !f[kOtherDevice]) {
+    if (broadcast(i) && nccl != nullptr && !f[kOnHost] && !f[kOtherDevice]) {
       local =
           ReadAndBroadcastOnDevices(batch, h, a, it->second->shards[0], rank, *nccl, bounce, local);
-    } else if (a.replicated && !f[kPartly] && ArrayBytes(a) <= PacketBroadcast::kMaxArrayBytes) {
+    } else if (broadcast(i) && ArrayBytes(a) <= PacketBroadcast::kMaxArrayBytes) {
       packets.Add(h, a, it->second->shards[0], local);
-    } else if (a.replicated && !f[kPartly]) {
+    } else if (broadcast(i)) {
       local = ReadAndBroadcast(batch, h, a, it->second->shards[0], comm_, bounce, local);
     } else if (it != mine.end() && local.ok()) {
       // (The rank is named below, with every local error.)
-      local = Guarded(fmt::format("restore of step {}", step),
-                      [&] { return ReadShards(batch, h, a, *it->second, bounce); });
+      local = Guarded(fmt::format("restore of step {}", step), [&] {
+        MHCKPT_RETURN_IF_ERROR(ReadShards(batch, h, a, *it->second, bounce, shared_dests));
+        // The shared boxes this rank reads for others into host memory go
+        // with the rest of the batch (device ones: SharedTransfers).
+        for (const SharedRead& sr : shared) {
+          if (sr.array != i || sr.reader != rank || sr.d->memory == Memory::kCuda) continue;
+          MHCKPT_RETURN_IF_ERROR(batch.Add(h, a, sr.d->box, static_cast<std::byte*>(sr.d->data)));
+        }
+        return OkStatus();
+      });
     }
   }
   packets.Send(local);
   if (local.ok())
     local = Guarded(fmt::format("restore of step {}", step), [&] { return batch.Flush(); });
+  // Why point-to-point messages: only the ranks that want a box wait for it.
+  local = SharedTransfers(shared, m, handles, batch, comm_, local);
   Status closed = (*reader)->Close();
   if (local.ok()) local = closed;
   if (!local.ok()) local = Status(local.code(), fmt::format("rank {}: {}", rank, local.message()));

@@ -55,11 +55,16 @@ class Faults : public ::testing::Test {
     return mgr_->WaitUntilFinished();
   }
 
+  // Every rank restores the whole array, reading it itself (read_once off,
+  // as in RestoreWithFault), and gets the saved bytes.
   void ExpectRestores(int64_t step, int64_t rows = 64) {
     std::vector<int64_t> shape{rows, 1024};
     std::vector<std::byte> out(static_cast<size_t>(rows) * 1024 * 4);
+    RestoreOptions options;
+    options.read_once = false;
     Status s = mgr_->Restore(
-        step, std::vector<ArrayToRestore>{{"w", DType::kFloat32, {{FullBox(shape), out.data()}}}});
+        step, std::vector<ArrayToRestore>{{"w", DType::kFloat32, {{FullBox(shape), out.data()}}}},
+        options);
     ASSERT_TRUE(s.ok()) << s.ToString();
     EXPECT_TRUE(out == Fill(DType::kFloat32, shape, FullBox(shape), step));
   }
@@ -78,13 +83,18 @@ class Faults : public ::testing::Test {
   }
 
   // The Status of a restore of `step` (the whole array), with `spec`
-  // configured for its duration only.
+  // configured for its duration only. Every rank reads the array itself
+  // (read_once off: otherwise one rank would read it for all), so that a
+  // fault armed on any rank is met.
   Status RestoreWithFault(int64_t step, const std::string& spec, int64_t rows = 64) {
     std::vector<int64_t> shape{rows, 1024};
     std::vector<std::byte> out(static_cast<size_t>(rows) * 1024 * 4);
     EXPECT_TRUE(fault::Configure(spec).ok());
+    RestoreOptions options;
+    options.read_once = false;
     Status s = mgr_->Restore(
-        step, std::vector<ArrayToRestore>{{"w", DType::kFloat32, {{FullBox(shape), out.data()}}}});
+        step, std::vector<ArrayToRestore>{{"w", DType::kFloat32, {{FullBox(shape), out.data()}}}},
+        options);
     EXPECT_TRUE(fault::Configure("").ok());
     return s;
   }
