@@ -609,6 +609,11 @@ Status ManagerImpl::RunRestore(int64_t step, std::span<const ArrayToRestore> arr
     shared = FindSharedReads(m, std::move(keys), comm_);
     for (const SharedRead& sr : shared) shared_dests.insert(sr.d);
   }
+  // shared[first_shared[i], first_shared[i + 1]) are array i's (key order
+  // starts with the array): no walk over every shared box per array.
+  std::vector<size_t> first_shared(m.arrays.size() + 1, 0);
+  for (const SharedRead& sr : shared) ++first_shared[sr.array + 1];
+  for (size_t i = 0; i < m.arrays.size(); ++i) first_shared[i + 1] += first_shared[i];
 
   ReadBatch batch(**reader, m.format_version, options.verify_checksums);
   PacketBroadcast packets(batch, comm_, bounce);
@@ -636,8 +641,9 @@ Status ManagerImpl::RunRestore(int64_t step, std::span<const ArrayToRestore> arr
         MHCKPT_RETURN_IF_ERROR(ReadShards(batch, h, a, *it->second, bounce, shared_dests));
         // The shared boxes this rank reads for others into host memory go
         // with the rest of the batch (device ones: SharedTransfers).
-        for (const SharedRead& sr : shared) {
-          if (sr.array != i || sr.reader != rank || sr.d->memory == Memory::kCuda) continue;
+        for (size_t k = first_shared[i]; k < first_shared[i + 1]; ++k) {
+          const SharedRead& sr = shared[k];
+          if (sr.reader != rank || sr.d->memory == Memory::kCuda) continue;
           MHCKPT_RETURN_IF_ERROR(batch.Add(h, a, sr.d->box, static_cast<std::byte*>(sr.d->data)));
         }
         return OkStatus();
