@@ -275,7 +275,13 @@ class CheckpointManager:
     # -------------------------------------------------------------- restoring
 
     def restore(
-        self, step: int, target: Any = None, *, strict: bool = False, verify_checksums: bool = True
+        self,
+        step: int,
+        target: Any = None,
+        *,
+        strict: bool = False,
+        verify_checksums: bool = True,
+        read_once: bool = True,
     ) -> Any:
         """Restores committed step ``step`` into the structure of ``target``.
 
@@ -294,6 +300,10 @@ class CheckpointManager:
           strict: raise unless the target names exactly the saved arrays.
           verify_checksums: check every byte returned against the commit
             marker's checksums (at any world size); False skips the checks.
+          read_once: a box several ranks ask for (a replicated array, a shard
+            held by every data-parallel copy) is read from storage by one of
+            them and sent to the others; False: each rank reads its own
+            (off everywhere if off on any rank).
 
         Returns a new pytree with ``target``'s structure.
 
@@ -333,7 +343,9 @@ class CheckpointManager:
         except Exception as e:  # agreed by the C++ core, raised on every rank
             err, plans = e, []
         specs = [p.spec() for p in plans if p is not None]
-        self._call_agreed(err, self._impl.restore, step, specs, strict, verify_checksums)
+        self._call_agreed(
+            err, self._impl.restore, step, specs, strict, verify_checksums, read_once
+        )
         out = [p.finish() if p is not None else v for p, v in zip(plans, leaves)]
         return _pytree.unflatten(treedef, out)
 

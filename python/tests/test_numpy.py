@@ -188,3 +188,21 @@ def test_restore_subset_and_strict(comm, mgr):
         mgr.restore(1, {"b": None}, strict=True)
     full = mgr.restore(1, {"a": None, "b": None, "v": None}, strict=True)
     assert full["v"] == 1
+
+
+@pytest.mark.parametrize("read_once", [True, False])
+def test_restore_shared_boxes_read_once_or_not(comm, mgr, read_once):
+    # Two "tensor-parallel" halves of a sharded array, each wanted by every
+    # other rank (data-parallel copies): with read_once one rank reads each
+    # half and sends it; without, every rank reads its own. Same bytes.
+    n, rank = comm.size, comm.rank
+    w = pattern("tp_dp", (4 * n + 2, 6), "float32")
+    r0, rc = block(w.shape[0], rank, n)
+    mgr.save(4, {"w": mhckpt.Shard(w[r0 : r0 + rc], (r0, 0), w.shape)})
+    mgr.wait_until_finished()
+    half = w.shape[0] // 2
+    lo = 0 if rank % 2 == 0 else half
+    hi = half if rank % 2 == 0 else w.shape[0]
+    target = {"w": mhckpt.Shard(np.zeros((hi - lo, 6), np.float32), (lo, 0), w.shape)}
+    mgr.restore(4, target, read_once=read_once)
+    all_equal_bytes(comm, target["w"].local, w[lo:hi], f"half {rank % 2}, read_once={read_once}")
