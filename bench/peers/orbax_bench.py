@@ -15,8 +15,8 @@ The 8 large arrays are jax.Arrays [rows, 4096] with NamedSharding(mesh, P('x', N
 from each process's own rows; the 66 small ones are replicated (P()). jax requires the sharded
 axis to divide evenly, so rows are padded up to a multiple of lcm(np, restore_np) with more of
 the same pseudo-random stream (a few rows; the record's byte counts are those saved). Each rep
-saves a new step through an async ocp.CheckpointManager (StandardSave, max_to_keep=2, Orbax
-defaults otherwise: OCDBT, TensorStore): stall = the save() call, commit = until
+saves a new step through an async ocp.CheckpointManager (StandardSave, max_to_keep=2 with
+enable_background_delete, as mhckpt frees old steps in the background; Orbax defaults otherwise: OCDBT, TensorStore): stall = the save() call, commit = until
 wait_until_finished() returns. Restore: StandardRestore with the same sharding, and in a second
 launch with an M-process mesh. One untimed save and one untimed restore come first (the warm-up
 every system gets).
@@ -68,7 +68,10 @@ def worker(args):
         barrier(f"drop{i}")
 
     res = {"stall_s": [], "commit_s": [], "restore_s": [], "reshard_s": []}
-    opts = ocp.CheckpointManagerOptions(max_to_keep=2, enable_async_checkpointing=True)
+    # Old steps deleted in Orbax's background thread, as mhckpt frees its
+    # retired steps (each at its best settings; close() waits for both).
+    opts = ocp.CheckpointManagerOptions(max_to_keep=2, enable_async_checkpointing=True,
+                                        enable_background_delete=True)
     mgr = ocp.CheckpointManager(os.path.abspath(args.dir), options=opts)
     last = args.reps  # step 0 is the warm-up
     if args.role == "save":
@@ -171,7 +174,7 @@ def main():
     pad = r["rows"] - rows0
     notes = (f"orbax-checkpoint {v['orbax-checkpoint']}, jax {v['jax']}, tensorstore {v['tensorstore']}; "
              f"N processes (jax.distributed.initialize on localhost, one CPU device each, gloo). "
-             f"Async CheckpointManager (max_to_keep=2, OCDBT defaults), StandardSave/StandardRestore. "
+             f"Async CheckpointManager (max_to_keep=2, background delete, OCDBT defaults), StandardSave/StandardRestore. "
              f"Rows padded {rows0} -> {r['rows']} (+{pad} rows, jax needs even sharding over "
              f"lcm(np, restore_np)); byte counts are those saved. Durability: TensorStore's file "
              f"kvstore fsyncs the data files, manifests and its directories (context file_io_sync, "
