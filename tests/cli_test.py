@@ -212,10 +212,17 @@ def case_verify_damage(cli, fixture, work):
 def case_gc(cli, fixture, work):
     root = fresh_copy(fixture, work, "gc")
     add_uncommitted(root)
+    # A step a job retired (marker gone, directory renamed) but did not finish removing.
+    retired = os.path.join(root, ".retired.step_0000000007.1.0")
+    os.makedirs(retired)
+    with open(os.path.join(retired, "data.h5"), "wb") as f:
+        f.write(b"old bytes")
     exists = lambda step: os.path.isdir(step_dir(root, step))
     out = cli.ok("gc", root, "--keep", 1, "--dry-run")
     check(all(exists(s) for s in (10, 41, 42, 99)), "a dry run deletes nothing")
+    check(os.path.isdir(retired), "a dry run leaves the retired directory")
     check("would delete step 10" in out and "would delete step 41" in out, "dry run says what")
+    check("would delete " + retired in out, "dry run names the retired directory")
     # While a job owns the root (here: this process holds its lock), gc deletes nothing.
     with open(os.path.join(root, "mhckpt.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -225,6 +232,7 @@ def case_gc(cli, fixture, work):
         cli.ok("gc", root, "--keep", 1, "--dry-run")  # a dry run only reads
     out = cli.ok("gc", root, "--keep", 1)
     check(not exists(10) and not exists(41), "old committed and uncommitted steps deleted")
+    check(not os.path.exists(retired) and "deleted " + retired in out, "retired directory deleted")
     check(exists(42) and os.path.exists(os.path.join(step_dir(root, 42), "commit.json")), "newest kept")
     check(exists(99) and "kept step 99" in out, "a newer uncommitted step may be a save in progress")
     cli.ok("verify", root)
