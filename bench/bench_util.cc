@@ -139,4 +139,19 @@ std::string UtcNow() {
   return buf;
 }
 
+bool DropCaches(const char* what) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  int ok = 1;
+  if (rank == 0) {
+    sync();
+    std::ofstream out("/proc/sys/vm/drop_caches");
+    out << what;
+    out.flush();
+    ok = out ? 1 : 0;
+  }
+  MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  return ok != 0;
+}
+
 }  // namespace mhckpt::bench

@@ -81,6 +81,11 @@ std::string LoadAverage();
 /// The current UTC time as "2024-05-01T12:00:00Z".
 std::string UtcNow();
 
+/// Collective over MPI_COMM_WORLD: rank 0 syncs and writes `what` to
+/// /proc/sys/vm/drop_caches ("1": the page cache; "3": dentries and inodes
+/// too). False on every rank if the kernel refused (not root).
+bool DropCaches(const char* what = "1");
+
 /// Bytes as MiB, for tables.
 inline double MiB(double bytes) { return bytes / (1024.0 * 1024.0); }
 /// Bytes per second as GiB/s.

@@ -219,20 +219,6 @@ SaveSample TimedSave(CheckpointManager& mgr, int64_t step, std::span<const Array
   return SaveSample{v[0], v[1], v[2], {v.begin() + 3, v.end()}};
 }
 
-// Collective: rank 0 syncs and drops the page cache. False if the kernel refused.
-bool DropCaches() {
-  int ok = 1;
-  if (Rank() == 0) {
-    sync();
-    std::ofstream out("/proc/sys/vm/drop_caches");
-    out << "1";
-    out.flush();
-    ok = out ? 1 : 0;
-  }
-  MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  return ok != 0;
-}
-
 // Extra peak RSS: VmHWM reset, then VmRSS read; later VmHWM minus that.
 struct MemoryFigure {
   ProcMemory baseline;

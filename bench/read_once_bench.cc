@@ -64,20 +64,6 @@ Box Half(int64_t rows, int h) {
 
 uint64_t BoxBytes(const Box& b) { return static_cast<uint64_t>(b.count[0]) * kRowBytes; }
 
-// Collective: rank 0 syncs and drops the page cache; false if refused.
-bool DropCaches() {
-  int ok = 1;
-  if (g_rank == 0) {
-    sync();
-    std::ofstream out("/proc/sys/vm/drop_caches");
-    out << "3";
-    out.flush();
-    ok = out ? 1 : 0;
-  }
-  MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  return ok != 0;
-}
-
 uint64_t SumOverRanks(uint64_t v) {
   MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
   return v;
@@ -106,7 +92,7 @@ Sample RestoreOnce(CheckpointManager& mgr, int64_t rows, const std::vector<int>&
     }
     arrays.push_back(std::move(a));
   }
-  if (drop) DropCaches();
+  if (drop) DropCaches("3");
   RestoreOptions options;
   options.read_once = read_once;
   MPI_Barrier(MPI_COMM_WORLD);
@@ -172,7 +158,7 @@ int Main(int argc, char** argv) {
     Die((*mgr)->Save(1, arrays), "save");
     Die((*mgr)->WaitUntilFinished(), "save");
   }
-  const bool cold = drop && DropCaches();  // once: can the page cache be dropped here?
+  const bool cold = drop && DropCaches("3");  // once: can the page cache be dropped here?
   for (const char* layout : {"tp2", "dp"}) {
     const std::vector<int> halves = std::string(layout) == "dp" || g_size < 2
                                         ? std::vector<int>{0, 1}

@@ -273,8 +273,10 @@ def build_targets(ix, rep):
         return f"**{x:.2f}×** {rep.target(name, where, x, limit, x >= limit)}"
 
     rep.p("**Save to commit, side by side** (issue 13). Commit = `Save` start until `WaitUntilFinished` "
-          "returns (data fsync'd, marker committed, and the retention deletes of `max_to_keep = 2`, "
-          "which `WaitUntilFinished` also waits for); *no ret.* = the same without the retention "
+          "returns (data fsync'd, marker committed, and the retention of `max_to_keep = 2`, which "
+          "`WaitUntilFinished` also waits for: since `a305cce` it retires the old step and frees "
+          "its files in the background, before that it deleted them); *no ret.* = the same without "
+          "the retention "
           "(`commit_s − gc_s` per rep). dd writes the same random bytes from tmpfs with `conv=fsync`, "
           "buffered and with `oflag=direct`. Each figure: median (min–max) of the reps. Ratios: other "
           "time / mhckpt time for the same bytes (> 1: mhckpt faster). Targets: ≥ 1.0× buffered dd, "
@@ -384,7 +386,7 @@ def plot(ix, path):
 
     nps = sorted({k[0] for k in ix.save})
     fig, axes = plt.subplots(len(nps), 3, figsize=(14, 3.6 * len(nps)), squeeze=False)
-    styles = {"mhckpt": "o-", "orbax": "s--", "dcp": "^--", "h5py": "v:", "dd": "k-", "memcpy": "k:"}
+    styles = {"mhckpt": "o-", "orbax": "s--", "dcp": "^--", "dcp-cached": "^:", "h5py": "v:", "dd": "k-", "memcpy": "k:"}
     for i, np_ in enumerate(nps):
         ax_stall, ax_commit, ax_restore = axes[i]
         sizes = sorted(m for (n, m) in ix.save if n == np_)
@@ -394,7 +396,7 @@ def plot(ix, path):
         for peer in PEERS:
             pts = [(m, ix.peer[(peer, np_, m)]) for m in sizes if (peer, np_, m) in ix.peer]
             if pts:
-                ax_stall.plot([m for m, _ in pts], [r["stall_s"] * 1e3 for _, r in pts], styles[peer], label=peer)
+                ax_stall.plot([m for m, _ in pts], [r["stall_s"] * 1e3 for _, r in pts], styles.get(peer, "x--"), label=peer)
         ax_stall.set_ylabel(f"np = {np_}\nstall per save (ms, log)")
         ax_stall.set_yscale("log")
 
