@@ -7,6 +7,13 @@
 #include <utility>
 
 namespace mhckpt::internal {
+namespace {
+
+// Bytes per MPI call of the byte transfers (broadcasts, point-to-point
+// messages): below MPI's int count limit.
+constexpr size_t kBytePiece = size_t{1} << 30;
+
+}  // namespace
 
 Comm Comm::Duplicate(MPI_Comm comm) {
   Comm c;
@@ -77,10 +84,10 @@ void Comm::BroadcastBytes(std::string* bytes, int root) const {
 }
 
 void Comm::BroadcastBuffer(void* data, size_t bytes, int root) const {
-  constexpr size_t kPiece = size_t{1} << 30;
   auto* p = static_cast<char*>(data);
-  for (size_t done = 0; done < bytes; done += kPiece) {
-    MPI_Bcast(p + done, static_cast<int>(std::min(kPiece, bytes - done)), MPI_BYTE, root, comm_);
+  for (size_t done = 0; done < bytes; done += kBytePiece) {
+    MPI_Bcast(p + done, static_cast<int>(std::min(kBytePiece, bytes - done)), MPI_BYTE, root,
+              comm_);
   }
 }
 
@@ -152,30 +159,23 @@ std::vector<std::vector<int64_t>> Comm::AllToAllValues(
   return out;
 }
 
-namespace {
-
-// Point-to-point pieces, like BroadcastBuffer's: below MPI's int count limit.
-constexpr size_t kMessagePiece = size_t{1} << 30;
-
-}  // namespace
-
 void Comm::PostSend(const void* data, size_t bytes, int peer, int tag,
                     std::vector<MPI_Request>* requests) const {
   const auto* p = static_cast<const char*>(data);
-  for (size_t done = 0; done < bytes; done += kMessagePiece) {
+  for (size_t done = 0; done < bytes; done += kBytePiece) {
     requests->emplace_back();
-    MPI_Isend(p + done, static_cast<int>(std::min(kMessagePiece, bytes - done)), MPI_BYTE, peer,
-              tag, comm_, &requests->back());
+    MPI_Isend(p + done, static_cast<int>(std::min(kBytePiece, bytes - done)), MPI_BYTE, peer, tag,
+              comm_, &requests->back());
   }
 }
 
 void Comm::PostReceive(void* data, size_t bytes, int peer, int tag,
                        std::vector<MPI_Request>* requests) const {
   auto* p = static_cast<char*>(data);
-  for (size_t done = 0; done < bytes; done += kMessagePiece) {
+  for (size_t done = 0; done < bytes; done += kBytePiece) {
     requests->emplace_back();
-    MPI_Irecv(p + done, static_cast<int>(std::min(kMessagePiece, bytes - done)), MPI_BYTE, peer,
-              tag, comm_, &requests->back());
+    MPI_Irecv(p + done, static_cast<int>(std::min(kBytePiece, bytes - done)), MPI_BYTE, peer, tag,
+              comm_, &requests->back());
   }
 }
 
