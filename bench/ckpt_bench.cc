@@ -87,6 +87,7 @@ struct Flags {
   bool drop_caches = false;
   uint64_t chunk_bytes = 0;  // Options::checksum_chunk_bytes
   bool no_verify_checksums = false;
+  std::string prefault = "auto";  // RestoreOptions::prefault
 };
 
 int Rank() {
@@ -250,6 +251,16 @@ struct RestoreRun {
   bool hwm_reset = false;
 };
 
+// The timed restores' options, from the flags.
+RestoreOptions Restoring(const Flags& f) {
+  RestoreOptions o;
+  o.verify_checksums = !f.no_verify_checksums;
+  o.prefault = f.prefault == "on"    ? Prefault::kOn
+               : f.prefault == "off" ? Prefault::kOff
+                                     : Prefault::kAuto;
+  return o;
+}
+
 // How RunRestores treats the destination memory.
 enum class Dest {
   kReused,  // one set, touched, scrubbed before each restore
@@ -261,11 +272,9 @@ enum class Dest {
 // of bench/run.sh gets); with `drop`, the page cache is dropped before each.
 RestoreRun RunRestores(CheckpointManager& mgr, int64_t step, const std::vector<ArraySpec>& specs,
                        int reps, bool drop, Dest dest, int warmup = 0,
-                       bool verify_checksums = true) {
+                       const RestoreOptions& options = {}) {
   const int rank = Rank(), size = Size();
   RestoreRun out;
-  RestoreOptions options;
-  options.verify_checksums = verify_checksums;
   std::optional<Destinations> d;
   MemoryFigure mem = StartMemory();
   for (int i = -warmup; i < reps; ++i) {
@@ -494,7 +503,7 @@ json RunRestore(const Flags& f) {
   }
 
   RestoreRun v = RunRestores(*mgr, step, specs, f.reps, f.drop_caches, Dest::kFresh,
-                             /*warmup=*/1, !f.no_verify_checksums);
+                             /*warmup=*/1, Restoring(f));
   if (f.drop_caches && !v.drop_caches_ok && rank == 0) {
     fmt::print(stderr, "{}: cannot write /proc/sys/vm/drop_caches: the page cache stays warm\n",
                kProgram);
@@ -518,6 +527,7 @@ json RunRestore(const Flags& f) {
   r["drop_caches"] = f.drop_caches;
   r["drop_caches_ok"] = f.drop_caches && v.drop_caches_ok;
   r["verify_checksums"] = !f.no_verify_checksums;
+  r["prefault"] = f.prefault;
   r["format_version"] = marker->format_version;
   r["file_bytes"] = FileBytes(root, step);
   r["verified"] = v.verified;
@@ -547,8 +557,8 @@ json RunSaveRestore(const Flags& f, const std::string& kase, std::vector<ArraySp
   AddSaves(r, s, m);
   r["file_bytes"] = FileBytes(root, s.last_step);
 
-  RestoreRun v =
-      RunRestores(*s.mgr, s.last_step, m.specs, f.reps, f.drop_caches, Dest::kFresh, /*warmup=*/1);
+  RestoreRun v = RunRestores(*s.mgr, s.last_step, m.specs, f.reps, f.drop_caches, Dest::kFresh,
+                             /*warmup=*/1, Restoring(f));
   r["restore_peak_rss_extra_bytes"] = v.rss_extra;
   r["restore_np"] = size;
   r["restore_s"] = Median(v.restore);
@@ -662,6 +672,9 @@ int Main(int argc, char** argv, int provided) {
   app.add_flag("--keep", f.keep, "Keep the checkpoints written (save: for a later restore)");
   app.add_option("--chunk-bytes", f.chunk_bytes,
                  "Options::checksum_chunk_bytes of the saves (0: the library's default)");
+  app.add_option("--prefault", f.prefault, "restore, many: RestoreOptions::prefault")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   app.add_flag("--no-verify-checksums", f.no_verify_checksums,
                "restore: RestoreOptions::verify_checksums = false (the bytes are still compared)");
   app.add_flag("--drop-caches", f.drop_caches,

@@ -42,6 +42,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <thread>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -568,7 +569,7 @@ Status ManagerImpl::RunRestore(int64_t step, std::span<const ArrayToRestore> arr
   flags.pop_back();
   // Arrays every rank wants whole, read once and broadcast (below).
   auto broadcast = [&](size_t i) {
-    return read_once && m.arrays[i].replicated && !flags[kFlags * i + kPartly];
+    return read_once && comm_.size() > 1 && m.arrays[i].replicated && !flags[kFlags * i + kPartly];
   };
   DeviceBroadcaster* nccl = read_once ? DeviceBroadcasterFor(m, flags, mine) : nullptr;
 
@@ -577,6 +578,9 @@ Status ManagerImpl::RunRestore(int64_t step, std::span<const ArrayToRestore> arr
   PinnedBuffer bounce;  // grown to the largest device destination
   io::ReadOptions how;
   how.by_offset = WantedReadableByOffset(m, flags);
+  how.prefault = options.prefault == Prefault::kOn ||
+                 (options.prefault == Prefault::kAuto &&
+                  static_cast<unsigned>(comm_.host_size()) < std::thread::hardware_concurrency());
   Result<std::unique_ptr<io::StepReader>> reader = engine_->Open(root_, step, comm_.get(), how);
   if (!reader.ok()) {
     local = DataLoss(fmt::format("rank {}: step {}: {}", rank, step, reader.status().message()));

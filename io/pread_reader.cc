@@ -2,12 +2,16 @@
 
 #include <fcntl.h>
 #include <limits.h>
+#include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <optional>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -83,15 +87,90 @@ std::vector<Joined> Join(const std::vector<Segment>& segs) {
   return out;
 }
 
+// Announces the joined requests `joined[from..]` to the kernel
+// (POSIX_FADV_WILLNEED) while they start less than kWillNeedBytes after
+// request `reading` (always through `reading` itself). Returns the first
+// request not announced.
+size_t Announce(int fd, const std::vector<Joined>& joined, size_t from, size_t reading) {
+  for (; from < joined.size(); ++from) {
+    const Joined& n = joined[from];
+    if (from > reading && n.begin - joined[reading].begin >= kWillNeedBytes) break;
+    (void)::posix_fadvise(fd, static_cast<off_t>(n.begin), static_cast<off_t>(n.end - n.begin),
+                          POSIX_FADV_WILLNEED);
+  }
+  return from;
+}
+
+// The thread that runs ahead of a batch's reads (see the header): it
+// announces the requests to the kernel, then faults in the destination
+// pages of the requests after the one being read, and sleeps when it is
+// done until the reads move on.
+class ReadAhead {
+ public:
+  ReadAhead(int fd, const std::vector<Segment>& segs, const std::vector<Joined>& joined)
+      : fd_(fd), segs_(segs), joined_(joined), thread_([this] { Run(); }) {}
+  ReadAhead(const ReadAhead&) = delete;
+  ReadAhead& operator=(const ReadAhead&) = delete;
+  ~ReadAhead() {
+    reading_.store(kStopped);
+    reading_.notify_one();
+    thread_.join();
+  }
+
+  /// The reads have reached joined request `j`.
+  void Reading(size_t j) {
+    reading_.store(j);
+    reading_.notify_one();
+  }
+
+ private:
+  static constexpr size_t kStopped = SIZE_MAX;
+
+  void Run() {
+    const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    size_t announced = 0;
+    size_t next = 1;  // the request whose pages are faulted in next
+    bool prefault = true;
+    for (;;) {
+      const size_t r = reading_.load();
+      if (r == kStopped) return;
+      announced = Announce(fd_, joined_, announced, r);
+      next = std::max(next, r + 1);  // never the request being read
+      if (!prefault || next >= joined_.size()) {
+        if (announced == joined_.size()) return;
+        reading_.wait(r);  // until the reads move on
+        continue;
+      }
+      for (size_t i = joined_[next].first; prefault && i < joined_[next].last; ++i) {
+        const auto at = reinterpret_cast<uintptr_t>(segs_[i].dst);
+        const uintptr_t begin = (at + page - 1) / page * page;
+        const uintptr_t end = (at + segs_[i].size) / page * page;
+        // Any refusal ends the prefaulting: the reads fault the pages themselves.
+        // NOLINTNEXTLINE(performance-no-int-to-ptr): whole pages of the destination
+        prefault = begin >= end ||
+                   ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE) == 0;
+      }
+      ++next;
+    }
+  }
+
+  int fd_;
+  const std::vector<Segment>& segs_;
+  const std::vector<Joined>& joined_;
+  std::atomic<size_t> reading_{0};
+  std::thread thread_;  // last: it starts with the members above set
+};
+
 class PreadReader final : public StepReader {
  public:
   PreadReader(int fd, Status opened, std::string path, int64_t step,
-              std::unique_ptr<StepReader> metadata)
+              std::unique_ptr<StepReader> metadata, bool prefault)
       : fd_(fd),
         opened_(std::move(opened)),
         path_(std::move(path)),
         step_(step),
-        metadata_(std::move(metadata)) {}
+        metadata_(std::move(metadata)),
+        prefault_(prefault) {}
   PreadReader(const PreadReader&) = delete;
   PreadReader& operator=(const PreadReader&) = delete;
   ~PreadReader() override {
@@ -142,6 +221,7 @@ class PreadReader final : public StepReader {
   std::string path_;
   int64_t step_;
   std::unique_ptr<StepReader> metadata_;
+  bool prefault_;
   std::vector<Array> arrays_;       // by handle
   std::vector<std::byte> scratch_;  // where the gaps of joined requests go
   std::vector<iovec> iov_;
@@ -153,7 +233,12 @@ std::vector<Segment> PreadReader::Segments(std::span<const ReadRequest> requests
     const ReadRequest& r = requests[i];
     auto* dst = static_cast<std::byte*>(r.data);
     for (const BoxRun& run : BoxRuns(arrays_[r.array].placement, r.box)) {
-      segs.push_back({run.offset, run.size, dst + run.at, i});
+      uint64_t at = 0;
+      do {  // pieces of at most kPieceBytes (one, if the run is empty)
+        const auto size = static_cast<size_t>(std::min<uint64_t>(run.size - at, kPieceBytes));
+        segs.push_back({run.offset + at, size, dst + run.at + at, i});
+        at += size;
+      } while (at < run.size);
     }
   }
   std::stable_sort(segs.begin(), segs.end(),
@@ -165,21 +250,26 @@ Status PreadReader::ReadMany(std::span<const ReadRequest> requests) {
   const std::vector<Segment> segs = Segments(requests);
   const std::vector<Joined> joined = Join(segs);
   MHCKPT_RETURN_IF_ERROR(opened_);
+  uint64_t bytes = 0;
+  for (const Segment& s : segs) bytes += s.size;
   // Why WILLNEED ahead of the reads: the kernel reads the next requests
   // while the current one is served. A window, not the whole batch, so a
   // huge restore does not push its own pages out before they are read.
-  size_t advised = 0;
-  uint64_t ahead = 0;  // bytes advised and not yet read
-  for (const Joined& j : joined) {
-    for (; advised < joined.size() && ahead < kWillNeedBytes; ++advised) {
-      const Joined& n = joined[advised];
-      (void)::posix_fadvise(fd_, static_cast<off_t>(n.begin), static_cast<off_t>(n.end - n.begin),
-                            POSIX_FADV_WILLNEED);
-      ahead += n.end - n.begin;
+  // With prefaulting, the thread that faults in the pages announces them
+  // too, so that the kernel's page-cache work also leaves the reads' thread.
+  std::optional<ReadAhead> ahead;  // joined before `segs` and `joined` go
+  if (prefault_ && joined.size() > 1 && bytes >= kPrefaultMinBytes) {
+    ahead.emplace(fd_, segs, joined);
+  }
+  size_t announced = 0;
+  for (size_t k = 0; k < joined.size(); ++k) {
+    if (ahead) {
+      ahead->Reading(k);
+    } else {
+      announced = Announce(fd_, joined, announced, k);
     }
-    Status s = ReadJoined(segs, j);
-    if (!s.ok()) return Fail(requests[segs[j.first].request], s);
-    ahead -= j.end - j.begin;
+    Status s = ReadJoined(segs, joined[k]);
+    if (!s.ok()) return Fail(requests[segs[joined[k].first].request], s);
   }
   CountOffsetReads(requests.size(), joined.size());
   return OkStatus();
@@ -231,7 +321,8 @@ Status PreadReader::Fail(const ReadRequest& r, const Status& cause) const {
 }  // namespace
 
 Result<std::unique_ptr<StepReader>> OpenPreadReader(const std::string& path, int64_t step,
-                                                    std::unique_ptr<StepReader> metadata) {
+                                                    std::unique_ptr<StepReader> metadata,
+                                                    bool prefault) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   Status opened;
   if (fd < 0) {
@@ -244,8 +335,8 @@ Result<std::unique_ptr<StepReader>> OpenPreadReader(const std::string& path, int
   } else {
     (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   }
-  return std::unique_ptr<StepReader>(
-      std::make_unique<PreadReader>(fd, std::move(opened), path, step, std::move(metadata)));
+  return std::unique_ptr<StepReader>(std::make_unique<PreadReader>(
+      fd, std::move(opened), path, step, std::move(metadata), prefault));
 }
 
 }  // namespace mhckpt::io

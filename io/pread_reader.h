@@ -12,9 +12,23 @@
 // request. So many small arrays lying together in the file are read in a
 // few large requests. The kernel is told the whole file is read
 // sequentially, and the requests' ranges are announced (WILLNEED) up to
-// 64 MiB ahead of the one being made. Every read goes through the fault seam (base/fault.h, point
-// `pread`: eio, eintr, short); EINTR and short reads are retried, an early
-// end of file is DataLoss.
+// 64 MiB ahead of the one being made. Runs longer than kPieceBytes are cut
+// into pieces first, so no request is larger than kMaxJoinedBytes.
+//
+// With `prefault`, a second thread faults in the destination pages of the
+// requests after the one being read (MADV_POPULATE_WRITE, on each piece's
+// whole pages) while it is read. A read into new memory otherwise takes a
+// page fault for every 4 KiB page inside the kernel's copy out of the page
+// cache, one after the other: on the VM of docs/PERFORMANCE.md a third of
+// a cold restore's time. The thread only runs ahead of the reads, never
+// over the request being read; where the kernel refuses (no
+// MADV_POPULATE_WRITE before Linux 5.14, a mapping it cannot populate) it
+// stops, and the reads fault the pages themselves. Batches below
+// kPrefaultMinBytes are read without it.
+//
+// Every read goes through the fault seam (base/fault.h, point `pread`: eio,
+// eintr, short); EINTR and short reads are retried, an early end of file is
+// DataLoss.
 #pragma once
 
 #include <cstddef>
@@ -28,14 +42,19 @@ namespace mhckpt::io {
 
 /// Runs at most this far apart are read in one request.
 inline constexpr uint64_t kJoinGapBytes = uint64_t{64} << 10;
-/// A joined request reads at most this many bytes (a single run may be longer).
+/// A joined request reads at most this many bytes.
 inline constexpr uint64_t kMaxJoinedBytes = uint64_t{16} << 20;
+/// Longer runs are read in pieces of this size (two to a request).
+inline constexpr uint64_t kPieceBytes = uint64_t{8} << 20;
+/// A batch with fewer destination bytes is read without prefaulting.
+inline constexpr uint64_t kPrefaultMinBytes = uint64_t{4} << 20;
 
 /// Opens step `step`'s data file `path` for reads by offset. `metadata`, if
 /// not null, is an engine's reader of the same step: OpenArray checks each
-/// array through it first (it is closed by Close). IoError if the file
-/// cannot be opened.
+/// array through it first (it is closed by Close). `prefault`: see above.
+/// IoError if the file cannot be opened.
 Result<std::unique_ptr<StepReader>> OpenPreadReader(const std::string& path, int64_t step,
-                                                    std::unique_ptr<StepReader> metadata);
+                                                    std::unique_ptr<StepReader> metadata,
+                                                    bool prefault = false);
 
 }  // namespace mhckpt::io

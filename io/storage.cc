@@ -71,8 +71,8 @@ class CountingEngine final : public Engine {
       MHCKPT_ASSIGN_OR_RETURN(reader, inner_->Open(root, step, comm, options));
     }
     if (options.by_offset) {
-      MHCKPT_ASSIGN_OR_RETURN(reader,
-                              OpenPreadReader(DataPath(root, step), step, std::move(reader)));
+      MHCKPT_ASSIGN_OR_RETURN(
+          reader, OpenPreadReader(DataPath(root, step), step, std::move(reader), options.prefault));
     }
     return std::unique_ptr<StepReader>(std::make_unique<CountingReader>(std::move(reader)));
   }

@@ -66,6 +66,9 @@ struct ReadOptions {
   /// array is stored with its dtype, shape and offset (verify). Then
   /// OpenArray is collective; without it, it is local and touches nothing.
   bool check_metadata = false;
+  /// With `by_offset`: fault in the pages of each batch's destinations on a
+  /// second thread, ahead of the reads into them (io/pread_reader.h).
+  bool prefault = false;
 };
 
 /// One read of a batch: `box` of the opened array `array` into the row-major

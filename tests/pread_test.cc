@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "base/fault.h"
 #include "coordinator/checkpoint_manager.h"
 #include "io/storage.h"
 #include "tests/test_util.h"
@@ -247,6 +248,64 @@ TEST(PreadReshard, SavedOnFewerRanksRestoresOnAllByOffset) {
   const io::ReadCounters c = Since(before);
   EXPECT_EQ(c.dataset_opens, 0u);
   EXPECT_EQ(c.offset_arrays, 2u);
+}
+
+// Large restores with the read-ahead thread (RestoreOptions::prefault) and
+// without: rows of a 24 MiB array on other ranks than their writers (read
+// in pieces of at most 8 MiB, two to a request) and columns of a 4.5 MiB one
+// (whole chunks into the bounce buffer); byte-exact both ways, the same
+// requests, and a failed read (EIO while the thread runs) is the same error
+// on every rank, after which the next restore works.
+TEST(PreadPrefault, LargeRestoresAreExactWithOrWithoutTheReadAheadThread) {
+  auto mgr = OpenForTest(FreshDir());
+  ASSERT_TRUE(mgr);
+  const std::vector<int64_t> big{3072, 2048}, odd{3001, 777};  // float32, int16
+  auto [b0, b1] = SplitRange(big[0], Size(), Rank());
+  auto [o0, o1] = SplitRange(odd[0], Size(), Rank());
+  const Box big_mine{{b0, 0}, {b1 - b0, big[1]}}, odd_mine{{o0, 0}, {o1 - o0, odd[1]}};
+  {
+    auto a = Fill(DType::kFloat32, big, big_mine, 21), b = Fill(DType::kInt16, odd, odd_mine, 22);
+    ASSERT_TRUE(
+        mgr->Save(1, std::vector<ArrayToSave>{{"big", DType::kFloat32, big, {{big_mine, a.data()}}},
+                                              {"odd", DType::kInt16, odd, {{odd_mine, b.data()}}}})
+            .ok());
+    Status s = mgr->WaitUntilFinished();
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  auto [r0, r1] = SplitRange(big[0], Size(), Size() - 1 - Rank());
+  auto [c0, c1] = SplitRange(odd[1], Size(), Rank());
+  const Box rows{{r0, 0}, {r1 - r0, big[1]}}, cols{{0, c0}, {odd[0], c1 - c0}};
+  uint64_t reads[2] = {0, 0};
+  for (Prefault p : {Prefault::kOn, Prefault::kOff}) {
+    SCOPED_TRACE(p == Prefault::kOn ? "prefault on" : "prefault off");
+    std::vector<std::byte> got_r(static_cast<size_t>(*Volume(rows.count)) * 4);
+    std::vector<std::byte> got_c(static_cast<size_t>(*Volume(cols.count)) * 2);
+    const std::vector<ArrayToRestore> want{{"big", DType::kFloat32, {{rows, got_r.data()}}},
+                                           {"odd", DType::kInt16, {{cols, got_c.data()}}}};
+    RestoreOptions options;
+    options.prefault = p;
+    const io::ReadCounters before = io::Counters();
+    Status s = mgr->Restore(1, want, options);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    reads[p == Prefault::kOn ? 0 : 1] = Since(before).offset_reads;
+    EXPECT_TRUE(got_r == Fill(DType::kFloat32, big, rows, 21));
+    EXPECT_TRUE(got_c == Fill(DType::kInt16, odd, cols, 22));
+    // No request longer than 16 MiB: the 24/Size() MiB of rows take several.
+    EXPECT_GE(Since(before).offset_reads, (got_r.size() >> 24) + 1);
+
+    ASSERT_TRUE(fault::Configure("point=pread,action=eio").ok());
+    s = mgr->Restore(1, want, options);
+    ASSERT_TRUE(fault::Configure("").ok());
+    EXPECT_EQ(s.code(), StatusCode::kIoError) << s.ToString();
+    EXPECT_TRUE(testing::SameOnAllRanks(s)) << s.ToString();
+    ASSERT_TRUE(fault::Configure("point=pread,action=short,times=3").ok());
+    std::fill(got_r.begin(), got_r.end(), std::byte{0});
+    s = mgr->Restore(1, want, options);
+    ASSERT_TRUE(fault::Configure("").ok());
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_TRUE(got_r == Fill(DType::kFloat32, big, rows, 21)) << "short reads are resumed";
+  }
+  EXPECT_EQ(reads[0], reads[1]) << "the same requests either way";
 }
 
 }  // namespace
