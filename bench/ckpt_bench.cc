@@ -87,7 +87,7 @@ struct Flags {
   bool drop_caches = false;
   uint64_t chunk_bytes = 0;  // Options::checksum_chunk_bytes
   bool no_verify_checksums = false;
-  std::string prefault = "auto";  // RestoreOptions::prefault
+  std::string prefault = "on";  // RestoreOptions::prefault
 };
 
 int Rank() {
@@ -255,9 +255,7 @@ struct RestoreRun {
 RestoreOptions Restoring(const Flags& f) {
   RestoreOptions o;
   o.verify_checksums = !f.no_verify_checksums;
-  o.prefault = f.prefault == "on"    ? Prefault::kOn
-               : f.prefault == "off" ? Prefault::kOff
-                                     : Prefault::kAuto;
+  o.prefault = f.prefault == "on";
   return o;
 }
 
@@ -673,7 +671,7 @@ int Main(int argc, char** argv, int provided) {
   app.add_option("--chunk-bytes", f.chunk_bytes,
                  "Options::checksum_chunk_bytes of the saves (0: the library's default)");
   app.add_option("--prefault", f.prefault, "restore, many: RestoreOptions::prefault")
-      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   app.add_flag("--no-verify-checksums", f.no_verify_checksums,
                "restore: RestoreOptions::verify_checksums = false (the bytes are still compared)");

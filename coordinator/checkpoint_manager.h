@@ -150,13 +150,6 @@ struct Options {
   uint64_t checksum_chunk_bytes = 0;
 };
 
-/// Whether a restore faults in its destinations' pages ahead of its reads.
-enum class Prefault : uint8_t {
-  kAuto,  ///< on where this host runs fewer of the job's ranks than it has hardware threads
-  kOn,
-  kOff,
-};
-
 struct RestoreOptions {
   /// Fail unless the request names exactly the arrays of the checkpoint.
   bool strict = false;
@@ -182,10 +175,10 @@ struct RestoreOptions {
   /// Fault in the pages of the destinations on a second thread per rank,
   /// ahead of the reads into them, so that the kernel's work on new memory
   /// (a page fault and a cleared page every 4 KiB) runs beside the copy out
-  /// of the page cache instead of inside it. Worth it for restores into new,
-  /// untouched memory, as a framework's new arrays are; it needs a spare
-  /// core, hence kAuto. Reads by offset only (format-2 steps); host memory.
-  Prefault prefault = Prefault::kAuto;
+  /// of the page cache instead of inside it (docs/PERFORMANCE.md Part 8).
+  /// Reads by offset (format-2 steps), batches of at least 4 MiB. False:
+  /// the reading thread faults the pages itself.
+  bool prefault = true;
 };
 
 struct VerifyOptions {

@@ -20,12 +20,6 @@ Comm Comm::Duplicate(MPI_Comm comm) {
   MPI_Comm_dup(comm, &c.comm_);
   MPI_Comm_rank(c.comm_, &c.rank_);
   MPI_Comm_size(c.comm_, &c.size_);
-  MPI_Comm host = MPI_COMM_NULL;
-  MPI_Comm_split_type(c.comm_, MPI_COMM_TYPE_SHARED, c.rank_, MPI_INFO_NULL, &host);
-  if (host != MPI_COMM_NULL) {
-    MPI_Comm_size(host, &c.host_size_);
-    MPI_Comm_free(&host);
-  }
   return c;
 }
 
@@ -35,7 +29,6 @@ Comm& Comm::operator=(Comm&& o) noexcept {
   std::swap(comm_, o.comm_);
   std::swap(rank_, o.rank_);
   std::swap(size_, o.size_);
-  std::swap(host_size_, o.host_size_);
   return *this;
 }
 

@@ -30,8 +30,6 @@ class Comm {
   [[nodiscard]] MPI_Comm get() const { return comm_; }
   [[nodiscard]] int rank() const { return rank_; }
   [[nodiscard]] int size() const { return size_; }
-  /// Ranks of this communicator on this host (sharing its memory).
-  [[nodiscard]] int host_size() const { return host_size_; }
 
   /// Every rank's bytes at `root` (empty vector elsewhere), of any size: in
   /// rounds of at most `round_limit` bytes at the root (gather_rounds.h).
@@ -77,7 +75,6 @@ class Comm {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
-  int host_size_ = 1;
 };
 
 }  // namespace mhckpt::internal

@@ -42,7 +42,6 @@
 #include <map>
 #include <memory>
 #include <set>
-#include <thread>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -578,9 +577,7 @@ Status ManagerImpl::RunRestore(int64_t step, std::span<const ArrayToRestore> arr
   PinnedBuffer bounce;  // grown to the largest device destination
   io::ReadOptions how;
   how.by_offset = WantedReadableByOffset(m, flags);
-  how.prefault = options.prefault == Prefault::kOn ||
-                 (options.prefault == Prefault::kAuto &&
-                  static_cast<unsigned>(comm_.host_size()) < std::thread::hardware_concurrency());
+  how.prefault = options.prefault;
   Result<std::unique_ptr<io::StepReader>> reader = engine_->Open(root_, step, comm_.get(), how);
   if (!reader.ok()) {
     local = DataLoss(fmt::format("rank {}: step {}: {}", rank, step, reader.status().message()));

@@ -276,8 +276,8 @@ TEST(PreadPrefault, LargeRestoresAreExactWithOrWithoutTheReadAheadThread) {
   auto [c0, c1] = SplitRange(odd[1], Size(), Rank());
   const Box rows{{r0, 0}, {r1 - r0, big[1]}}, cols{{0, c0}, {odd[0], c1 - c0}};
   uint64_t reads[2] = {0, 0};
-  for (Prefault p : {Prefault::kOn, Prefault::kOff}) {
-    SCOPED_TRACE(p == Prefault::kOn ? "prefault on" : "prefault off");
+  for (bool p : {true, false}) {
+    SCOPED_TRACE(p ? "prefault on" : "prefault off");
     std::vector<std::byte> got_r(static_cast<size_t>(*Volume(rows.count)) * 4);
     std::vector<std::byte> got_c(static_cast<size_t>(*Volume(cols.count)) * 2);
     const std::vector<ArrayToRestore> want{{"big", DType::kFloat32, {{rows, got_r.data()}}},
@@ -287,7 +287,7 @@ TEST(PreadPrefault, LargeRestoresAreExactWithOrWithoutTheReadAheadThread) {
     const io::ReadCounters before = io::Counters();
     Status s = mgr->Restore(1, want, options);
     ASSERT_TRUE(s.ok()) << s.ToString();
-    reads[p == Prefault::kOn ? 0 : 1] = Since(before).offset_reads;
+    reads[p ? 0 : 1] = Since(before).offset_reads;
     EXPECT_TRUE(got_r == Fill(DType::kFloat32, big, rows, 21));
     EXPECT_TRUE(got_c == Fill(DType::kInt16, odd, cols, 22));
     // No request longer than 16 MiB: the 24/Size() MiB of rows take several.
