@@ -282,6 +282,7 @@ class CheckpointManager:
         strict: bool = False,
         verify_checksums: bool = True,
         read_once: bool = True,
+        prefault: bool = True,
     ) -> Any:
         """Restores committed step ``step`` into the structure of ``target``.
 
@@ -304,6 +305,10 @@ class CheckpointManager:
             held by every data-parallel copy) is read from storage by one of
             them and sent to the others; False: each rank reads its own
             (off everywhere if off on any rank).
+          prefault: a second thread per rank faults in the pages of the
+            arrays ahead of the reads into them, so that the kernel's work on
+            new memory runs beside the copy out of the page cache; False:
+            the reading thread faults them itself.
 
         Returns a new pytree with ``target``'s structure.
 
@@ -344,7 +349,14 @@ class CheckpointManager:
             err, plans = e, []
         specs = [p.spec() for p in plans if p is not None]
         self._call_agreed(
-            err, self._impl.restore, step, specs, strict, verify_checksums, read_once
+            err,
+            self._impl.restore,
+            step,
+            specs,
+            strict,
+            verify_checksums,
+            read_once,
+            bool(prefault),
         )
         out = [p.finish() if p is not None else v for p, v in zip(plans, leaves)]
         return _pytree.unflatten(treedef, out)

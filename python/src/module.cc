@@ -253,7 +253,7 @@ class PyManager {
 
   // Collective; errors found in Python or here are agreed first, as in Save.
   void Restore(int64_t step, const std::vector<RestoreSpec>& specs, bool strict,
-               bool verify_checksums, bool read_once, const PyError& py_error) {
+               bool verify_checksums, bool read_once, bool prefault, const PyError& py_error) {
     std::vector<ArrayToRestore> arrays;
     Status local = Convert(py_error, [&] { arrays = ToRestore(specs); });
     Blocking([&](CheckpointManager& mgr) {
@@ -261,7 +261,8 @@ class PyManager {
       return s.ok() ? mgr.Restore(step, arrays,
                                   RestoreOptions{.strict = strict,
                                                  .verify_checksums = verify_checksums,
-                                                 .read_once = read_once})
+                                                 .read_once = read_once,
+                                                 .prefault = prefault})
                     : s;
     });
   }

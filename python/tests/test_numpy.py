@@ -206,3 +206,17 @@ def test_restore_shared_boxes_read_once_or_not(comm, mgr, read_once):
     target = {"w": mhckpt.Shard(np.zeros((hi - lo, 6), np.float32), (lo, 0), w.shape)}
     mgr.restore(4, target, read_once=read_once)
     all_equal_bytes(comm, target["w"].local, w[lo:hi], f"half {rank % 2}, read_once={read_once}")
+
+
+@pytest.mark.parametrize("prefault", [True, False])
+def test_restore_into_new_arrays_with_or_without_prefault(comm, mgr, prefault):
+    # 12 MiB in new numpy arrays (target None): read in several requests,
+    # with the read-ahead thread faulting their pages in (True) or without
+    # (False). Same bytes either way.
+    n, rank = comm.size, comm.rank
+    w = pattern("prefault", (3072, 1024), "float32")
+    r0, rc = block(w.shape[0], rank, n)
+    mgr.save(5, {"w": mhckpt.Shard(w[r0 : r0 + rc], (r0, 0), w.shape)})
+    mgr.wait_until_finished()
+    out = mgr.restore(5, None, prefault=prefault)
+    all_equal_bytes(comm, out["w"], w, f"prefault={prefault}")
