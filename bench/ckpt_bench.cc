@@ -87,7 +87,8 @@ struct Flags {
   bool drop_caches = false;
   uint64_t chunk_bytes = 0;  // Options::checksum_chunk_bytes
   bool no_verify_checksums = false;
-  std::string prefault = "on";  // RestoreOptions::prefault
+  std::string prefault = "on";      // RestoreOptions::prefault
+  std::string dest_pages = "huge";  // restore destinations: advised as numpy's (huge) or not
 };
 
 int Rank() {
@@ -259,6 +260,13 @@ RestoreOptions Restoring(const Flags& f) {
   return o;
 }
 
+// What the records say of the destinations' pages.
+std::string DestPagesNote(const Flags& f) {
+  return f.dest_pages == "huge"
+             ? "advised MADV_HUGEPAGE from 4 MiB, as numpy advises its new arrays (dest_pages huge)"
+             : "left to the kernel's default pages (dest_pages base)";
+}
+
 // How RunRestores treats the destination memory.
 enum class Dest {
   kReused,  // one set, touched, scrubbed before each restore
@@ -270,7 +278,7 @@ enum class Dest {
 // of bench/run.sh gets); with `drop`, the page cache is dropped before each.
 RestoreRun RunRestores(CheckpointManager& mgr, int64_t step, const std::vector<ArraySpec>& specs,
                        int reps, bool drop, Dest dest, int warmup = 0,
-                       const RestoreOptions& options = {}) {
+                       const RestoreOptions& options = {}, bool huge_pages = false) {
   const int rank = Rank(), size = Size();
   RestoreRun out;
   std::optional<Destinations> d;
@@ -278,7 +286,8 @@ RestoreRun RunRestores(CheckpointManager& mgr, int64_t step, const std::vector<A
   for (int i = -warmup; i < reps; ++i) {
     if (dest == Dest::kFresh || !d) {
       d.reset();  // freed first: the new buffers do not add to the old ones
-      d.emplace(AllocateDestinations(specs, rank, size, /*touch=*/dest == Dest::kReused));
+      d.emplace(
+          AllocateDestinations(specs, rank, size, /*touch=*/dest == Dest::kReused, huge_pages));
     }
     if (dest == Dest::kReused) d->Scrub(std::byte{0xA5});
     if (drop) out.drop_caches_ok &= DropCaches();
@@ -501,7 +510,7 @@ json RunRestore(const Flags& f) {
   }
 
   RestoreRun v = RunRestores(*mgr, step, specs, f.reps, f.drop_caches, Dest::kFresh,
-                             /*warmup=*/1, Restoring(f));
+                             /*warmup=*/1, Restoring(f), f.dest_pages == "huge");
   if (f.drop_caches && !v.drop_caches_ok && rank == 0) {
     fmt::print(stderr, "{}: cannot write /proc/sys/vm/drop_caches: the page cache stays warm\n",
                kProgram);
@@ -526,6 +535,7 @@ json RunRestore(const Flags& f) {
   r["drop_caches_ok"] = f.drop_caches && v.drop_caches_ok;
   r["verify_checksums"] = !f.no_verify_checksums;
   r["prefault"] = f.prefault;
+  r["dest_pages"] = f.dest_pages;
   r["format_version"] = marker->format_version;
   r["file_bytes"] = FileBytes(root, step);
   r["verified"] = v.verified;
@@ -535,11 +545,12 @@ json RunRestore(const Flags& f) {
                      "allocation per rep) laid out for np {}, saved at np {}, after one untimed "
                      "warm-up restore; reshard_s = restore_s when the world sizes differ; "
                      "page cache {}; per rep the slowest rank, median over reps; peak RSS "
-                     "extra: over the destination arrays",
+                     "extra: over the destination arrays; destinations {}",
                      size, marker->world_size,
                      !f.drop_caches     ? "not dropped"
                      : v.drop_caches_ok ? "dropped before each rep"
-                                        : "NOT dropped (drop_caches refused)"));
+                                        : "NOT dropped (drop_caches refused)",
+                     DestPagesNote(f)));
   return r;
 }
 
@@ -556,18 +567,21 @@ json RunSaveRestore(const Flags& f, const std::string& kase, std::vector<ArraySp
   r["file_bytes"] = FileBytes(root, s.last_step);
 
   RestoreRun v = RunRestores(*s.mgr, s.last_step, m.specs, f.reps, f.drop_caches, Dest::kFresh,
-                             /*warmup=*/1, Restoring(f));
+                             /*warmup=*/1, Restoring(f), f.dest_pages == "huge");
   r["restore_peak_rss_extra_bytes"] = v.rss_extra;
   r["restore_np"] = size;
   r["restore_s"] = Median(v.restore);
   r["samples"]["restore_s"] = v.restore;
   r["drop_caches"] = f.drop_caches;
   r["drop_caches_ok"] = f.drop_caches && v.drop_caches_ok;
+  r["prefault"] = f.prefault;
+  r["dest_pages"] = f.dest_pages;
   r["verified"] = v.verified;
   r["notes"] = WithNote(f, std::string(kSaveNotes) +
                                "; restore_s: Restore() at the same np into new, untouched "
                                "arrays (a fresh allocation per rep) after one untimed warm-up "
-                               "restore, each rep verified");
+                               "restore, each rep verified; destinations " +
+                               DestPagesNote(f));
   s.mgr.reset();
   if (!f.keep) RemoveAll(root);
   return r;
@@ -670,6 +684,11 @@ int Main(int argc, char** argv, int provided) {
   app.add_flag("--keep", f.keep, "Keep the checkpoints written (save: for a later restore)");
   app.add_option("--chunk-bytes", f.chunk_bytes,
                  "Options::checksum_chunk_bytes of the saves (0: the library's default)");
+  app.add_option("--dest-pages", f.dest_pages,
+                 "restore, many: new destinations advised MADV_HUGEPAGE as numpy advises its "
+                 "arrays (huge), or not (base)")
+      ->check(CLI::IsMember({"huge", "base"}))
+      ->capture_default_str();
   app.add_option("--prefault", f.prefault, "restore, many: RestoreOptions::prefault")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();

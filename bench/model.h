@@ -109,6 +109,9 @@ Model BuildModel(const TrainingStateConfig& c, int rank, int size);
 /// Buffers for a restore of `specs` laid out for `size` ranks. With `touch`,
 /// every page is written once; without, the buffers are fresh allocations
 /// whose pages the restore touches first (as a framework's new arrays are).
+/// With `huge_pages`, a buffer of 4 MiB or more is advised MADV_HUGEPAGE over
+/// its whole pages, exactly as numpy advises its new arrays (so that mhckpt's
+/// C++ restores land in the same kind of memory as h5py's and mhckpt-py's).
 struct Destinations {
   std::vector<ArraySpec> specs;
   std::vector<ArrayToRestore> arrays;
@@ -125,6 +128,6 @@ struct Destinations {
   int Verify(std::string* first_bad) const;
 };
 Destinations AllocateDestinations(std::vector<ArraySpec> specs, int rank, int size,
-                                  bool touch = true);
+                                  bool touch = true, bool huge_pages = false);
 
 }  // namespace mhckpt::bench

@@ -15,7 +15,9 @@
 # /proc/sys/vm/drop_caches can be written; restores go into freshly allocated,
 # untouched memory; and the systems run point by point (dd, mhckpt, then the
 # peers at the same size and world size), so that a slow spell of the disk
-# does not fall on one system only.
+# does not fall on one system only. mhckpt's C++ destinations of 4 MiB or more
+# are advised MADV_HUGEPAGE, as numpy advises the new arrays that h5py and
+# mhckpt-py restore into (mhckpt-bench --dest-pages huge, the default).
 #
 #   bench/run.sh                                  # everything: about 2 hours on 2 cores
 #   NPS="1 2" SIZES=256 PEERS=dcp bench/run.sh    # a quick look
