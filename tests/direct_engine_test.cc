@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 
 #include "coordinator/checkpoint_manager.h"
+#include "io/direct_engine.h"
 #include "tests/test_util.h"
 
 namespace mhckpt {
@@ -89,14 +90,14 @@ std::vector<Box> MyBoxes(const Spec& s) {
   return {box};
 }
 
-// Saves every array at `step` and restores each whole on every rank.
-void SaveAndRestore(const std::string& dir, const Options& o, int64_t step) {
-  auto mgr = OpenForTest(dir, o);
-  ASSERT_TRUE(mgr);
+// Saves every array of `specs` at `step` and restores each whole on every
+// rank.
+void SaveAndRestore(CheckpointManager& m, int64_t step, const std::vector<Spec>& specs = Specs()) {
+  CheckpointManager* mgr = &m;
   std::vector<std::vector<std::byte>> buffers;
   std::vector<ArrayToSave> arrays;
   buffers.reserve(64);
-  for (const Spec& s : Specs()) {
+  for (const Spec& s : specs) {
     arrays.push_back(ArrayToSave{s.name, s.dtype, s.shape, {}});
     for (const Box& b : MyBoxes(s)) {
       if (Volume(b.count).value() == 0) continue;
@@ -107,7 +108,7 @@ void SaveAndRestore(const std::string& dir, const Options& o, int64_t step) {
   ASSERT_TRUE(mgr->Save(step, arrays).ok());
   Status w = mgr->WaitUntilFinished();
   ASSERT_TRUE(w.ok()) << w.ToString();
-  for (const Spec& s : Specs()) {
+  for (const Spec& s : specs) {
     const Box whole = FullBox(s.shape);
     std::vector<std::byte> got(static_cast<size_t>(Volume(s.shape).value()) * DTypeSize(s.dtype),
                                std::byte{0xAB});
@@ -127,13 +128,46 @@ struct PathCase {
 
 class DataPaths : public ::testing::TestWithParam<PathCase> {};
 
+// Two saves of the same arrays on one manager: the second reuses the pool's
+// threads and bounce buffers and, on the direct engine (direct and buffered
+// paths), replays rank 0's layout (io/direct_engine.h). Verify then opens
+// every dataset of the replayed step through HDF5 and checks its dtype, shape
+// and offset against the marker, and every byte against its checksums.
 TEST_P(DataPaths, RestoreEqualsSaved) {
   Options o;
   o.data_path = GetParam().path;
   o.writer_threads = GetParam().threads;
-  const std::string dir = FreshDir();
-  SaveAndRestore(dir, o, 1);
-  SaveAndRestore(dir, o, 2);  // the pool's threads and bounce buffers again
+  auto mgr = OpenForTest(FreshDir(), o);
+  ASSERT_TRUE(mgr);
+  ASSERT_NO_FATAL_FAILURE(SaveAndRestore(*mgr, 1));
+  const uint64_t replays = io::LayoutReplays();
+  ASSERT_NO_FATAL_FAILURE(SaveAndRestore(*mgr, 2));
+  const bool direct_engine = GetParam().path != DataPath::kHdf5;
+  EXPECT_EQ(io::LayoutReplays() - replays, Rank() == 0 && direct_engine ? 1u : 0u);
+  uint64_t checked = 0;
+  Status v = mgr->Verify(2, &checked);
+  ASSERT_TRUE(v.ok()) << v.ToString();
+  EXPECT_GT(checked, 0u);
+}
+
+// A save whose arrays differ from the last one's in one shape lays out
+// through HDF5 again (no replay), at other offsets, and restores exactly;
+// the save after it, of the same arrays again, replays that new layout.
+TEST(LayoutReplay, AnyDifferentArrayLaysOutAgain) {
+  auto mgr = OpenForTest(FreshDir());
+  ASSERT_TRUE(mgr);
+  ASSERT_NO_FATAL_FAILURE(SaveAndRestore(*mgr, 1));
+  std::vector<Spec> other = Specs();
+  other[2].shape = {1024, 1000};  // "aligned/f64", smaller: the arrays after it move
+  uint64_t replays = io::LayoutReplays();
+  ASSERT_NO_FATAL_FAILURE(SaveAndRestore(*mgr, 2, other));
+  EXPECT_EQ(io::LayoutReplays(), replays);
+  ASSERT_NO_FATAL_FAILURE(SaveAndRestore(*mgr, 3, other));
+  EXPECT_EQ(io::LayoutReplays() - replays, Rank() == 0 ? 1u : 0u);
+  for (int64_t step : {2, 3}) {
+    Status v = mgr->Verify(step);
+    EXPECT_TRUE(v.ok()) << "step " << step << ": " << v.ToString();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(All, DataPaths,
@@ -149,7 +183,14 @@ TEST(DataPathsForReaders, KeepForReaders) {
       fmt::format("{}/np{}/direct_for_readers", base ? base : "/tmp/mhckpt-test", Size());
   if (Rank() == 0) std::filesystem::remove_all(dir);
   MPI_Barrier(MPI_COMM_WORLD);
-  SaveAndRestore(dir, Options{}, 7);
+  {
+    Options o;
+    o.max_to_keep = 1;  // step 7 alone is left: its file is a replayed layout
+    auto mgr = OpenForTest(dir, o);
+    ASSERT_TRUE(mgr);
+    ASSERT_NO_FATAL_FAILURE(SaveAndRestore(*mgr, 6));
+    ASSERT_NO_FATAL_FAILURE(SaveAndRestore(*mgr, 7));
+  }
   if (Rank() != 0) return;
   std::filesystem::create_directories(dir + "/expected");
   for (const Spec& s : Specs()) {
