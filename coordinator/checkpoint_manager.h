@@ -175,7 +175,7 @@ struct RestoreOptions {
   /// Fault in the pages of the destinations on a second thread per rank,
   /// ahead of the reads into them, so that the kernel's work on new memory
   /// (a page fault and a cleared page every 4 KiB) runs beside the copy out
-  /// of the page cache instead of inside it (docs/PERFORMANCE.md Part 8).
+  /// of the page cache instead of inside it (docs/PERFORMANCE.md Part 9).
   /// Reads by offset (format-2 steps), batches of at least 4 MiB. False:
   /// the reading thread faults the pages itself.
   bool prefault = true;
