@@ -258,11 +258,8 @@ int Destinations::Verify(std::string* first_bad) const {
 // on Linux, for 4 MiB or more): MADV_HUGEPAGE from the first page boundary
 // on; refusals ignored.
 void AdviseHugePages(std::byte* data, size_t bytes) {
-  const auto at = reinterpret_cast<uintptr_t>(data);
-  const uintptr_t begin = (at + 4095) & ~uintptr_t{4095};
-  if (begin >= at + bytes) return;
-  // NOLINTNEXTLINE(performance-no-int-to-ptr): a page of `data`
-  (void)madvise(reinterpret_cast<void*>(begin), at + bytes - begin, MADV_HUGEPAGE);
+  const size_t head = (4096 - reinterpret_cast<uintptr_t>(data) % 4096) % 4096;
+  if (bytes > head) (void)madvise(data + head, bytes - head, MADV_HUGEPAGE);
 }
 
 Destinations AllocateDestinations(std::vector<ArraySpec> specs, int rank, int size, bool touch,

@@ -127,7 +127,7 @@ class ReadAhead {
   static constexpr size_t kStopped = SIZE_MAX;
 
   void Run() {
-    const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
     size_t announced = 0;
     size_t next = 1;  // the request whose pages are faulted in next
     bool prefault = true;
@@ -142,13 +142,14 @@ class ReadAhead {
         continue;
       }
       for (size_t i = joined_[next].first; prefault && i < joined_[next].last; ++i) {
-        const auto at = reinterpret_cast<uintptr_t>(segs_[i].dst);
-        const uintptr_t begin = (at + page - 1) / page * page;
-        const uintptr_t end = (at + segs_[i].size) / page * page;
+        // The whole pages of the segment: past `head` bytes, short of `tail`.
+        const Segment& s = segs_[i];
+        const auto at = reinterpret_cast<uintptr_t>(s.dst);
+        const size_t head = (page - at % page) % page;
+        const size_t tail = (at + s.size) % page;
         // Any refusal ends the prefaulting: the reads fault the pages themselves.
-        // NOLINTNEXTLINE(performance-no-int-to-ptr): whole pages of the destination
-        prefault = begin >= end ||
-                   ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE) == 0;
+        prefault = s.size <= head + tail ||
+                   ::madvise(s.dst + head, s.size - head - tail, MADV_POPULATE_WRITE) == 0;
       }
       ++next;
     }
