@@ -73,10 +73,7 @@ class Skeleton {
     extents.emplace_back(size, size);  // the tail after the last array
     for (const auto& [begin, end] : extents) {
       const uint64_t stop = std::min(begin, size);
-      if (ok && stop > at) {
-        kept += stop - at;
-        ok = kept <= kMaxSkeletonBytes && ReadPiece(fd, at, stop - at);
-      }
+      if (ok && stop > at) ok = KeepWritten(fd, at, stop, &kept);
       at = std::max(at, end);
     }
     ::close(fd);
@@ -120,6 +117,28 @@ class Skeleton {
   }
 
  private:
+  // Keeps the bytes of [from, to) that HDF5 wrote: the parts that are data,
+  // not holes (SEEK_DATA / SEEK_HOLE; alignment gaps up to 4 MiB between
+  // large datasets are holes), or all of it where the file system cannot
+  // say. False on a read error or past kMaxSkeletonBytes.
+  bool KeepWritten(int fd, uint64_t from, uint64_t to, uint64_t* kept) {
+    while (from < to) {
+      uint64_t begin = from, end = to;
+      const off_t data = ::lseek(fd, static_cast<off_t>(from), SEEK_DATA);
+      if (data < 0 && errno == ENXIO) return true;  // nothing but a hole to the end
+      if (data >= 0) {
+        begin = static_cast<uint64_t>(data);
+        const off_t hole = ::lseek(fd, data, SEEK_HOLE);
+        if (hole >= 0) end = std::min(to, static_cast<uint64_t>(hole));
+      }
+      if (begin >= to) return true;
+      *kept += end - begin;
+      if (*kept > kMaxSkeletonBytes || !ReadPiece(fd, begin, end - begin)) return false;
+      from = end;
+    }
+    return true;
+  }
+
   bool ReadPiece(int fd, uint64_t offset, uint64_t size) {
     std::string bytes(static_cast<size_t>(size), '\0');
     for (size_t done = 0; done < bytes.size();) {

@@ -11,8 +11,9 @@
 // the datasets' offsets; the other ranks never call HDF5 while saving.
 //
 // Layout replay: rank 0 keeps the bytes HDF5 wrote for the last layout — the
-// file outside the arrays' extents (superblock, groups, object headers), a
-// few MiB for 10,000 arrays — with the layout itself. A save of the same
+// file outside the arrays' extents (superblock, groups, object headers; the
+// holes of alignment gaps are skipped with SEEK_DATA), a few MiB for 10,000
+// arrays, at most 64 MiB — with the layout itself. A save of the same
 // arrays (names, dtypes, shapes, in the same order: every step of a training
 // run) writes those bytes into the new file instead of creating every
 // dataset again, since HDF5 would write the same metadata at the same
