@@ -418,7 +418,14 @@ class SaveRun {
     writer_ = std::move(writer).value();
     std::vector<io::ArraySpec> specs;
     specs.reserve(plan_.arrays.size());
-    for (const io::MarkerArray& a : plan_.arrays) specs.push_back(StoredSpec(a));
+    for (const io::MarkerArray& a : plan_.arrays) {
+      io::ArraySpec& spec = specs.emplace_back(StoredSpec(a));
+      const bool one = !a.boxes.empty() &&
+                       std::all_of(a.boxes.begin(), a.boxes.end(), [&](const io::MarkerBox& b) {
+                         return b.writer == a.boxes.front().writer;
+                       });
+      spec.writer = one ? a.boxes.front().writer : -1;  // a layout hint
+    }
     local_ = writer_->CreateArrays(specs);
     // Where each array lies in the data file, for readers that bypass the
     // engine's per-array opens (docs/FORMAT.md); rank 0 writes the marker.

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <utility>
@@ -33,10 +34,10 @@ std::atomic<uint64_t> g_layout_replays{0};
 constexpr uint64_t kMaxSkeletonBytes = uint64_t{64} << 20;
 
 bool SameArrays(std::span<const ArraySpec> a, std::span<const ArraySpec> b) {
-  return std::equal(a.begin(), a.end(), b.begin(), b.end(),
-                    [](const ArraySpec& x, const ArraySpec& y) {
-                      return x.name == y.name && x.dtype == y.dtype && x.shape == y.shape;
-                    });
+  return std::equal(
+      a.begin(), a.end(), b.begin(), b.end(), [](const ArraySpec& x, const ArraySpec& y) {
+        return x.name == y.name && x.dtype == y.dtype && x.shape == y.shape && x.writer == y.writer;
+      });
 }
 
 // Rank 0's copy of the last layout it made (see the header): the arrays it
@@ -254,9 +255,9 @@ class DirectStepWriter final : public StepWriter {
   // directly or only through the page cache (io/raw_writer.h), so metadata
   // and array bytes sharing a page meet in the page cache.
   //
-  // The same arrays as the last layout (names, dtypes, shapes, in order):
-  // HDF5 would write the same metadata at the same addresses, so the kept
-  // bytes are written instead (Skeleton), over the empty file HDF5 made.
+  // The same arrays as the last layout (names, dtypes, shapes, writers, in
+  // order): HDF5 would write the same metadata at the same addresses, so the
+  // kept bytes are written instead (Skeleton), over the empty file HDF5 made.
   Status Layout(std::span<const ArraySpec> arrays, std::vector<int64_t>& layout) {
     if (skeleton_->Fits(arrays)) {
       Status s = file_->Close();
@@ -269,8 +270,16 @@ class DirectStepWriter final : public StepWriter {
       g_layout_replays.fetch_add(1, std::memory_order_relaxed);
       return OkStatus();
     }
+    // Each writer's arrays side by side, in their order (ArraySpec::writer):
+    // HDF5 packs small datasets created one after another, so a rank's small
+    // arrays make long runs that its pieces join (io/raw_writer.h) instead
+    // of alternating with other ranks' arrays.
+    std::vector<size_t> order(arrays.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t x, size_t y) { return arrays[x].writer < arrays[y].writer; });
     uint64_t end = 0;
-    for (size_t i = 0; i < arrays.size(); ++i) {
+    for (const size_t i : order) {
       const ArraySpec& a = arrays[i];
       MHCKPT_ASSIGN_OR_RETURN(Dataset ds, file_->CreateDataset(a.name, a.dtype, a.shape));
       if (std::optional<uint64_t> at = ds.OffsetInFile()) layout[i + 2] = static_cast<int64_t>(*at);
@@ -284,7 +293,7 @@ class DirectStepWriter final : public StepWriter {
   }
 
   void SubmitPending() {
-    if (!pending_.empty()) pool_.Submit(&raw_, pending_);
+    if (!pending_.empty()) pool_.Submit(&raw_, std::move(pending_));
     pending_.clear();
     pending_bytes_ = 0;
   }

@@ -10,12 +10,16 @@
 // every dataset, closes the file (HDF5 writes its metadata), and broadcasts
 // the datasets' offsets; the other ranks never call HDF5 while saving.
 //
+// Rank 0 creates the datasets grouped by writer (ArraySpec::writer): HDF5
+// packs small datasets created one after another, so each rank's small
+// arrays lie side by side and its writes join into long runs.
+//
 // Layout replay: rank 0 keeps the bytes HDF5 wrote for the last layout — the
 // file outside the arrays' extents (superblock, groups, object headers; the
 // holes of alignment gaps are skipped with SEEK_DATA), a few MiB for 10,000
 // arrays, at most 64 MiB — with the layout itself. A save of the same
-// arrays (names, dtypes, shapes, in the same order: every step of a training
-// run) writes those bytes into the new file instead of creating every
+// arrays (names, dtypes, shapes, writers, in the same order: every step of a
+// training run) writes those bytes into the new file instead of creating every
 // dataset again, since HDF5 would write the same metadata at the same
 // addresses: nothing in it depends on the step. (The one difference: HDF5's
 // object timestamps are those of the first layout.) For 10,000 arrays this

@@ -25,6 +25,18 @@ Status WriteError(const std::string& path, uint64_t offset, size_t size, int e) 
       fmt::format("write {} bytes at offset {} of '{}': {}", size, offset, path, std::strerror(e)));
 }
 
+// Calls fn(offset, src, size) for the part of each run of `piece` that lies
+// in [from, to) of the file, in order; stops at the first error.
+template <typename Fn>
+Status ForEachPart(std::span<const RawRun> piece, uint64_t from, uint64_t to, Fn&& fn) {
+  for (const RawRun& r : piece) {
+    const uint64_t b = std::max(from, r.offset);
+    const uint64_t e = std::min(to, r.offset + r.size);
+    if (b < e) MHCKPT_RETURN_IF_ERROR(fn(b, r.src + (b - r.offset), static_cast<size_t>(e - b)));
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 // ---- RawFile ----
@@ -86,6 +98,7 @@ Status RawFile::DirectOnce(uint64_t offset, const std::byte* src, size_t size, b
       return OkStatus();
     }
     if (n <= 0) return WriteError(path_, offset, size, n < 0 ? errno : ENOSPC);
+    direct_bytes_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
     offset += static_cast<uint64_t>(n);
     src += n;
     size -= static_cast<size_t>(n);
@@ -136,6 +149,31 @@ Status RawFile::Write(const RawRun& run, std::byte* bounce) {
   return WriteBuffered(b, run.src + (b - run.offset), end - b);
 }
 
+Status RawFile::WritePiece(std::span<const RawRun> piece, std::byte* bounce) {
+  if (piece.size() == 1) return Write(piece.front(), bounce);
+  const uint64_t begin = piece.front().offset;
+  const uint64_t end = piece.back().offset + piece.back().size;
+  const uint64_t a = AlignUp(begin), b = AlignDown(end);
+  auto buffered = [this](uint64_t offset, const std::byte* src, size_t size) {
+    return WriteBuffered(offset, src, size);
+  };
+  if (direct_fd_.load() < 0 || bounce == nullptr || end - begin < kMinDirectBytes || b <= a) {
+    return ForEachPart(piece, begin, end, buffered);
+  }
+  // Every page of [a, b) holds bytes of this piece alone (the runs touch):
+  // gathered into the bounce buffer (b - a <= kRawChunkBytes), one direct
+  // write. The pages of the head and tail may hold metadata or another run.
+  MHCKPT_RETURN_IF_ERROR(ForEachPart(piece, begin, a, buffered));
+  std::byte* to = bounce;
+  ForEachPart(piece, a, b, [&to](uint64_t, const std::byte* src, size_t size) {
+    std::memcpy(to, src, size);
+    to += size;
+    return OkStatus();
+  }).IgnoreError();
+  MHCKPT_RETURN_IF_ERROR(WriteDirect(a, bounce, b - a, nullptr));
+  return ForEachPart(piece, b, end, buffered);
+}
+
 Status RawFile::SyncAndClose() {
   Status s;
   // The data file's fsync behind the fault seam, as the HDF5 engine's flush.
@@ -166,35 +204,54 @@ RawWriterPool::~RawWriterPool() {
   for (std::byte* b : bounce_) std::free(b);
 }
 
-void RawWriterPool::Push(RawFile* file, std::vector<RawRun>* batch, size_t* batch_bytes) {
-  if (batch->empty()) return;
+// Queues `job` and leaves it empty, for the same file.
+void RawWriterPool::Push(Job* job) {
+  if (job->ends.empty()) return;
+  RawFile* file = job->file;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    jobs_.push_back(Job{file, std::move(*batch)});
+    jobs_.push_back(std::move(*job));
   }
   work_cv_.notify_one();
-  batch->clear();
-  *batch_bytes = 0;
+  *job = Job{};
+  job->file = file;
 }
 
-void RawWriterPool::Submit(RawFile* file, const std::vector<RawRun>& runs) {
-  // Small runs travel together; a long run is cut at aligned offsets into
-  // pieces that the threads write side by side.
-  std::vector<RawRun> batch;
-  size_t batch_bytes = 0;
+void RawWriterPool::Submit(RawFile* file, std::vector<RawRun> runs) {
+  // Runs that touch in the file make one piece, which is cut at the first
+  // page boundary kRawChunkBytes past its start: small arrays laid side by
+  // side are written together, and a long run is cut into pieces that the
+  // threads write side by side. Pieces travel in jobs of about a chunk.
+  std::sort(runs.begin(), runs.end(),
+            [](const RawRun& x, const RawRun& y) { return x.offset < y.offset; });
+  Job job;
+  job.file = file;
+  bool open = false;  // a piece is being built: from piece_begin to piece_end
+  uint64_t piece_begin = 0, piece_end = 0;
+  auto close_piece = [&] {
+    if (!open) return;
+    open = false;
+    job.ends.push_back(job.runs.size());
+    if (job.bytes >= kRawChunkBytes) Push(&job);
+  };
   for (const RawRun& r : runs) {
-    uint64_t off = r.offset;
     const uint64_t end = r.offset + r.size;
-    while (off < end) {
-      uint64_t cut = std::min<uint64_t>(end, AlignDown(off + kRawChunkBytes));
-      if (cut <= off) cut = std::min<uint64_t>(end, off + kRawChunkBytes);
-      batch.push_back({off, r.src + (off - r.offset), static_cast<size_t>(cut - off)});
-      batch_bytes += cut - off;
-      off = cut;
-      if (batch_bytes >= kRawChunkBytes) Push(file, &batch, &batch_bytes);
+    if (open && r.offset != piece_end) close_piece();
+    for (uint64_t off = r.offset; off < end;) {
+      if (!open) {
+        open = true;
+        piece_begin = off;
+      }
+      const uint64_t limit = AlignDown(piece_begin + kRawChunkBytes);
+      const uint64_t cut = std::min(end, limit);
+      job.runs.push_back({off, r.src + (off - r.offset), static_cast<size_t>(cut - off)});
+      job.bytes += cut - off;
+      off = piece_end = cut;
+      if (cut == limit) close_piece();
     }
   }
-  Push(file, &batch, &batch_bytes);
+  close_piece();
+  Push(&job);
 }
 
 Status RawWriterPool::Wait() {
@@ -221,9 +278,9 @@ void RawWriterPool::Loop(size_t worker) {
       if (bounce == nullptr && job.file->direct()) {
         bounce = static_cast<std::byte*>(std::aligned_alloc(kDirectAlign, kRawChunkBytes));
       }
-      for (const RawRun& r : job.runs) {
-        s = job.file->Write(r, bounce);
-        if (!s.ok()) break;
+      const std::span<const RawRun> runs(job.runs);
+      for (size_t p = 0, first = 0; s.ok() && p < job.ends.size(); first = job.ends[p++]) {
+        s = job.file->WritePiece(runs.subspan(first, job.ends[p] - first), bounce);
       }
     }
     lock.lock();

@@ -53,6 +53,11 @@ struct ArraySpec {
   /// For reading: where the array's bytes start in the step's data file, as
   /// the commit marker records it (StepWriter::FileOffset), or -1 if unknown.
   int64_t offset = -1;
+  /// For writing: the one rank that writes all of the array's bytes, or -1
+  /// (several ranks, or none). A layout hint: the direct engine places each
+  /// rank's arrays side by side, so that its small arrays make long runs in
+  /// the file (io/direct_engine.h).
+  int writer = -1;
 };
 
 /// How a step is opened for reading.

@@ -3,12 +3,14 @@
 // O_DIRECT, read back byte for byte; errors name the file.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "io/raw_writer.h"
@@ -54,6 +56,7 @@ void WriteAndCheck(bool direct, int threads) {
   ASSERT_TRUE(file.Open(path, direct).ok());
   io::RawWriterPool pool(threads);
   std::vector<io::RawRun> raw;
+  raw.reserve(runs.size());
   for (const R& r : runs) raw.push_back({r.offset, src.data() + r.from, r.size});
   pool.Submit(&file, raw);
   ASSERT_TRUE(pool.Wait().ok());
@@ -72,6 +75,66 @@ void WriteAndCheck(bool direct, int threads) {
 TEST(RawWriter, BufferedRunsLandWhereTold) { WriteAndCheck(false, 3); }
 TEST(RawWriter, DirectRunsLandWhereTold) { WriteAndCheck(true, 1); }
 TEST(RawWriter, DirectRunsFromSeveralThreads) { WriteAndCheck(true, 4); }
+
+// Small runs side by side in the file, from scattered unaligned memory and
+// given in any order (the small arrays HDF5 packs together): joined into
+// pieces whose whole pages go through O_DIRECT, gathered in the bounce
+// buffer; a gap starts a new piece, and a piece too short stays buffered.
+void SmallRunsTogether(bool direct) {
+  const std::string path = TempFile(direct ? "small-direct" : "small-buffered");
+  std::vector<std::byte> src(24 << 20);
+  for (size_t i = 0; i < src.size(); ++i)
+    src[i] = static_cast<std::byte>((i * 197 + i / 1021) & 0xFF);
+  std::vector<io::RawRun> runs;
+  uint64_t at = 777, from = 3;
+  auto group = [&](int count) {
+    const uint64_t begin = at;
+    for (int i = 0; i < count; ++i) {
+      const size_t size = 1 + (static_cast<size_t>(i) * 7919) % 70000;  // 1 B to 68 KiB
+      runs.push_back({at, src.data() + from, size});
+      at += size;
+      from += size + 13;  // never contiguous in memory
+    }
+    return std::pair(begin, at);
+  };
+  const auto [b1, e1] = group(400);  // ~14 MB: two pieces, cut at a page boundary
+  at += 5000;                        // a gap: metadata between the groups
+  const auto [b2, e2] = group(3);    // ~10 KB: too short for O_DIRECT
+  at += 1;
+  const auto [b3, e3] = group(40);  // ~1.4 MB
+  std::vector<io::RawRun> shuffled = runs;
+  std::reverse(shuffled.begin(), shuffled.end());
+  std::swap(shuffled[5], shuffled[200]);
+  io::RawFile file;
+  ASSERT_TRUE(file.Open(path, direct).ok());
+  io::RawWriterPool pool(2);
+  pool.Submit(&file, shuffled);
+  ASSERT_TRUE(pool.Wait().ok());
+  const bool still_direct = file.direct();
+  const uint64_t direct_bytes = file.direct_bytes();
+  ASSERT_TRUE(file.SyncAndClose().ok());
+  std::vector<std::byte> got = ReadAll(path);
+  for (const io::RawRun& r : runs) {
+    ASSERT_GE(got.size(), r.offset + r.size);
+    ASSERT_TRUE(std::equal(r.src, r.src + r.size, got.begin() + static_cast<ptrdiff_t>(r.offset)))
+        << "run at " << r.offset << " (" << r.size << " bytes), direct " << direct;
+  }
+  auto pages = [](uint64_t b, uint64_t e) {
+    const uint64_t a = (b + io::kDirectAlign - 1) / io::kDirectAlign * io::kDirectAlign;
+    const uint64_t z = e / io::kDirectAlign * io::kDirectAlign;
+    return z > a ? z - a : 0;
+  };
+  if (!direct) {
+    EXPECT_EQ(direct_bytes, 0u);
+  } else if (still_direct) {  // else the file system refused O_DIRECT
+    EXPECT_EQ(direct_bytes, pages(b1, e1) + pages(b3, e3));
+    EXPECT_GT(pages(b2, e2), 0u);  // it had whole pages, and wrote them through the cache
+  }
+  std::filesystem::remove(path);
+}
+
+TEST(RawWriter, SmallRunsSideBySideGoDirectTogether) { SmallRunsTogether(true); }
+TEST(RawWriter, SmallRunsSideBySideBuffered) { SmallRunsTogether(false); }
 
 TEST(RawWriter, OpenNamesTheFile) {
   io::RawFile file;
