@@ -11,11 +11,12 @@
 // piece goes through an O_DIRECT descriptor (from the caller's memory when the
 // piece is one aligned run, else gathered into a per-thread aligned bounce
 // buffer); the unaligned head and tail, and pieces too small to be worth a
-// synchronous device write, go through an ordinary buffered descriptor. A page is therefore written
-// either only directly or only through the page cache, never both, so a buffered read-modify-write
-// of a shared page can never put stale bytes over a direct write. Where the file system refuses
-// O_DIRECT (EINVAL on open or on the first direct write: tmpfs, some FUSE and network file systems)
-// every byte goes through the buffered descriptor.
+// synchronous device write, go through an ordinary buffered descriptor. A
+// page is therefore written either only directly or only through the page
+// cache, never both, so a buffered read-modify-write of a shared page can
+// never put stale bytes over a direct write. Where the file system refuses
+// O_DIRECT (EINVAL on open or on the first direct write: tmpfs, some FUSE and
+// network file systems) every byte goes through the buffered descriptor.
 #pragma once
 
 #include <atomic>
