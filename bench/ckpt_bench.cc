@@ -51,6 +51,7 @@
 #include "bench/model.h"
 #include "coordinator/checkpoint_manager.h"
 #include "io/layout.h"
+#include "io/storage.h"
 #include "programs/main_guard.h"
 
 #ifndef MHCKPT_SOURCE_DIR
@@ -88,6 +89,7 @@ struct Flags {
   uint64_t chunk_bytes = 0;  // Options::checksum_chunk_bytes
   bool no_verify_checksums = false;
   std::string prefault = "on";      // RestoreOptions::prefault
+  std::string direct_reads = "on";  // RestoreOptions::direct_reads
   std::string dest_pages = "huge";  // restore destinations: advised as numpy's (huge) or not
 };
 
@@ -116,6 +118,11 @@ void CheckOk(const Status& s, const char* what) {
 
 uint64_t MaxOverRanksU64(uint64_t v) {
   MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  return v;
+}
+
+uint64_t SumOverRanksU64(uint64_t v) {
+  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
   return v;
 }
 
@@ -250,6 +257,7 @@ struct RestoreRun {
   size_t arrays = 0;
   uint64_t rss_extra = 0;  // extra peak RSS over the destinations, worst rank
   bool hwm_reset = false;
+  uint64_t direct_bytes = 0;  // read with O_DIRECT by this rank, over the timed restores
 };
 
 // The timed restores' options, from the flags.
@@ -257,14 +265,17 @@ RestoreOptions Restoring(const Flags& f) {
   RestoreOptions o;
   o.verify_checksums = !f.no_verify_checksums;
   o.prefault = f.prefault == "on";
+  o.direct_reads = f.direct_reads == "on";
   return o;
 }
 
 // What the records say of the destinations' pages.
 std::string DestPagesNote(const Flags& f) {
-  return f.dest_pages == "huge"
-             ? "advised MADV_HUGEPAGE from 4 MiB, as numpy advises its new arrays (dest_pages huge)"
-             : "left to the kernel's default pages (dest_pages base)";
+  return std::string(f.dest_pages == "huge"
+                         ? "advised MADV_HUGEPAGE from 4 MiB, as numpy advises "
+                           "its new arrays (dest_pages huge)"
+                         : "left to the kernel's default pages (dest_pages base)") +
+         ", page-aligned as mhckpt-py's new arrays; direct reads " + f.direct_reads;
 }
 
 // How RunRestores treats the destination memory.
@@ -292,12 +303,14 @@ RestoreRun RunRestores(CheckpointManager& mgr, int64_t step, const std::vector<A
     if (dest == Dest::kReused) d->Scrub(std::byte{0xA5});
     if (drop) out.drop_caches_ok &= DropCaches();
     Barrier();
+    const uint64_t direct_before = io::Counters().direct_read_bytes;
     auto t0 = Clock::now();
     Status s = mgr.Restore(step, d->arrays, options);
     const double dt = Since(t0);
     CheckOk(s, "restore");
     const double slowest = MaxOverRanks(dt);
     if (i >= 0) out.restore.push_back(slowest);
+    if (i >= 0) out.direct_bytes += io::Counters().direct_read_bytes - direct_before;
     std::string first_bad;
     int bad = d->Verify(&first_bad);
     if (bad > 0) {
@@ -535,6 +548,8 @@ json RunRestore(const Flags& f) {
   r["drop_caches_ok"] = f.drop_caches && v.drop_caches_ok;
   r["verify_checksums"] = !f.no_verify_checksums;
   r["prefault"] = f.prefault;
+  r["direct_reads"] = f.direct_reads;
+  r["direct_read_bytes"] = SumOverRanksU64(v.direct_bytes) / static_cast<uint64_t>(f.reps);
   r["dest_pages"] = f.dest_pages;
   r["format_version"] = marker->format_version;
   r["file_bytes"] = FileBytes(root, step);
@@ -575,6 +590,7 @@ json RunSaveRestore(const Flags& f, const std::string& kase, std::vector<ArraySp
   r["drop_caches"] = f.drop_caches;
   r["drop_caches_ok"] = f.drop_caches && v.drop_caches_ok;
   r["prefault"] = f.prefault;
+  r["direct_reads"] = f.direct_reads;
   r["dest_pages"] = f.dest_pages;
   r["verified"] = v.verified;
   r["notes"] = WithNote(f, std::string(kSaveNotes) +
@@ -690,6 +706,9 @@ int Main(int argc, char** argv, int provided) {
       ->check(CLI::IsMember({"huge", "base"}))
       ->capture_default_str();
   app.add_option("--prefault", f.prefault, "restore, many: RestoreOptions::prefault")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  app.add_option("--direct-reads", f.direct_reads, "restore, many: RestoreOptions::direct_reads")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   app.add_flag("--no-verify-checksums", f.no_verify_checksums,

@@ -239,7 +239,7 @@ Model BuildModel(const TrainingStateConfig& c, int rank, int size) {
 
 void Destinations::Scrub(std::byte value) {
   for (size_t i = 0; i < buffers.size(); ++i) {
-    if (bytes[i] > 0) std::memset(buffers[i].get(), static_cast<int>(value), bytes[i]);
+    if (bytes[i] > 0) std::memset(data[i], static_cast<int>(value), bytes[i]);
   }
 }
 
@@ -248,17 +248,19 @@ int Destinations::Verify(std::string* first_bad) const {
   for (size_t i = 0; i < specs.size(); ++i) {
     const ArraySpec& a = specs[i];
     if (arrays[i].shards.empty()) continue;  // another rank's
-    if (CheckFill(buffers[i].get(), bytes[i], NameSeed(a.name), BoxOffset(a, boxes[i]))) continue;
+    if (CheckFill(data[i], bytes[i], NameSeed(a.name), BoxOffset(a, boxes[i]))) continue;
     if (bad++ == 0 && first_bad != nullptr) *first_bad = a.name + " " + BoxToString(boxes[i]);
   }
   return bad;
 }
 
+constexpr size_t kPage = 4096;
+
 // numpy's advice for a new array's data (numpy/core/src/multiarray/alloc.c,
 // on Linux, for 4 MiB or more): MADV_HUGEPAGE from the first page boundary
 // on; refusals ignored.
 void AdviseHugePages(std::byte* data, size_t bytes) {
-  const size_t head = (4096 - reinterpret_cast<uintptr_t>(data) % 4096) % 4096;
+  const size_t head = (kPage - reinterpret_cast<uintptr_t>(data) % kPage) % kPage;
   if (bytes > head) (void)madvise(data + head, bytes - head, MADV_HUGEPAGE);
 }
 
@@ -272,17 +274,22 @@ Destinations AllocateDestinations(std::vector<ArraySpec> specs, int rank, int si
     Box box = LocalBox(a, rank, size);
     if (holder[i] >= 0 && holder[i] != rank) {  // another rank's: asks for nothing
       d.buffers.emplace_back();
+      d.data.push_back(nullptr);
       d.arrays.push_back(ArrayToRestore{a.name, a.dtype, {}});
       d.boxes.push_back(std::move(box));
       d.bytes.push_back(0);
       continue;
     }
     const size_t bytes = BoxBytes(a, box);
-    // new[] without "()": the pages stay untouched unless `touch`.
-    d.buffers.emplace_back(new std::byte[std::max<size_t>(bytes, 1)]);
-    if (huge_pages && bytes >= (size_t{4} << 20)) AdviseHugePages(d.buffers.back().get(), bytes);
-    if (touch) std::memset(d.buffers.back().get(), 0, bytes);
-    d.arrays.push_back(ArrayToRestore{a.name, a.dtype, {Destination{box, d.buffers.back().get()}}});
+    // new[] without "()": the pages stay untouched unless `touch`. A page
+    // more, to start the data on a page boundary (mhckpt-py's new_array).
+    d.buffers.emplace_back(new std::byte[bytes + kPage]);
+    std::byte* at = d.buffers.back().get();
+    at += (kPage - reinterpret_cast<uintptr_t>(at) % kPage) % kPage;
+    d.data.push_back(at);
+    if (huge_pages && bytes >= (size_t{4} << 20)) AdviseHugePages(at, bytes);
+    if (touch) std::memset(at, 0, bytes);
+    d.arrays.push_back(ArrayToRestore{a.name, a.dtype, {Destination{box, at}}});
     d.boxes.push_back(std::move(box));
     d.bytes.push_back(bytes);
     d.local_bytes += bytes;

@@ -112,10 +112,13 @@ Model BuildModel(const TrainingStateConfig& c, int rank, int size);
 /// With `huge_pages`, a buffer of 4 MiB or more is advised MADV_HUGEPAGE over
 /// its whole pages, exactly as numpy advises its new arrays (so that mhckpt's
 /// C++ restores land in the same kind of memory as h5py's and mhckpt-py's).
+/// Each buffer's data starts on a page boundary, as the arrays mhckpt-py
+/// makes for a restore do (its reads can go straight from the disk).
 struct Destinations {
   std::vector<ArraySpec> specs;
   std::vector<ArrayToRestore> arrays;
-  std::vector<std::unique_ptr<std::byte[]>> buffers;
+  std::vector<std::unique_ptr<std::byte[]>> buffers;  ///< the allocations
+  std::vector<std::byte*> data;                       ///< in them, page-aligned
   std::vector<Box> boxes;
   std::vector<size_t> bytes;  ///< 0 where another rank holds the array (one_holder)
   uint64_t local_bytes = 0;

@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -10,6 +12,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -28,6 +31,15 @@ namespace {
 constexpr size_t kMaxPieces = IOV_MAX;
 // Bytes announced (POSIX_FADV_WILLNEED) ahead of the read being made.
 constexpr uint64_t kWillNeedBytes = uint64_t{64} << 20;
+// Direct reads' alignment where the kernel does not say (no STATX_DIOALIGN
+// before Linux 6.1): a page is enough for every file system that has
+// O_DIRECT.
+constexpr uint64_t kDefaultDirectAlign = 4096;
+#ifdef __NR_cachestat
+constexpr long kSysCachestat = __NR_cachestat;
+#else
+constexpr long kSysCachestat = 451;  // the same number on every architecture
+#endif
 
 // preadv behind the fault seam (point `pread`): EIO, EINTR, or a short read
 // (half the bytes asked for, at least one).
@@ -45,6 +57,47 @@ ssize_t SysPreadv(int fd, const iovec* iov, int count, uint64_t offset) {
     taken += cut.back().iov_len;
   }
   return ::preadv(fd, cut.data(), static_cast<int>(cut.size()), static_cast<off_t>(offset));
+}
+
+// The data file opened a second time with O_DIRECT, and the alignment the
+// file system asks of a direct read's offset, length and memory. fd -1:
+// no direct reads (the file system refuses O_DIRECT, as tmpfs did before
+// Linux 6.6).
+struct DirectFile {
+  int fd = -1;
+  uint64_t align = kDefaultDirectAlign;
+};
+
+DirectFile OpenDirect(const std::string& path) {
+  DirectFile d;
+  d.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+  if (d.fd < 0) return {};
+#ifdef STATX_DIOALIGN
+  struct statx sx {};
+  if (::statx(d.fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 &&
+      (sx.stx_mask & STATX_DIOALIGN) != 0) {
+    if (sx.stx_dio_offset_align == 0) {  // this file cannot be read directly
+      ::close(d.fd);
+      return {};
+    }
+    d.align = std::max<uint64_t>(sx.stx_dio_mem_align, sx.stx_dio_offset_align);
+  }
+#endif
+  return d;
+}
+
+// True when at least half of [offset, offset + size) is in the page cache
+// (cachestat, Linux 6.5): a copy out of the cache is faster than the disk.
+// False where the kernel cannot tell.
+bool MostlyCached(int fd, uint64_t offset, uint64_t size) {
+  struct {
+    uint64_t off, len;
+  } range{offset, size};
+  struct {
+    uint64_t cache, dirty, writeback, evicted, recently_evicted;
+  } stat{};
+  if (::syscall(kSysCachestat, fd, &range, &stat, 0) != 0) return false;
+  return stat.cache * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) * 2 >= size;
 }
 
 // One contiguous run of a request: `size` bytes at file offset `offset`
@@ -162,11 +215,99 @@ class ReadAhead {
   std::thread thread_;  // last: it starts with the members above set
 };
 
+// The direct part of a batch (see the header): its pieces read with
+// O_DIRECT straight into their destinations by up to kDirectReadThreads
+// threads at once, so that the device always has several requests. A piece
+// that stops lining up (a short read) is finished through `buffered`; a
+// file system that refuses a direct read (EINVAL) has the rest read
+// buffered too, and `refused` set.
+class DirectReads {
+ public:
+  DirectReads(const DirectFile& direct, int buffered, const std::string& path,
+              const std::vector<Segment>& pieces, std::atomic<bool>& refused)
+      : direct_(direct), buffered_(buffered), path_(path), pieces_(pieces), refused_(refused) {
+    const size_t n = std::min(kDirectReadThreads, pieces.size());
+    for (size_t i = 0; i < n; ++i) threads_.emplace_back([this] { Run(); });
+  }
+  DirectReads(const DirectReads&) = delete;
+  DirectReads& operator=(const DirectReads&) = delete;
+  ~DirectReads() {  // the batch failed elsewhere: no new pieces
+    stop_.store(true);
+    Stop();
+  }
+
+  /// Stops the threads after the pieces they are reading; returns the first
+  /// failure and the index (in `pieces`) of its piece, or OK.
+  Status Finish(size_t* failed) {
+    Stop();
+    *failed = failed_;
+    return status_;
+  }
+
+ private:
+  void Stop() {
+    for (std::thread& t : threads_) t.join();
+    threads_.clear();
+  }
+
+  void Run() {
+    for (;;) {
+      const size_t i = next_.fetch_add(1);
+      if (i >= pieces_.size() || stop_.load()) return;
+      Status s = ReadPiece(pieces_[i]);
+      if (!s.ok()) {
+        const std::lock_guard<std::mutex> lock(mu_);
+        if (status_.ok()) status_ = std::move(s), failed_ = i;
+        stop_.store(true);
+        return;
+      }
+    }
+  }
+
+  Status ReadPiece(const Segment& s) {
+    uint64_t done = 0;
+    while (done < s.size) {
+      const uint64_t offset = s.offset + done;
+      const bool direct =
+          !refused_.load() && offset % direct_.align == 0 && (s.size - done) % direct_.align == 0;
+      const iovec v{s.dst + done, s.size - done};
+      const ssize_t n = SysPreadv(direct ? direct_.fd : buffered_, &v, 1, offset);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EINVAL && direct) {
+        refused_.store(true);  // this file system reads no more directly
+        continue;
+      }
+      if (n < 0) {
+        return IoError(fmt::format("pread '{}' at byte {}{}: {}", path_, offset,
+                                   direct ? " (O_DIRECT)" : "", std::strerror(errno)));
+      }
+      if (n == 0)
+        return DataLoss(fmt::format("'{}' ends before byte {} (truncated?)", path_, offset));
+      if (direct) CountDirectRead(static_cast<uint64_t>(n));
+      done += static_cast<uint64_t>(n);
+    }
+    return OkStatus();
+  }
+
+  const DirectFile& direct_;
+  int buffered_;
+  const std::string& path_;
+  const std::vector<Segment>& pieces_;
+  std::atomic<bool>& refused_;
+  std::atomic<size_t> next_{0};
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  Status status_;
+  size_t failed_ = 0;
+  std::vector<std::thread> threads_;  // last: they start with the members above set
+};
+
 class PreadReader final : public StepReader {
  public:
-  PreadReader(int fd, Status opened, std::string path, int64_t step,
+  PreadReader(int fd, DirectFile direct, Status opened, std::string path, int64_t step,
               std::unique_ptr<StepReader> metadata, bool prefault)
       : fd_(fd),
+        direct_(direct),
         opened_(std::move(opened)),
         path_(std::move(path)),
         step_(step),
@@ -176,6 +317,7 @@ class PreadReader final : public StepReader {
   PreadReader& operator=(const PreadReader&) = delete;
   ~PreadReader() override {
     if (fd_ >= 0) ::close(fd_);
+    if (direct_.fd >= 0) ::close(direct_.fd);
   }
 
   Result<size_t> OpenArray(const ArraySpec& spec) override {
@@ -203,7 +345,8 @@ class PreadReader final : public StepReader {
 
   Status Close() override {
     if (fd_ >= 0) ::close(fd_);  // read-only: nothing to lose
-    fd_ = -1;
+    if (direct_.fd >= 0) ::close(direct_.fd);
+    fd_ = direct_.fd = -1;
     return metadata_ ? metadata_->Close() : OkStatus();
   }
 
@@ -214,11 +357,15 @@ class PreadReader final : public StepReader {
   };
 
   std::vector<Segment> Segments(std::span<const ReadRequest> requests) const;
+  std::vector<Segment> TakeDirect(std::vector<Segment>& segs) const;
   Status ReadJoined(const std::vector<Segment>& segs, const Joined& j);
   Status Fail(const ReadRequest& r, const Status& cause) const;
 
   int fd_;
-  Status opened_;  // of fd_: an error here is returned by every read
+  DirectFile direct_;
+  std::atomic<bool> direct_refused_{false};
+  bool readahead_ = true;  // fd_ is advised SEQUENTIAL (else RANDOM)
+  Status opened_;          // of fd_: an error here is returned by every read
   std::string path_;
   int64_t step_;
   std::unique_ptr<StepReader> metadata_;
@@ -247,12 +394,50 @@ std::vector<Segment> PreadReader::Segments(std::span<const ReadRequest> requests
   return segs;
 }
 
+// Moves the parts of `segs` that can be read directly out into the list
+// returned: of each segment at least kDirectReadMinBytes long whose
+// destination lines up with its file offset (equal modulo the alignment),
+// its aligned middle — unless the page cache holds most of it. The
+// unaligned head and tail stay in `segs`, in order.
+std::vector<Segment> PreadReader::TakeDirect(std::vector<Segment>& segs) const {
+  std::vector<Segment> direct, rest;
+  if (direct_.fd < 0 || direct_refused_.load()) return direct;
+  const uint64_t a = direct_.align;
+  for (const Segment& s : segs) {
+    const uint64_t head = (a - s.offset % a) % a;
+    const uint64_t middle = s.size > head ? (s.size - head) / a * a : 0;
+    const bool lined_up = (reinterpret_cast<uintptr_t>(s.dst) + head) % a == 0;
+    if (!lined_up || middle < kDirectReadMinBytes || MostlyCached(fd_, s.offset + head, middle)) {
+      rest.push_back(s);
+      continue;
+    }
+    if (head > 0) rest.push_back({s.offset, static_cast<size_t>(head), s.dst, s.request});
+    direct.push_back({s.offset + head, static_cast<size_t>(middle), s.dst + head, s.request});
+    if (const uint64_t tail = s.size - head - middle; tail > 0) {
+      rest.push_back(
+          {s.offset + head + middle, static_cast<size_t>(tail), s.dst + head + middle, s.request});
+    }
+  }
+  segs = std::move(rest);
+  return direct;
+}
+
 Status PreadReader::ReadMany(std::span<const ReadRequest> requests) {
-  const std::vector<Segment> segs = Segments(requests);
-  const std::vector<Joined> joined = Join(segs);
+  std::vector<Segment> segs = Segments(requests);
   MHCKPT_RETURN_IF_ERROR(opened_);
+  const std::vector<Segment> direct = TakeDirect(segs);
+  const std::vector<Joined> joined = Join(segs);
   uint64_t bytes = 0;
   for (const Segment& s : segs) bytes += s.size;
+  // Beside direct reads, the buffered ones are heads, tails and small
+  // arrays, all announced below: the kernel's own read-ahead would only
+  // fetch into the cache the bytes the direct reads fetch again.
+  if (const bool want = direct.empty(); want != readahead_) {
+    (void)::posix_fadvise(fd_, 0, 0, want ? POSIX_FADV_SEQUENTIAL : POSIX_FADV_RANDOM);
+    readahead_ = want;
+  }
+  std::optional<DirectReads> reads;  // joined before `direct` goes
+  if (!direct.empty()) reads.emplace(direct_, fd_, path_, direct, direct_refused_);
   // Why WILLNEED ahead of the reads: the kernel reads the next requests
   // while the current one is served. A window, not the whole batch, so a
   // huge restore does not push its own pages out before they are read.
@@ -272,7 +457,12 @@ Status PreadReader::ReadMany(std::span<const ReadRequest> requests) {
     Status s = ReadJoined(segs, joined[k]);
     if (!s.ok()) return Fail(requests[segs[joined[k].first].request], s);
   }
-  CountOffsetReads(requests.size(), joined.size());
+  if (reads) {
+    size_t failed = 0;
+    Status s = reads->Finish(&failed);
+    if (!s.ok()) return Fail(requests[direct[failed].request], s);
+  }
+  CountOffsetReads(requests.size(), joined.size() + direct.size());
   return OkStatus();
 }
 
@@ -323,7 +513,7 @@ Status PreadReader::Fail(const ReadRequest& r, const Status& cause) const {
 
 Result<std::unique_ptr<StepReader>> OpenPreadReader(const std::string& path, int64_t step,
                                                     std::unique_ptr<StepReader> metadata,
-                                                    bool prefault) {
+                                                    const ReadOptions& options) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   Status opened;
   if (fd < 0) {
@@ -336,8 +526,9 @@ Result<std::unique_ptr<StepReader>> OpenPreadReader(const std::string& path, int
   } else {
     (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   }
+  const DirectFile direct = fd >= 0 && options.direct ? OpenDirect(path) : DirectFile{};
   return std::unique_ptr<StepReader>(std::make_unique<PreadReader>(
-      fd, std::move(opened), path, step, std::move(metadata), prefault));
+      fd, direct, std::move(opened), path, step, std::move(metadata), options.prefault));
 }
 
 }  // namespace mhckpt::io

@@ -26,6 +26,22 @@
 // stops, and the reads fault the pages themselves. Batches below
 // kPrefaultMinBytes are read without it.
 //
+// With `direct`, the long runs are read with O_DIRECT straight into their
+// destinations, by up to kDirectReadThreads threads at once: the device
+// puts the bytes where they go, and the kernel neither fills the page cache
+// nor copies out of it (on the VM of docs/PERFORMANCE.md that copy and the
+// first touch of new pages were most of a cold restore, Part 11). A
+// piece of a batch is read directly when it is at least
+// kDirectReadMinBytes long after its unaligned head, its destination and
+// its file offset line up (equal modulo the file system's direct-I/O
+// alignment: statx STATX_DIOALIGN, 512 B on ext4 here, else a page), and the
+// page cache does not already hold most of it (cachestat, Linux 6.5; a
+// warm file is read from the cache). Its head and tail, short runs and
+// unaligned destinations are read as above, through the page cache; where
+// the file system refuses O_DIRECT, everything is. New memory from the
+// library (numpy arrays it makes, pinned buffers) is page-aligned, so its
+// reads line up whenever the array's rows do.
+//
 // Every read goes through the fault seam (base/fault.h, point `pread`: eio,
 // eintr, short); EINTR and short reads are retried, an early end of file is
 // DataLoss.
@@ -48,13 +64,17 @@ inline constexpr uint64_t kMaxJoinedBytes = uint64_t{16} << 20;
 inline constexpr uint64_t kPieceBytes = uint64_t{8} << 20;
 /// A batch with fewer destination bytes is read without prefaulting.
 inline constexpr uint64_t kPrefaultMinBytes = uint64_t{4} << 20;
+/// Shorter pieces are read through the page cache (with `direct`).
+inline constexpr uint64_t kDirectReadMinBytes = uint64_t{256} << 10;
+/// Direct reads in flight at once, per reader.
+inline constexpr size_t kDirectReadThreads = 4;
 
 /// Opens step `step`'s data file `path` for reads by offset. `metadata`, if
 /// not null, is an engine's reader of the same step: OpenArray checks each
-/// array through it first (it is closed by Close). `prefault`: see above.
-/// IoError if the file cannot be opened.
+/// array through it first (it is closed by Close). `options.prefault` and
+/// `options.direct`: see above. IoError if the file cannot be opened.
 Result<std::unique_ptr<StepReader>> OpenPreadReader(const std::string& path, int64_t step,
                                                     std::unique_ptr<StepReader> metadata,
-                                                    bool prefault = false);
+                                                    const ReadOptions& options = {});
 
 }  // namespace mhckpt::io

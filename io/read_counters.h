@@ -8,5 +8,6 @@ namespace mhckpt::io {
 void CountDatasetOpen();
 void CountOffsetArray();
 void CountOffsetReads(uint64_t boxes, uint64_t reads);
+void CountDirectRead(uint64_t bytes);
 
 }  // namespace mhckpt::io

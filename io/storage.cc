@@ -18,6 +18,7 @@ std::atomic<uint64_t> g_dataset_opens{0};
 std::atomic<uint64_t> g_offset_arrays{0};
 std::atomic<uint64_t> g_offset_boxes{0};
 std::atomic<uint64_t> g_offset_reads{0};
+std::atomic<uint64_t> g_direct_read_bytes{0};
 
 // Counts the bytes every reader returns, whatever the engine behind it.
 class CountingReader final : public StepReader {
@@ -72,7 +73,7 @@ class CountingEngine final : public Engine {
     }
     if (options.by_offset) {
       MHCKPT_ASSIGN_OR_RETURN(
-          reader, OpenPreadReader(DataPath(root, step), step, std::move(reader), options.prefault));
+          reader, OpenPreadReader(DataPath(root, step), step, std::move(reader), options));
     }
     return std::unique_ptr<StepReader>(std::make_unique<CountingReader>(std::move(reader)));
   }
@@ -100,7 +101,7 @@ uint64_t BytesRead() { return g_bytes_read.load(); }
 
 ReadCounters Counters() {
   return {g_dataset_opens.load(), g_offset_arrays.load(), g_offset_boxes.load(),
-          g_offset_reads.load()};
+          g_offset_reads.load(), g_direct_read_bytes.load()};
 }
 
 void CountDatasetOpen() { ++g_dataset_opens; }
@@ -109,5 +110,6 @@ void CountOffsetReads(uint64_t boxes, uint64_t reads) {
   g_offset_boxes += boxes;
   g_offset_reads += reads;
 }
+void CountDirectRead(uint64_t bytes) { g_direct_read_bytes += bytes; }
 
 }  // namespace mhckpt::io

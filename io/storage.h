@@ -74,6 +74,9 @@ struct ReadOptions {
   /// With `by_offset`: fault in the pages of each batch's destinations on a
   /// second thread, ahead of the reads into them (io/pread_reader.h).
   bool prefault = false;
+  /// With `by_offset`: read long runs with O_DIRECT straight into
+  /// destinations that line up with them (io/pread_reader.h).
+  bool direct = false;
 };
 
 /// One read of a batch: `box` of the opened array `array` into the row-major
@@ -170,10 +173,11 @@ uint64_t BytesRead();
 /// What this process's readers did, over all engines and steps: how tests
 /// and benchmarks see which read path a restore or verify took.
 struct ReadCounters {
-  uint64_t dataset_opens = 0;  ///< arrays opened through HDF5 (H5Dopen)
-  uint64_t offset_arrays = 0;  ///< arrays opened for reads by offset
-  uint64_t offset_boxes = 0;   ///< boxes read by offset (ReadRequests)
-  uint64_t offset_reads = 0;   ///< pread/preadv requests made for them, after joining
+  uint64_t dataset_opens = 0;      ///< arrays opened through HDF5 (H5Dopen)
+  uint64_t offset_arrays = 0;      ///< arrays opened for reads by offset
+  uint64_t offset_boxes = 0;       ///< boxes read by offset (ReadRequests)
+  uint64_t offset_reads = 0;       ///< pread/preadv requests made for them, after joining
+  uint64_t direct_read_bytes = 0;  ///< bytes of them read with O_DIRECT
 };
 ReadCounters Counters();
 

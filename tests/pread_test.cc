@@ -3,12 +3,19 @@
 // requests, packs small replicated arrays into one broadcast, and returns
 // the saved bytes exactly — also at another world size and sharding. A step
 // without offsets reads through HDF5. Counted with io::Counters().
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
 
 #include "base/fault.h"
 #include "coordinator/checkpoint_manager.h"
+#include "io/layout.h"
 #include "io/storage.h"
 #include "tests/test_util.h"
 
@@ -32,7 +39,8 @@ std::vector<int64_t> Shape(int i) { return {3 + i % 5, 37}; }  // ~0.5-1 KiB of 
 io::ReadCounters Since(const io::ReadCounters& before) {
   io::ReadCounters now = io::Counters();
   return {now.dataset_opens - before.dataset_opens, now.offset_arrays - before.offset_arrays,
-          now.offset_boxes - before.offset_boxes, now.offset_reads - before.offset_reads};
+          now.offset_boxes - before.offset_boxes, now.offset_reads - before.offset_reads,
+          now.direct_read_bytes - before.direct_read_bytes};
 }
 
 // Saves kArrays small arrays as step 1, array i whole on rank i % size
@@ -284,6 +292,7 @@ TEST(PreadPrefault, LargeRestoresAreExactWithOrWithoutTheReadAheadThread) {
                                            {"odd", DType::kInt16, {{cols, got_c.data()}}}};
     RestoreOptions options;
     options.prefault = p;
+    options.direct_reads = false;  // through the page cache: PreadDirect tests those
     const io::ReadCounters before = io::Counters();
     Status s = mgr->Restore(1, want, options);
     ASSERT_TRUE(s.ok()) << s.ToString();
@@ -306,6 +315,134 @@ TEST(PreadPrefault, LargeRestoresAreExactWithOrWithoutTheReadAheadThread) {
     EXPECT_TRUE(got_r == Fill(DType::kFloat32, big, rows, 21)) << "short reads are resumed";
   }
   EXPECT_EQ(reads[0], reads[1]) << "the same requests either way";
+}
+
+// Page-aligned memory, `bytes` of it from `skew` bytes past a page boundary.
+class Aligned {
+ public:
+  Aligned(size_t bytes, size_t skew)
+      : base_(static_cast<std::byte*>(std::aligned_alloc(4096, bytes + 4096))),
+        bytes_(bytes),
+        skew_(skew) {
+    std::memset(base_, 0, bytes + 4096);
+  }
+  Aligned(const Aligned&) = delete;
+  Aligned& operator=(const Aligned&) = delete;
+  ~Aligned() { std::free(base_); }
+  std::byte* data() { return base_ + skew_; }
+  [[nodiscard]] bool Equals(const std::vector<std::byte>& want) const {
+    return want.size() == bytes_ && std::memcmp(base_ + skew_, want.data(), bytes_) == 0;
+  }
+
+ private:
+  std::byte* base_;
+  size_t bytes_;
+  size_t skew_;
+};
+
+// Whether a file under `dir` opens with O_DIRECT (tmpfs before Linux 6.6
+// refuses), and whether the kernel has cachestat (Linux 6.5).
+bool DirectOpens(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
+  if (fd >= 0) ::close(fd);
+  return fd >= 0;
+}
+// Drops the file's clean pages from the page cache (no root needed).
+void Evict(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+bool HasCachestat(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  uint64_t range[2] = {0, 4096}, stat[5] = {};
+  const bool ok = ::syscall(451, fd, range, stat, 0) == 0;  // __NR_cachestat
+  ::close(fd);
+  return ok;
+}
+
+// Direct reads (RestoreOptions::direct_reads): rows of a 24 MiB array read
+// by other ranks than their writers, into page-aligned memory, go straight
+// from the disk — byte-exact; the same into memory 16 bytes past a page
+// (numpy's malloc), or with the option off, through the page cache; a file
+// the page cache holds is read from it; EIO in a direct read is the same
+// error on every rank, and short and interrupted direct reads are resumed.
+TEST(PreadDirect, AlignedDestinationsReadStraightFromTheDisk) {
+  const std::string dir = FreshDir();
+  auto mgr = OpenForTest(dir);
+  ASSERT_TRUE(mgr);
+  const std::vector<int64_t> big{3072, 2048};  // float32, rows of 8 KiB
+  const std::vector<int64_t> odd{2001, 777};   // int16, rows of 1554 bytes
+  auto [b0, b1] = SplitRange(big[0], Size(), Rank());
+  auto [o0, o1] = SplitRange(odd[0], Size(), Rank());
+  const Box big_mine{{b0, 0}, {b1 - b0, big[1]}}, odd_mine{{o0, 0}, {o1 - o0, odd[1]}};
+  {
+    auto a = Fill(DType::kFloat32, big, big_mine, 31), b = Fill(DType::kInt16, odd, odd_mine, 32);
+    ASSERT_TRUE(
+        mgr->Save(1, std::vector<ArrayToSave>{{"big", DType::kFloat32, big, {{big_mine, a.data()}}},
+                                              {"odd", DType::kInt16, odd, {{odd_mine, b.data()}}}})
+            .ok());
+    Status s = mgr->WaitUntilFinished();
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  const std::string data = io::DataPath(dir, 1);
+  const bool direct = DirectOpens(data);
+  auto [r0, r1] = SplitRange(big[0], Size(), Size() - 1 - Rank());
+  auto [q0, q1] = SplitRange(odd[0], Size(), Size() - 1 - Rank());
+  const Box rows{{r0, 0}, {r1 - r0, big[1]}}, odd_rows{{q0, 0}, {q1 - q0, odd[1]}};
+  const std::vector<std::byte> want = Fill(DType::kFloat32, big, rows, 31);
+  const std::vector<std::byte> want_odd = Fill(DType::kInt16, odd, odd_rows, 32);
+  // One restore of both into memory `skew` bytes past a page, the file's
+  // pages dropped from the cache first unless `warm`; returns the bytes this
+  // rank read directly.
+  auto restore = [&](size_t skew, bool on, const char* fault, StatusCode code,
+                     bool warm = false) -> uint64_t {
+    Aligned got(want.size(), skew), got_odd(want_odd.size(), skew);
+    if (!warm) Evict(data);
+    RestoreOptions options;
+    options.direct_reads = on;
+    if (fault != nullptr) EXPECT_TRUE(fault::Configure(fault).ok());
+    const io::ReadCounters before = io::Counters();
+    Status s = mgr->Restore(
+        1,
+        std::vector<ArrayToRestore>{{"big", DType::kFloat32, {{rows, got.data()}}},
+                                    {"odd", DType::kInt16, {{odd_rows, got_odd.data()}}}},
+        options);
+    const uint64_t read = Since(before).direct_read_bytes;
+    EXPECT_TRUE(fault::Configure("").ok());
+    EXPECT_EQ(s.code(), code) << s.ToString();
+    EXPECT_TRUE(testing::SameOnAllRanks(s)) << s.ToString();
+    if (s.ok()) {
+      EXPECT_TRUE(got.Equals(want));
+      EXPECT_TRUE(got_odd.Equals(want_odd));
+    }
+    return read;
+  };
+  const uint64_t aligned = restore(0, true, nullptr, StatusCode::kOk);
+  if (direct) {
+    // Every row of "big" lines up (8 KiB rows, the dataset aligned); of
+    // "odd", at most the whole aligned blocks.
+    EXPECT_GE(aligned, want.size());
+    EXPECT_LE(aligned, want.size() + want_odd.size());
+  } else {
+    EXPECT_EQ(aligned, 0u) << "no O_DIRECT here, yet reads went direct";
+  }
+  EXPECT_EQ(restore(16, true, nullptr, StatusCode::kOk), 0u) << "memory that does not line up";
+  EXPECT_EQ(restore(0, false, nullptr, StatusCode::kOk), 0u) << "direct_reads off";
+  restore(0, true, "point=pread,action=eio", StatusCode::kIoError);
+  EXPECT_EQ(restore(0, true, "point=pread,action=short,times=3", StatusCode::kOk) > 0, direct);
+  EXPECT_EQ(restore(0, true, "point=pread,action=eintr,times=3", StatusCode::kOk) > 0, direct);
+
+  // A file the page cache holds is read from it.
+  if (direct && HasCachestat(data)) {
+    std::ifstream in(data, std::ios::binary);
+    std::vector<char> sink(size_t{1} << 20);
+    while (in.read(sink.data(), static_cast<std::streamsize>(sink.size())) || in.gcount() > 0) {
+    }
+    EXPECT_EQ(restore(0, true, nullptr, StatusCode::kOk, /*warm=*/true), 0u)
+        << "the file is in the page cache";
+  }
+  if (!direct) GTEST_SKIP() << "the file system under " << dir << " refuses O_DIRECT";
 }
 
 }  // namespace

@@ -23,6 +23,7 @@ from ._leaves import (
     SaveArray,
     box_of_slices,
     check_target,
+    new_array,
     numpy_dtype,
     numpy_dtype_name,
 )
@@ -64,7 +65,7 @@ def restore_array(name: str, target: Any, stored: dict) -> RestoreArray:
         start, count = box_of_slices(index, shape)
         key = (tuple(start), tuple(count))
         if key not in buffers:
-            buf = np.empty(count, dtype=dtype)
+            buf = new_array(count, dtype)
             buffers[key] = buf
             if buf.size:
                 shards.append((start, count, buf.reshape(-1).view(np.uint8)))

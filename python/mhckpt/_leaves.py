@@ -212,8 +212,23 @@ def restore_array(name: str, target: Any, stored: dict) -> RestoreArray:
     # Anything else (None, a value, np.generic) gets a new numpy array.
     if isinstance(target, np.generic):
         check_target(name, (), numpy_dtype_name(name, target.dtype), stored)
-    out = np.empty(stored["shape"], dtype=numpy_dtype(stored["dtype"]))
+    out = new_array(stored["shape"], numpy_dtype(stored["dtype"]))
     return numpy_into(name, stored["dtype"], out, [0] * out.ndim, lambda: out)
+
+
+_PAGE = 4096
+
+
+def new_array(shape, dtype) -> np.ndarray:
+    """A new, untouched C-contiguous array whose data starts on a page
+    boundary, so that a restore into it reads straight from the disk where
+    its rows line up with the file (``direct_reads``). numpy advises the
+    allocation under it as any new array (huge pages from 4 MiB)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + _PAGE, dtype=np.uint8)
+    skip = -raw.ctypes.data % _PAGE
+    return raw[skip : skip + nbytes].view(dtype).reshape(shape)
 
 
 def numpy_into(name: str, dtype: str, dest: np.ndarray, start: List[int], result) -> RestoreArray:
@@ -224,7 +239,7 @@ def numpy_into(name: str, dtype: str, dest: np.ndarray, start: List[int], result
     else:
         if not dest.flags.writeable:
             raise InvalidArgumentError(f"array '{name}': the target array is read-only")
-        buf = np.empty(dest.shape, dtype=dest.dtype)
+        buf = new_array(dest.shape, dest.dtype)
 
         def fin():
             dest[...] = buf

@@ -283,6 +283,7 @@ class CheckpointManager:
         verify_checksums: bool = True,
         read_once: bool = True,
         prefault: bool = True,
+        direct_reads: bool = True,
     ) -> Any:
         """Restores committed step ``step`` into the structure of ``target``.
 
@@ -309,6 +310,12 @@ class CheckpointManager:
             arrays ahead of the reads into them, so that the kernel's work on
             new memory runs beside the copy out of the page cache; False:
             the reading thread faults them itself.
+          direct_reads: long runs are read with O_DIRECT straight into
+            destinations that line up with the file (the arrays this method
+            makes are page-aligned; a numpy array or tensor of yours lines
+            up if its data starts on a 512-byte boundary, or 4 KiB on some
+            file systems), several reads in flight, unless the page cache
+            holds them; False: every read goes through the page cache.
 
         Returns a new pytree with ``target``'s structure.
 
@@ -357,6 +364,7 @@ class CheckpointManager:
             verify_checksums,
             read_once,
             bool(prefault),
+            bool(direct_reads),
         )
         out = [p.finish() if p is not None else v for p, v in zip(plans, leaves)]
         return _pytree.unflatten(treedef, out)

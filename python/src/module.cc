@@ -253,7 +253,8 @@ class PyManager {
 
   // Collective; errors found in Python or here are agreed first, as in Save.
   void Restore(int64_t step, const std::vector<RestoreSpec>& specs, bool strict,
-               bool verify_checksums, bool read_once, bool prefault, const PyError& py_error) {
+               bool verify_checksums, bool read_once, bool prefault, bool direct_reads,
+               const PyError& py_error) {
     std::vector<ArrayToRestore> arrays;
     Status local = Convert(py_error, [&] { arrays = ToRestore(specs); });
     Blocking([&](CheckpointManager& mgr) {
@@ -262,7 +263,8 @@ class PyManager {
                                   RestoreOptions{.strict = strict,
                                                  .verify_checksums = verify_checksums,
                                                  .read_once = read_once,
-                                                 .prefault = prefault})
+                                                 .prefault = prefault,
+                                                 .direct_reads = direct_reads})
                     : s;
     });
   }

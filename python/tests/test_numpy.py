@@ -220,3 +220,30 @@ def test_restore_into_new_arrays_with_or_without_prefault(comm, mgr, prefault):
     mgr.wait_until_finished()
     out = mgr.restore(5, None, prefault=prefault)
     all_equal_bytes(comm, out["w"], w, f"prefault={prefault}")
+
+
+@pytest.mark.parametrize("direct_reads", [True, False])
+def test_new_arrays_are_page_aligned_and_exact_with_or_without_direct_reads(
+    comm, mgr, direct_reads
+):
+    # The arrays a restore makes start on a page boundary (so that their
+    # rows line up with the file and are read with O_DIRECT), for every
+    # dtype, empty ones and odd shapes too; the same bytes with direct
+    # reads on or off.
+    n, rank = comm.size, comm.rank
+    w = pattern("direct", (2048, 1536), "float32")  # 12 MiB, rows of 6 KiB
+    r0, rc = block(w.shape[0], rank, n)
+    odd = pattern("odd", (37, 5), "int16")
+    mgr.save(6, {"w": mhckpt.Shard(w[r0 : r0 + rc], (r0, 0), w.shape), "odd": odd,
+                 "none": np.zeros((0, 3), np.float64)})
+    mgr.wait_until_finished()
+    out = mgr.restore(6, None, direct_reads=direct_reads)
+    for name in ("w", "odd"):
+        assert out[name].ctypes.data % 4096 == 0, name
+        assert out[name].flags.c_contiguous and out[name].flags.writeable, name
+    assert out["none"].shape == (0, 3) and out["none"].dtype == np.float64
+    all_equal_bytes(comm, out["w"], w, f"direct_reads={direct_reads}")
+    all_equal_bytes(comm, out["odd"], odd, f"direct_reads={direct_reads}")
+    for dt in ALL_DTYPES:
+        a = mhckpt._leaves.new_array((3, 5), np_dtype(dt))
+        assert a.ctypes.data % 4096 == 0 and a.shape == (3, 5) and a.dtype == np_dtype(dt), dt
