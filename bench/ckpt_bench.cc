@@ -591,6 +591,7 @@ json RunSaveRestore(const Flags& f, const std::string& kase, std::vector<ArraySp
   r["drop_caches_ok"] = f.drop_caches && v.drop_caches_ok;
   r["prefault"] = f.prefault;
   r["direct_reads"] = f.direct_reads;
+  r["direct_read_bytes"] = SumOverRanksU64(v.direct_bytes) / static_cast<uint64_t>(f.reps);
   r["dest_pages"] = f.dest_pages;
   r["verified"] = v.verified;
   r["notes"] = WithNote(f, std::string(kSaveNotes) +

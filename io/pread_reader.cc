@@ -42,12 +42,14 @@ constexpr long kSysCachestat = 451;  // the same number on every architecture
 #endif
 
 // preadv behind the fault seam (point `pread`): EIO, EINTR, or a short read
-// (half the bytes asked for, at least one).
-ssize_t SysPreadv(int fd, const iovec* iov, int count, uint64_t offset) {
+// (half the bytes asked for, at least one; a multiple of `align`, as a
+// short direct read is).
+ssize_t SysPreadv(int fd, const iovec* iov, int count, uint64_t offset, size_t align = 1) {
   if (int e = fault::Errno("pread")) return errno = e, -1;
   size_t total = 0;
   for (int i = 0; i < count; ++i) total += iov[i].iov_len;
-  const size_t allowed = fault::ShortWrite("pread", total);
+  size_t allowed = fault::ShortWrite("pread", total);
+  if (allowed < total) allowed = std::min(total, std::max(align, allowed / align * align));
   if (allowed == total) return ::preadv(fd, iov, count, static_cast<off_t>(offset));
   std::vector<iovec> cut;  // the first `allowed` bytes of `iov`
   size_t taken = 0;
@@ -215,29 +217,44 @@ class ReadAhead {
   std::thread thread_;  // last: it starts with the members above set
 };
 
-// The direct part of a batch (see the header): its pieces read with
-// O_DIRECT straight into their destinations by up to kDirectReadThreads
-// threads at once, so that the device always has several requests. A piece
-// that stops lining up (a short read) is finished through `buffered`; a
-// file system that refuses a direct read (EINVAL) has the rest read
-// buffered too, and `refused` set.
+// One job of the direct part of a batch: segments [first, last) of its
+// list. Either the lined-up middle of one piece, read straight into its
+// destination, or (`bounce`) a run of small segments lying close together,
+// read as one aligned span into a bounce buffer and copied out.
+struct DirectJob {
+  size_t first = 0;
+  size_t last = 0;
+  bool bounce = false;
+};
+
+// The direct part of a batch (see the header), read by up to
+// kDirectReadThreads threads at once, so that the device always has several
+// requests. A read that stops lining up (a short read) is finished through
+// `buffered`; a file system that refuses a direct read (EINVAL) has the rest
+// read buffered too, and `refused` set.
 class DirectReads {
  public:
   DirectReads(const DirectFile& direct, int buffered, const std::string& path,
-              const std::vector<Segment>& pieces, std::atomic<bool>& refused)
-      : direct_(direct), buffered_(buffered), path_(path), pieces_(pieces), refused_(refused) {
-    const size_t n = std::min(kDirectReadThreads, pieces.size());
+              const std::vector<Segment>& segs, const std::vector<DirectJob>& jobs,
+              std::atomic<bool>& refused)
+      : direct_(direct),
+        buffered_(buffered),
+        path_(path),
+        segs_(segs),
+        jobs_(jobs),
+        refused_(refused) {
+    const size_t n = std::min(kDirectReadThreads, jobs.size());
     for (size_t i = 0; i < n; ++i) threads_.emplace_back([this] { Run(); });
   }
   DirectReads(const DirectReads&) = delete;
   DirectReads& operator=(const DirectReads&) = delete;
-  ~DirectReads() {  // the batch failed elsewhere: no new pieces
+  ~DirectReads() {  // the batch failed elsewhere: no new jobs
     stop_.store(true);
     Stop();
   }
 
-  /// Stops the threads after the pieces they are reading; returns the first
-  /// failure and the index (in `pieces`) of its piece, or OK.
+  /// Waits for the threads; returns the first failure and the index (in
+  /// `segs`) of the first segment of its job, or OK.
   Status Finish(size_t* failed) {
     Stop();
     *failed = failed_;
@@ -251,27 +268,60 @@ class DirectReads {
   }
 
   void Run() {
+    std::unique_ptr<std::byte, decltype(&std::free)> bounce(nullptr, &std::free);
     for (;;) {
       const size_t i = next_.fetch_add(1);
-      if (i >= pieces_.size() || stop_.load()) return;
-      Status s = ReadPiece(pieces_[i]);
+      if (i >= jobs_.size() || stop_.load()) return;
+      const DirectJob& job = jobs_[i];
+      Status s;
+      if (!job.bounce) {
+        const Segment& seg = segs_[job.first];
+        s = ReadSpan(seg.offset, seg.offset + seg.size, seg.offset + seg.size, seg.dst);
+      } else {
+        if (!bounce) {
+          bounce.reset(static_cast<std::byte*>(
+              std::aligned_alloc(kBounceAlign, kBounceReadBytes + 2 * kBounceAlign)));
+        }
+        s = ReadBounced(job, bounce.get());
+      }
       if (!s.ok()) {
         const std::lock_guard<std::mutex> lock(mu_);
-        if (status_.ok()) status_ = std::move(s), failed_ = i;
+        if (status_.ok()) status_ = std::move(s), failed_ = job.first;
         stop_.store(true);
         return;
       }
     }
   }
 
-  Status ReadPiece(const Segment& s) {
+  // The segments of `job` (sorted, disjoint): the span from the aligned
+  // block before the first to the one after the last, read directly into
+  // `bounce`, then copied out. Without a direct descriptor the span is read
+  // buffered, from its first byte.
+  Status ReadBounced(const DirectJob& job, std::byte* bounce) {
+    const uint64_t begin = segs_[job.first].offset;
+    const uint64_t end = segs_[job.last - 1].offset + segs_[job.last - 1].size;
+    const uint64_t from = begin / direct_.align * direct_.align;
+    const uint64_t to = (end + direct_.align - 1) / direct_.align * direct_.align;
+    MHCKPT_RETURN_IF_ERROR(ReadSpan(from, to, end, bounce));
+    for (size_t i = job.first; i < job.last; ++i) {
+      std::memcpy(segs_[i].dst, bounce + (segs_[i].offset - from), segs_[i].size);
+    }
+    return OkStatus();
+  }
+
+  // Reads file bytes [from, needed) into `dst`, asking for [from, to) while
+  // the reads are direct (the position and the rest line up: an aligned span
+  // may end past the end of the file), else for [from, needed) through the
+  // page cache.
+  Status ReadSpan(uint64_t from, uint64_t to, uint64_t needed, std::byte* dst) {
     uint64_t done = 0;
-    while (done < s.size) {
-      const uint64_t offset = s.offset + done;
+    while (from + done < needed) {
+      const uint64_t offset = from + done;
       const bool direct =
-          !refused_.load() && offset % direct_.align == 0 && (s.size - done) % direct_.align == 0;
-      const iovec v{s.dst + done, s.size - done};
-      const ssize_t n = SysPreadv(direct ? direct_.fd : buffered_, &v, 1, offset);
+          !refused_.load() && offset % direct_.align == 0 && (to - offset) % direct_.align == 0;
+      const iovec v{dst + done, static_cast<size_t>((direct ? to : needed) - offset)};
+      const ssize_t n =
+          SysPreadv(direct ? direct_.fd : buffered_, &v, 1, offset, direct ? direct_.align : 1);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && errno == EINVAL && direct) {
         refused_.store(true);  // this file system reads no more directly
@@ -281,18 +331,22 @@ class DirectReads {
         return IoError(fmt::format("pread '{}' at byte {}{}: {}", path_, offset,
                                    direct ? " (O_DIRECT)" : "", std::strerror(errno)));
       }
-      if (n == 0)
+      if (n == 0) {
         return DataLoss(fmt::format("'{}' ends before byte {} (truncated?)", path_, offset));
+      }
       if (direct) CountDirectRead(static_cast<uint64_t>(n));
       done += static_cast<uint64_t>(n);
     }
     return OkStatus();
   }
 
+  static constexpr size_t kBounceAlign = 4096;  // a page: enough for every file system
+
   const DirectFile& direct_;
   int buffered_;
   const std::string& path_;
-  const std::vector<Segment>& pieces_;
+  const std::vector<Segment>& segs_;
+  const std::vector<DirectJob>& jobs_;
   std::atomic<bool>& refused_;
   std::atomic<size_t> next_{0};
   std::atomic<bool> stop_{false};
@@ -357,7 +411,8 @@ class PreadReader final : public StepReader {
   };
 
   std::vector<Segment> Segments(std::span<const ReadRequest> requests) const;
-  std::vector<Segment> TakeDirect(std::vector<Segment>& segs) const;
+  void TakeDirect(std::vector<Segment>& segs, std::vector<Segment>& segs_out,
+                  std::vector<DirectJob>& jobs) const;
   Status ReadJoined(const std::vector<Segment>& segs, const Joined& j);
   Status Fail(const ReadRequest& r, const Status& cause) const;
 
@@ -394,15 +449,19 @@ std::vector<Segment> PreadReader::Segments(std::span<const ReadRequest> requests
   return segs;
 }
 
-// Moves the parts of `segs` that can be read directly out into the list
-// returned: of each segment at least kDirectReadMinBytes long whose
+// Moves the parts of `segs` that can be read directly into `segs_out`,
+// as the jobs of `jobs` (see the header), unless the page cache holds most
+// of them: of each segment at least kDirectReadMinBytes long whose
 // destination lines up with its file offset (equal modulo the alignment),
-// its aligned middle — unless the page cache holds most of it. The
-// unaligned head and tail stay in `segs`, in order.
-std::vector<Segment> PreadReader::TakeDirect(std::vector<Segment>& segs) const {
-  std::vector<Segment> direct, rest;
-  if (direct_.fd < 0 || direct_refused_.load()) return direct;
+// its aligned middle; then runs of shorter segments close together (gaps of
+// at most kJoinGapBytes) that span at least kDirectReadMinBytes and at most
+// kBounceReadBytes, to be read through a bounce buffer. What is left stays
+// in `segs`, in order.
+void PreadReader::TakeDirect(std::vector<Segment>& segs, std::vector<Segment>& segs_out,
+                             std::vector<DirectJob>& jobs) const {
+  if (direct_.fd < 0 || direct_refused_.load()) return;
   const uint64_t a = direct_.align;
+  std::vector<Segment> rest;
   for (const Segment& s : segs) {
     const uint64_t head = (a - s.offset % a) % a;
     const uint64_t middle = s.size > head ? (s.size - head) / a * a : 0;
@@ -412,20 +471,41 @@ std::vector<Segment> PreadReader::TakeDirect(std::vector<Segment>& segs) const {
       continue;
     }
     if (head > 0) rest.push_back({s.offset, static_cast<size_t>(head), s.dst, s.request});
-    direct.push_back({s.offset + head, static_cast<size_t>(middle), s.dst + head, s.request});
+    jobs.push_back({segs_out.size(), segs_out.size() + 1, false});
+    segs_out.push_back({s.offset + head, static_cast<size_t>(middle), s.dst + head, s.request});
     if (const uint64_t tail = s.size - head - middle; tail > 0) {
       rest.push_back(
           {s.offset + head + middle, static_cast<size_t>(tail), s.dst + head + middle, s.request});
     }
   }
-  segs = std::move(rest);
-  return direct;
+  segs.clear();
+  auto small = [](const Segment& s) { return s.size < kDirectReadMinBytes; };
+  for (size_t i = 0; i < rest.size();) {
+    size_t j = i + 1;
+    uint64_t end = rest[i].offset + rest[i].size;
+    while (small(rest[i]) && j < rest.size() && small(rest[j]) && rest[j].offset >= end &&
+           rest[j].offset - end <= kJoinGapBytes &&
+           rest[j].offset + rest[j].size - rest[i].offset <= kBounceReadBytes) {
+      end = rest[j].offset + rest[j].size;
+      ++j;
+    }
+    const uint64_t span = end - rest[i].offset;
+    const bool bounce =
+        small(rest[i]) && span >= kDirectReadMinBytes && !MostlyCached(fd_, rest[i].offset, span);
+    auto& to = bounce ? segs_out : segs;
+    if (bounce) jobs.push_back({segs_out.size(), segs_out.size() + (j - i), true});
+    to.insert(to.end(), rest.begin() + static_cast<ptrdiff_t>(i),
+              rest.begin() + static_cast<ptrdiff_t>(j));
+    i = j;
+  }
 }
 
 Status PreadReader::ReadMany(std::span<const ReadRequest> requests) {
   std::vector<Segment> segs = Segments(requests);
   MHCKPT_RETURN_IF_ERROR(opened_);
-  const std::vector<Segment> direct = TakeDirect(segs);
+  std::vector<Segment> direct;
+  std::vector<DirectJob> jobs;
+  TakeDirect(segs, direct, jobs);
   const std::vector<Joined> joined = Join(segs);
   uint64_t bytes = 0;
   for (const Segment& s : segs) bytes += s.size;
@@ -436,8 +516,8 @@ Status PreadReader::ReadMany(std::span<const ReadRequest> requests) {
     (void)::posix_fadvise(fd_, 0, 0, want ? POSIX_FADV_SEQUENTIAL : POSIX_FADV_RANDOM);
     readahead_ = want;
   }
-  std::optional<DirectReads> reads;  // joined before `direct` goes
-  if (!direct.empty()) reads.emplace(direct_, fd_, path_, direct, direct_refused_);
+  std::optional<DirectReads> reads;  // joined before `direct` and `jobs` go
+  if (!jobs.empty()) reads.emplace(direct_, fd_, path_, direct, jobs, direct_refused_);
   // Why WILLNEED ahead of the reads: the kernel reads the next requests
   // while the current one is served. A window, not the whole batch, so a
   // huge restore does not push its own pages out before they are read.
@@ -462,7 +542,7 @@ Status PreadReader::ReadMany(std::span<const ReadRequest> requests) {
     Status s = reads->Finish(&failed);
     if (!s.ok()) return Fail(requests[direct[failed].request], s);
   }
-  CountOffsetReads(requests.size(), joined.size() + direct.size());
+  CountOffsetReads(requests.size(), joined.size() + jobs.size());
   return OkStatus();
 }
 

@@ -38,7 +38,14 @@
 // page cache does not already hold most of it (cachestat, Linux 6.5; a
 // warm file is read from the cache). Its head and tail, short runs and
 // unaligned destinations are read as above, through the page cache; where
-// the file system refuses O_DIRECT, everything is. New memory from the
+// the file system refuses O_DIRECT, everything is. Except runs of short
+// pieces lying close together (gaps of at most kJoinGapBytes, each shorter
+// than kDirectReadMinBytes: many small arrays, a rank's side by side) that
+// span at least kDirectReadMinBytes: the same threads read each run as one
+// aligned span of at most kBounceReadBytes into a bounce buffer of their own
+// and copy the pieces out. (Longer pieces that do not line up stay in the
+// page cache path: copying them out of a bounce buffer into new memory was
+// slower than the read-ahead thread's way, Part 11.) New memory from the
 // library (numpy arrays it makes, pinned buffers) is page-aligned, so its
 // reads line up whenever the array's rows do.
 //
@@ -66,6 +73,9 @@ inline constexpr uint64_t kPieceBytes = uint64_t{8} << 20;
 inline constexpr uint64_t kPrefaultMinBytes = uint64_t{4} << 20;
 /// Shorter pieces are read through the page cache (with `direct`).
 inline constexpr uint64_t kDirectReadMinBytes = uint64_t{256} << 10;
+/// Runs of short pieces read directly through a bounce buffer span at most
+/// this many bytes.
+inline constexpr uint64_t kBounceReadBytes = uint64_t{4} << 20;
 /// Direct reads in flight at once, per reader.
 inline constexpr size_t kDirectReadThreads = 4;
 

@@ -177,7 +177,7 @@ struct ReadCounters {
   uint64_t offset_arrays = 0;      ///< arrays opened for reads by offset
   uint64_t offset_boxes = 0;       ///< boxes read by offset (ReadRequests)
   uint64_t offset_reads = 0;       ///< pread/preadv requests made for them, after joining
-  uint64_t direct_read_bytes = 0;  ///< bytes of them read with O_DIRECT
+  uint64_t direct_read_bytes = 0;  ///< bytes read with O_DIRECT (aligned spans' edges included)
 };
 ReadCounters Counters();
 
