@@ -77,6 +77,7 @@ int main(int argc, char** argv) {
   };
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::thread> pool;
+  pool.reserve(static_cast<size_t>(threads));
   for (int i = 0; i < threads; ++i) pool.emplace_back(work);
   for (std::thread& t : pool) t.join();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -20,6 +20,7 @@ from ._errors import (
     IoError,
     NotFoundError,
 )
+from ._leaves import new_array as empty
 from ._manager import CheckpointManager
 from ._shard import Shard
 
@@ -36,4 +37,5 @@ __all__ = [
     "IoError",
     "NotFoundError",
     "Shard",
+    "empty",
 ]

@@ -245,5 +245,9 @@ def test_new_arrays_are_page_aligned_and_exact_with_or_without_direct_reads(
     all_equal_bytes(comm, out["w"], w, f"direct_reads={direct_reads}")
     all_equal_bytes(comm, out["odd"], odd, f"direct_reads={direct_reads}")
     for dt in ALL_DTYPES:
-        a = mhckpt._leaves.new_array((3, 5), np_dtype(dt))
+        a = mhckpt.empty((3, 5), np_dtype(dt))
         assert a.ctypes.data % 4096 == 0 and a.shape == (3, 5) and a.dtype == np_dtype(dt), dt
+    # In place into mhckpt.empty arrays: the same bytes.
+    t = mhckpt.Shard(mhckpt.empty((rc, w.shape[1]), np.float32), (r0, 0), w.shape)
+    mgr.restore(6, {"w": t}, direct_reads=direct_reads)
+    all_equal_bytes(comm, t.local, w[r0 : r0 + rc], f"in place, direct_reads={direct_reads}")
