@@ -258,6 +258,21 @@ TEST(PreadReshard, SavedOnFewerRanksRestoresOnAllByOffset) {
   EXPECT_EQ(c.offset_arrays, 2u);
 }
 
+// Saves step 1: "big" (float32, `big`) and "odd" (int16, `odd`), each rank
+// its block of rows, filled with seeds `seed` and `seed + 1`.
+Status SaveRows(CheckpointManager& mgr, const std::vector<int64_t>& big,
+                const std::vector<int64_t>& odd, uint64_t seed) {
+  auto [b0, b1] = SplitRange(big[0], Size(), Rank());
+  auto [o0, o1] = SplitRange(odd[0], Size(), Rank());
+  const Box big_mine{{b0, 0}, {b1 - b0, big[1]}}, odd_mine{{o0, 0}, {o1 - o0, odd[1]}};
+  auto a = Fill(DType::kFloat32, big, big_mine, seed);
+  auto b = Fill(DType::kInt16, odd, odd_mine, seed + 1);
+  MHCKPT_RETURN_IF_ERROR(
+      mgr.Save(1, std::vector<ArrayToSave>{{"big", DType::kFloat32, big, {{big_mine, a.data()}}},
+                                           {"odd", DType::kInt16, odd, {{odd_mine, b.data()}}}}));
+  return mgr.WaitUntilFinished();
+}
+
 // Large restores with the read-ahead thread (RestoreOptions::prefault) and
 // without: rows of a 24 MiB array on other ranks than their writers (read
 // in pieces of at most 8 MiB, two to a request) and columns of a 4.5 MiB one
@@ -268,16 +283,8 @@ TEST(PreadPrefault, LargeRestoresAreExactWithOrWithoutTheReadAheadThread) {
   auto mgr = OpenForTest(FreshDir());
   ASSERT_TRUE(mgr);
   const std::vector<int64_t> big{3072, 2048}, odd{3001, 777};  // float32, int16
-  auto [b0, b1] = SplitRange(big[0], Size(), Rank());
-  auto [o0, o1] = SplitRange(odd[0], Size(), Rank());
-  const Box big_mine{{b0, 0}, {b1 - b0, big[1]}}, odd_mine{{o0, 0}, {o1 - o0, odd[1]}};
   {
-    auto a = Fill(DType::kFloat32, big, big_mine, 21), b = Fill(DType::kInt16, odd, odd_mine, 22);
-    ASSERT_TRUE(
-        mgr->Save(1, std::vector<ArrayToSave>{{"big", DType::kFloat32, big, {{big_mine, a.data()}}},
-                                              {"odd", DType::kInt16, odd, {{odd_mine, b.data()}}}})
-            .ok());
-    Status s = mgr->WaitUntilFinished();
+    Status s = SaveRows(*mgr, big, odd, 21);
     ASSERT_TRUE(s.ok()) << s.ToString();
   }
   auto [r0, r1] = SplitRange(big[0], Size(), Size() - 1 - Rank());
@@ -373,16 +380,8 @@ TEST(PreadDirect, AlignedDestinationsReadStraightFromTheDisk) {
   ASSERT_TRUE(mgr);
   const std::vector<int64_t> big{3072, 2048};  // float32, rows of 8 KiB
   const std::vector<int64_t> odd{2001, 777};   // int16, rows of 1554 bytes
-  auto [b0, b1] = SplitRange(big[0], Size(), Rank());
-  auto [o0, o1] = SplitRange(odd[0], Size(), Rank());
-  const Box big_mine{{b0, 0}, {b1 - b0, big[1]}}, odd_mine{{o0, 0}, {o1 - o0, odd[1]}};
   {
-    auto a = Fill(DType::kFloat32, big, big_mine, 31), b = Fill(DType::kInt16, odd, odd_mine, 32);
-    ASSERT_TRUE(
-        mgr->Save(1, std::vector<ArrayToSave>{{"big", DType::kFloat32, big, {{big_mine, a.data()}}},
-                                              {"odd", DType::kInt16, odd, {{odd_mine, b.data()}}}})
-            .ok());
-    Status s = mgr->WaitUntilFinished();
+    Status s = SaveRows(*mgr, big, odd, 31);
     ASSERT_TRUE(s.ok()) << s.ToString();
   }
   const std::string data = io::DataPath(dir, 1);
