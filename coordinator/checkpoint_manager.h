@@ -197,6 +197,13 @@ struct VerifyOptions {
   /// again on that rank, and Verify returns Internal naming the rank, on
   /// every rank, after the walk.
   std::function<void(uint64_t done, uint64_t share)> progress;
+  /// Read the long runs of a cold file with O_DIRECT (io::ReadOptions::direct;
+  /// into a page-aligned buffer, as RestoreOptions::direct_reads): the bytes
+  /// checked then come from the disk, not from the page cache, and the
+  /// cache is not filled with a file nobody reads next. A file the page cache
+  /// already holds is read from it. False on any rank: everything through
+  /// the page cache, on that rank.
+  bool direct_reads = true;
 };
 
 /// What Verify found; the same on every rank.

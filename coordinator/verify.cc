@@ -29,6 +29,9 @@
 //      exception of VerifyOptions::progress or of this code is Internal
 //      naming the rank, on every rank (it outranks the report's DataLoss).
 #include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <new>
 #include <optional>
 
 #include <fmt/format.h>
@@ -45,6 +48,27 @@ namespace mhckpt::internal {
 namespace {
 
 constexpr uint64_t kSlabBytes = uint64_t{64} << 20;
+
+// Scratch memory that starts on a page, so that the reads into it can go
+// straight from the disk (VerifyOptions::direct_reads); never touched here
+// before a read lands in it.
+class PageBuffer {
+ public:
+  explicit PageBuffer(uint64_t bytes) {
+    constexpr size_t kPage = 4096;
+    const size_t size =
+        (static_cast<size_t>(std::max<uint64_t>(bytes, 1)) + kPage - 1) / kPage * kPage;
+    data_.reset(static_cast<std::byte*>(std::aligned_alloc(kPage, size)));
+    if (!data_) throw std::bad_alloc();
+  }
+  std::byte* data() const { return data_.get(); }
+
+ private:
+  struct Free {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  std::unique_ptr<std::byte, Free> data_;
+};
 
 // One stored box to read and check, cut into slabs of whole rows
 // (dimension 0) so that no single read is larger than kSlabBytes.
@@ -155,6 +179,7 @@ class StepVerifier {
     how.by_offset = std::all_of(m->arrays.begin(), m->arrays.end(),
                                 [](const io::MarkerArray& a) { return ReadableByOffset(a); });
     how.check_metadata = true;
+    how.direct = options_.direct_reads;
     Result<std::unique_ptr<io::StepReader>> reader = engine_.Open(root_, step_, comm_.get(), how);
     Status opened = AgreeAll(reader.status(), comm_);
     if (!opened.ok()) {
@@ -227,8 +252,7 @@ class StepVerifier {
       if (reads[i].slabs.size() == 1) small += reads[i].bytes;
     }
     Progress(0);
-    std::vector<std::byte> buffer(
-        static_cast<size_t>(std::max(largest, std::min(small, kSlabBytes))));
+    PageBuffer buffer(std::max(largest, std::min(small, kSlabBytes)));
     std::vector<const BoxRead*> batch;
     uint64_t batched = 0;
     for (size_t i = 0; i < reads.size(); ++i) {
@@ -251,8 +275,7 @@ class StepVerifier {
   // 3, boxes of one slab each, read together into `buffer`; if the batch
   // fails, box by box, so that each problem names its box.
   void ReadTogether(const io::Marker& m, std::vector<const BoxRead*>& batch, io::StepReader& reader,
-                    const std::vector<std::optional<size_t>>& handles,
-                    std::vector<std::byte>& buffer) {
+                    const std::vector<std::optional<size_t>>& handles, const PageBuffer& buffer) {
     std::vector<io::ReadRequest> requests;
     uint64_t at = 0;
     for (const BoxRead* r : batch) {
@@ -286,7 +309,7 @@ class StepVerifier {
 
   // 3, one box: slab by slab, then its checksum.
   void ReadBox(const io::Marker& m, const BoxRead& read, io::StepReader& reader, size_t handle,
-               std::vector<std::byte>& buffer) {
+               const PageBuffer& buffer) {
     const io::MarkerArray& a = m.arrays[read.array];
     const io::MarkerBox& box = a.boxes[read.box];
     ChecksumStream checksum;

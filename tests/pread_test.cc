@@ -16,6 +16,7 @@
 #include "base/fault.h"
 #include "coordinator/checkpoint_manager.h"
 #include "io/layout.h"
+#include "io/marker.h"
 #include "io/storage.h"
 #include "tests/test_util.h"
 
@@ -441,6 +442,64 @@ TEST(PreadDirect, AlignedDestinationsReadStraightFromTheDisk) {
     EXPECT_EQ(restore(0, true, nullptr, StatusCode::kOk, /*warm=*/true), 0u)
         << "the file is in the page cache";
   }
+  if (!direct) GTEST_SKIP() << "the file system under " << dir << " refuses O_DIRECT";
+}
+
+// Verify reads a cold step straight from the disk (VerifyOptions::
+// direct_reads): every byte checked, some of them read directly, none with
+// the option off; a byte flipped on the disk is found, the same DataLoss on
+// every rank.
+TEST(PreadDirect, VerifyReadsAColdStepStraightFromTheDisk) {
+  const std::string dir = FreshDir();
+  auto mgr = OpenForTest(dir);
+  ASSERT_TRUE(mgr);
+  const std::vector<int64_t> big{3072, 2048};  // float32, rows of 8 KiB
+  const std::vector<int64_t> odd{2001, 777};   // int16, rows of 1554 bytes
+  {
+    Status s = SaveRows(*mgr, big, odd, 41);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  const std::string data = io::DataPath(dir, 1);
+  const bool direct = DirectOpens(data);
+  const uint64_t total = uint64_t{3072} * 2048 * 4 + uint64_t{2001} * 777 * 2;
+  // One Verify of the step, its pages dropped from the cache on every rank
+  // first; the bytes read directly, over all ranks.
+  auto verify = [&](bool on, StatusCode code) -> uint64_t {
+    Evict(data);
+    MPI_Barrier(MPI_COMM_WORLD);
+    VerifyOptions options;
+    options.direct_reads = on;
+    VerifyReport report;
+    const io::ReadCounters before = io::Counters();
+    Status s = mgr->Verify(1, options, &report);
+    const uint64_t read = SumOverRanks(Since(before).direct_read_bytes);
+    EXPECT_EQ(s.code(), code) << s.ToString();
+    EXPECT_TRUE(testing::SameOnAllRanks(s)) << s.ToString();
+    if (s.ok()) EXPECT_EQ(report.bytes_checked, total);
+    return read;
+  };
+  const uint64_t read = verify(true, StatusCode::kOk);
+  if (direct) {
+    EXPECT_GE(read, uint64_t{4} << 20) << "a cold verify read little from the disk directly";
+    EXPECT_LE(read, total);
+  } else {
+    EXPECT_EQ(read, 0u) << "no O_DIRECT here, yet reads went direct";
+  }
+  EXPECT_EQ(verify(false, StatusCode::kOk), 0u) << "direct_reads off";
+
+  if (Rank() == 0) {  // one byte in the middle of "big", on the disk
+    Result<io::Marker> m = io::ReadMarker(io::MarkerPath(dir, 1));
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    const int64_t at = m->Find("big")->offset + (int64_t{1536} * 8192) + 77;
+    const int fd = ::open(data.c_str(), O_RDWR);
+    unsigned char c = 0;
+    ASSERT_EQ(::pread(fd, &c, 1, at), 1);
+    c ^= 0x40;
+    ASSERT_EQ(::pwrite(fd, &c, 1, at), 1);
+    ::fsync(fd);
+    ::close(fd);
+  }
+  EXPECT_EQ(verify(true, StatusCode::kDataLoss) > 0, direct);
   if (!direct) GTEST_SKIP() << "the file system under " << dir << " refuses O_DIRECT";
 }
 
