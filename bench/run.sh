@@ -82,6 +82,25 @@ git diff --quiet HEAD -- base worker io coordinator bench python pyproject.toml 
 OUT=${OUT:-bench/results/bench-$(date -u +%Y-%m-%d)-$commit.json}
 export MHCKPT_BENCH_VERSION=$commit  # the version field of the mhckpt-py records
 mkdir -p "$CKPT_DIR"
+# Room, before anything runs: a phase holds up to four checkpoints of its size
+# on disk at once (mhckpt keeps two and writes a third; a reshard phase keeps
+# the one saved at N beside them), and the dd source of the largest size lives
+# in /dev/shm. A run that fills the disk halfway through loses its hours.
+largest=0
+for s in $SIZES $MANY_MIB; do s=${s%.*}; [ "$s" -gt "$largest" ] && largest=$s; done
+maxnp=1
+for n in $NPS; do [ "$n" -gt "$maxnp" ] && maxnp=$n; done
+for s in $REPL_SIZES; do s=$(( ${s%.*} * maxnp )); [ "$s" -gt "$largest" ] && largest=$s; done
+free_mib() { df -Pm "$1" | awk 'NR == 2 { print $4 }'; }
+need=$(( largest * 4 + 1024 ))
+if [ "$(free_mib "$CKPT_DIR")" -lt "$need" ]; then
+  echo "bench/run.sh: $CKPT_DIR has $(free_mib "$CKPT_DIR") MiB free; this run needs about $need MiB (4 x $largest MiB + 1 GiB)" >&2
+  exit 1
+fi
+if [ "$(free_mib /dev/shm)" -lt $(( largest + 256 )) ]; then
+  echo "bench/run.sh: /dev/shm has $(free_mib /dev/shm) MiB free; the dd source needs $largest MiB" >&2
+  exit 1
+fi
 tmp=$(mktemp -d)
 # The dd source: random bytes (not zeros), made once, in tmpfs (memory, not the disk).
 random=$(mktemp /dev/shm/mhckpt-bench-random.XXXXXX)

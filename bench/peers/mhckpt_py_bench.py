@@ -156,14 +156,19 @@ def row_bytes(shape, dtype):
 
 
 class Local:
-    """One rank's boxes of a model: numpy arrays, every page touched."""
+    """One rank's boxes of a model: numpy arrays, every page touched. A
+    restore's destinations (``empty=mhckpt.empty``) start on a page, as
+    PYTHON.md tells users to make in-place targets, so their rows can be read
+    straight from the disk (``direct_reads``); numpy's own ``np.empty`` ones
+    do not line up and are read through the page cache."""
 
-    def __init__(self, np, spec_list, rank, size, filled=True):
+    def __init__(self, np, spec_list, rank, size, filled=True, empty=None):
         self.items = []  # (name, dtype, shape, split, start, count, array)
         self.bytes = 0
+        empty = empty or np.empty
         for name, dt, shape, split in spec_list:
             start, count = local_box(shape, split, rank, size)
-            a = np.empty(count, dtype=model.numpy_dtype(dt))
+            a = empty(count, model.numpy_dtype(dt))
             flat = a.reshape(-1).view(np.uint8)
             if filled:
                 fill(np, flat, name_seed(name), start[0] * row_bytes(shape, dt) if start else 0)
@@ -402,7 +407,7 @@ def run_save(ctx):
     last = step - 1
 
     # Verify: restore the last step at this world size (page cache warm).
-    dest = Local(np, spec_list, ctx.rank, ctx.size, filled=False)
+    dest = Local(np, spec_list, ctx.rank, ctx.size, filled=False, empty=ctx.mhckpt.empty)
     ctx.barrier()
     t0 = now()
     mgr.restore(last, restore_target(ctx, dest))
@@ -504,7 +509,7 @@ def run_restore(ctx):
             _, count = local_box(shape, split and shape[0] % ctx.size == 0, ctx.rank, ctx.size)
             local_bytes += int(np.prod(count, dtype=np.int64)) * model.ITEMSIZE[dt]
     else:
-        dest = Local(np, spec_list, ctx.rank, ctx.size, filled=False)
+        dest = Local(np, spec_list, ctx.rank, ctx.size, filled=False, empty=ctx.mhckpt.empty)
         target = restore_target(ctx, dest)
         local_bytes = dest.bytes
     ctx.barrier()
@@ -557,8 +562,8 @@ def run_restore(ctx):
         "drop_caches": a.drop_caches, "drop_caches_ok": a.drop_caches and drop_ok,
         "verified": verified, "root": root,
         "samples": {"restore_s": times},
-        "notes": ("restore_s: mgr.restore(step, target) of the latest step into touched numpy "
-                  "arrays laid out for this world size (jax: new jax.Arrays from "
+        "notes": ("restore_s: mgr.restore(step, target) of the latest step into touched, "
+                  "page-aligned numpy arrays (mhckpt.empty) laid out for this world size (jax: new jax.Arrays from "
                   "ShapeDtypeStructs), scrubbed before and verified after every rep; per rep the "
                   f"slowest rank; page cache {'dropped before each rep' if a.drop_caches else 'warm'}; "
                   f"leaves: {a.leaves}"),
