@@ -18,7 +18,12 @@
 //               world size, --reps times (--drop-caches: the page cache is
 //               dropped before each), and verifies every byte.
 //   many        cases "many_small" (10,000 arrays; --arrays) and "one_array"
-//               (the same bytes in one array): save, commit and restore of each.
+//               (the same bytes in one array): save, commit and restore of each
+//               (--case: one of them).
+// A profile of the timed restores alone (rank 0 switches perf on and off):
+//   mkfifo /tmp/ctl /tmp/ack
+//   perf record -D -1 --control fifo:/tmp/ctl,/tmp/ack -g -- build/bin/mhckpt-bench
+//       --mode many --case many_small --drop-caches --perf-control /tmp/ctl,/tmp/ack
 //   replicated  case "replicated": the training state held whole by every rank
 //               (pure data parallel), saved with
 //               Options::replica_parallel_min_bytes = --replica-split-bytes.
@@ -91,6 +96,8 @@ struct Flags {
   std::string prefault = "on";      // RestoreOptions::prefault
   std::string direct_reads = "on";  // RestoreOptions::direct_reads
   std::string dest_pages = "huge";  // restore destinations: advised as numpy's (huge) or not
+  std::string only_case;            // many: one of its two cases only
+  std::string perf_control;         // "CTL,ACK": perf record --control fifo:CTL,ACK
 };
 
 int Rank() {
@@ -278,6 +285,19 @@ std::string DestPagesNote(const Flags& f) {
          ", page-aligned as mhckpt-py's new arrays; direct reads " + f.direct_reads;
 }
 
+// Turns `perf record -D -1 --control fifo:CTL,ACK` on or off ("CTL,ACK" in
+// `fifos`; nothing if empty) and waits for perf to acknowledge, on rank 0,
+// so that a profile holds the timed restores alone.
+void PerfControl(const std::string& fifos, const char* command) {
+  if (fifos.empty() || Rank() != 0) return;
+  const size_t comma = fifos.find(',');
+  if (std::ofstream ctl(fifos.substr(0, comma)); ctl) ctl << command << '\n' << std::flush;
+  if (comma == std::string::npos) return;
+  std::ifstream ack(fifos.substr(comma + 1));
+  std::string line;
+  std::getline(ack, line);
+}
+
 // How RunRestores treats the destination memory.
 enum class Dest {
   kReused,  // one set, touched, scrubbed before each restore
@@ -289,7 +309,8 @@ enum class Dest {
 // of bench/run.sh gets); with `drop`, the page cache is dropped before each.
 RestoreRun RunRestores(CheckpointManager& mgr, int64_t step, const std::vector<ArraySpec>& specs,
                        int reps, bool drop, Dest dest, int warmup = 0,
-                       const RestoreOptions& options = {}, bool huge_pages = false) {
+                       const RestoreOptions& options = {}, bool huge_pages = false,
+                       const std::string& perf_control = {}) {
   const int rank = Rank(), size = Size();
   RestoreRun out;
   std::optional<Destinations> d;
@@ -304,9 +325,17 @@ RestoreRun RunRestores(CheckpointManager& mgr, int64_t step, const std::vector<A
     if (drop) out.drop_caches_ok &= DropCaches();
     Barrier();
     const uint64_t direct_before = io::Counters().direct_read_bytes;
+    if (i >= 0 && !perf_control.empty()) {
+      PerfControl(perf_control, "enable");
+      Barrier();
+    }
     auto t0 = Clock::now();
     Status s = mgr.Restore(step, d->arrays, options);
     const double dt = Since(t0);
+    if (i >= 0 && !perf_control.empty()) {
+      Barrier();
+      PerfControl(perf_control, "disable");
+    }
     CheckOk(s, "restore");
     const double slowest = MaxOverRanks(dt);
     if (i >= 0) out.restore.push_back(slowest);
@@ -523,7 +552,7 @@ json RunRestore(const Flags& f) {
   }
 
   RestoreRun v = RunRestores(*mgr, step, specs, f.reps, f.drop_caches, Dest::kFresh,
-                             /*warmup=*/1, Restoring(f), f.dest_pages == "huge");
+                             /*warmup=*/1, Restoring(f), f.dest_pages == "huge", f.perf_control);
   if (f.drop_caches && !v.drop_caches_ok && rank == 0) {
     fmt::print(stderr, "{}: cannot write /proc/sys/vm/drop_caches: the page cache stays warm\n",
                kProgram);
@@ -582,7 +611,7 @@ json RunSaveRestore(const Flags& f, const std::string& kase, std::vector<ArraySp
   r["file_bytes"] = FileBytes(root, s.last_step);
 
   RestoreRun v = RunRestores(*s.mgr, s.last_step, m.specs, f.reps, f.drop_caches, Dest::kFresh,
-                             /*warmup=*/1, Restoring(f), f.dest_pages == "huge");
+                             /*warmup=*/1, Restoring(f), f.dest_pages == "huge", f.perf_control);
   r["restore_peak_rss_extra_bytes"] = v.rss_extra;
   r["restore_np"] = size;
   r["restore_s"] = Median(v.restore);
@@ -611,10 +640,15 @@ json Run(const Flags& f) {
   } else if (f.mode == "restore") {
     records.push_back(RunRestore(f));
   } else if (f.mode == "many") {
-    json many = RunSaveRestore(f, "many_small", ManySmallSpecs(f.mib, f.arrays));
-    const uint64_t bytes = many["global_bytes"].get<uint64_t>();
-    records.push_back(std::move(many));
-    records.push_back(RunSaveRestore(f, "one_array", OneArraySpecs(bytes)));
+    std::vector<ArraySpec> many = ManySmallSpecs(f.mib, f.arrays);
+    uint64_t bytes = 0;
+    for (const ArraySpec& a : many) bytes += ArrayBytes(a);
+    if (f.only_case != "one_array") {
+      records.push_back(RunSaveRestore(f, "many_small", std::move(many)));
+    }
+    if (f.only_case != "many_small") {
+      records.push_back(RunSaveRestore(f, "one_array", OneArraySpecs(bytes)));
+    }
   } else {  // replicated
     records.push_back(RunSaveRestore(
         f, "replicated", TrainingStateSpecs(TrainingStateConfig{f.mib, f.small, true}, Size())));
@@ -714,6 +748,12 @@ int Main(int argc, char** argv, int provided) {
       ->capture_default_str();
   app.add_flag("--no-verify-checksums", f.no_verify_checksums,
                "restore: RestoreOptions::verify_checksums = false (the bytes are still compared)");
+  app.add_option("--case", f.only_case, "many: run this case only")
+      ->check(CLI::IsMember({"many_small", "one_array"}));
+  app.add_option("--perf-control", f.perf_control,
+                 "CTL,ACK: around each timed restore, rank 0 writes enable and disable to "
+                 "`perf record -D -1 --control fifo:CTL,ACK`, so the profile holds the restores "
+                 "alone");
   app.add_flag("--drop-caches", f.drop_caches,
                "Before each restore, rank 0 syncs and writes 1 to /proc/sys/vm/drop_caches");
   try {
