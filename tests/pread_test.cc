@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
+#include <string>
 
 #include "base/fault.h"
 #include "coordinator/checkpoint_manager.h"
@@ -369,6 +371,29 @@ bool HasCachestat(const std::string& path) {
   return ok;
 }
 
+// The two arrays of the PreadDirect row tests.
+const std::vector<int64_t> kBig{3072, 2048};  // float32, rows of 8 KiB
+const std::vector<int64_t> kOdd{2001, 777};   // int16, rows of 1554 bytes
+
+// A fresh root holding step 1 of SaveRows(kBig, kOdd, seed); `direct`:
+// whether its data file opens with O_DIRECT.
+struct RowsStep {
+  std::string dir, data;
+  std::unique_ptr<CheckpointManager> mgr;
+  bool direct = false;
+};
+RowsStep SaveRowsStep(uint64_t seed) {
+  RowsStep r{FreshDir(), {}, nullptr};
+  r.mgr = OpenForTest(r.dir);
+  if (!r.mgr) return r;
+  Status s = SaveRows(*r.mgr, kBig, kOdd, seed);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  if (!s.ok()) r.mgr.reset();
+  r.data = io::DataPath(r.dir, 1);
+  r.direct = DirectOpens(r.data);
+  return r;
+}
+
 // Direct reads (RestoreOptions::direct_reads): rows of a 24 MiB array read
 // by other ranks than their writers, into page-aligned memory, go straight
 // from the disk — byte-exact; the same into memory 16 bytes past a page
@@ -376,17 +401,14 @@ bool HasCachestat(const std::string& path) {
 // the page cache holds is read from it; EIO in a direct read is the same
 // error on every rank, and short and interrupted direct reads are resumed.
 TEST(PreadDirect, AlignedDestinationsReadStraightFromTheDisk) {
-  const std::string dir = FreshDir();
-  auto mgr = OpenForTest(dir);
-  ASSERT_TRUE(mgr);
-  const std::vector<int64_t> big{3072, 2048};  // float32, rows of 8 KiB
-  const std::vector<int64_t> odd{2001, 777};   // int16, rows of 1554 bytes
-  {
-    Status s = SaveRows(*mgr, big, odd, 31);
-    ASSERT_TRUE(s.ok()) << s.ToString();
-  }
-  const std::string data = io::DataPath(dir, 1);
-  const bool direct = DirectOpens(data);
+  RowsStep step = SaveRowsStep(31);
+  ASSERT_TRUE(step.mgr);
+  const std::string& dir = step.dir;
+  const std::string& data = step.data;
+  CheckpointManager* mgr = step.mgr.get();
+  const bool direct = step.direct;
+  const std::vector<int64_t>& big = kBig;
+  const std::vector<int64_t>& odd = kOdd;
   auto [r0, r1] = SplitRange(big[0], Size(), Size() - 1 - Rank());
   auto [q0, q1] = SplitRange(odd[0], Size(), Size() - 1 - Rank());
   const Box rows{{r0, 0}, {r1 - r0, big[1]}}, odd_rows{{q0, 0}, {q1 - q0, odd[1]}};
@@ -450,18 +472,13 @@ TEST(PreadDirect, AlignedDestinationsReadStraightFromTheDisk) {
 // the option off; a byte flipped on the disk is found, the same DataLoss on
 // every rank.
 TEST(PreadDirect, VerifyReadsAColdStepStraightFromTheDisk) {
-  const std::string dir = FreshDir();
-  auto mgr = OpenForTest(dir);
-  ASSERT_TRUE(mgr);
-  const std::vector<int64_t> big{3072, 2048};  // float32, rows of 8 KiB
-  const std::vector<int64_t> odd{2001, 777};   // int16, rows of 1554 bytes
-  {
-    Status s = SaveRows(*mgr, big, odd, 41);
-    ASSERT_TRUE(s.ok()) << s.ToString();
-  }
-  const std::string data = io::DataPath(dir, 1);
-  const bool direct = DirectOpens(data);
-  const uint64_t total = uint64_t{3072} * 2048 * 4 + uint64_t{2001} * 777 * 2;
+  RowsStep step = SaveRowsStep(41);
+  ASSERT_TRUE(step.mgr);
+  const std::string& dir = step.dir;
+  const std::string& data = step.data;
+  CheckpointManager* mgr = step.mgr.get();
+  const bool direct = step.direct;
+  const uint64_t total = static_cast<uint64_t>(kBig[0] * kBig[1] * 4 + kOdd[0] * kOdd[1] * 2);
   // One Verify of the step, its pages dropped from the cache on every rank
   // first; the bytes read directly, over all ranks.
   auto verify = [&](bool on, StatusCode code) -> uint64_t {
