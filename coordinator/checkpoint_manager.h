@@ -201,8 +201,8 @@ struct VerifyOptions {
   /// into a page-aligned buffer, as RestoreOptions::direct_reads): the bytes
   /// checked then come from the disk, not from the page cache, and the
   /// cache is not filled with a file nobody reads next. A file the page cache
-  /// already holds is read from it. False on any rank: everything through
-  /// the page cache, on that rank.
+  /// already holds is read from it. False: this rank reads everything
+  /// through the page cache (ranks may differ; the report does not).
   bool direct_reads = true;
 };
 
