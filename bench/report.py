@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Combines the records of bench/run.sh into one JSON file, prints the tables of
-docs/PERFORMANCE.md (Markdown) with every target of issues 7 and 13 marked met
-or missed, and draws the plot.
+docs/PERFORMANCE.md (Markdown) with every target marked met or missed, and
+draws the plot.
 
-    bench/report.py --out results.json --markdown results.md --plot bench.png RECORDS.json...
-    bench/report.py --from results.json            # the tables again, from a combined file
+    bench/report.py --out results.json.gz --markdown results.md --plot bench.png RECORDS.json...
+    bench/report.py --from results.json.gz         # the tables again, from a combined file
+
+The combined file is compact JSON, gzip'd when its name ends in .gz; --from
+reads either form.
 
 A record is one JSON object (see bench/ckpt_bench.cc and bench/peers/): system,
 case, np, mib, the medians stall_s, commit_s, restore_s, ... and their samples.
@@ -14,6 +17,7 @@ with a message and nothing else is lost.
 """
 import argparse
 import datetime
+import gzip
 import json
 import os
 import platform
@@ -24,10 +28,15 @@ PEERS = ("orbax", "dcp", "dcp-cached", "h5py")
 PY_SYSTEMS = ("mhckpt-py", "mhckpt-jax")  # mhckpt's Python API (bench/peers/mhckpt_py_bench.py)
 
 
+def open_text(path, mode="r"):
+    """A results file, gzip'd when its name ends in .gz."""
+    return gzip.open(path, mode + "t", encoding="utf-8") if path.endswith(".gz") else open(path, mode)
+
+
 def load_records(paths):
     records = []
     for p in paths:
-        with open(p) as f:
+        with open_text(p) as f:
             doc = json.load(f)
         if isinstance(doc, dict) and "records" in doc:
             doc = doc["records"]
@@ -272,7 +281,7 @@ def build_targets(ix, rep):
             return f"{x:.2f}×"
         return f"**{x:.2f}×** {rep.target(name, where, x, limit, x >= limit)}"
 
-    rep.p("**Save to commit, side by side** (issue 13). Commit = `Save` start until `WaitUntilFinished` "
+    rep.p("**Save to commit, side by side**. Commit = `Save` start until `WaitUntilFinished` "
           "returns (data fsync'd, marker committed, and the retention of `max_to_keep = 2`, which "
           "`WaitUntilFinished` also waits for: since `a305cce` it retires the old step and frees "
           "its files in the background, before that it deleted them); *no ret.* = the same without "
@@ -303,7 +312,7 @@ def build_targets(ix, rep):
                "DCP cached", "DCP cached / ours ≥ 1.5×"], rows)
 
     cold = any(r.get("cold_read") for r in ix.raw.values())
-    rep.p("**Restore, side by side** (issue 13): every system restores into new, untouched arrays after one "
+    rep.p("**Restore, side by side**: every system restores into new, untouched arrays after one "
           "untimed restore" + (", page cache dropped before each" if cold else " (page cache NOT dropped)") +
           ". Targets: ≥ 1.0× a cold dd read of the same bytes, and faster than h5py's naive collective read "
           "(> 1.0×); the other peers for reference.")
@@ -445,7 +454,7 @@ def main():
     args = ap.parse_args()
 
     if args.combined:
-        with open(args.combined) as f:
+        with open_text(args.combined) as f:
             doc = json.load(f)
     else:
         doc = {"bench": "run", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -458,8 +467,8 @@ def main():
         "\n".join(rep.lines) + "\n"
     # The results first: nothing below may lose them.
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=1)
+        with open_text(args.out, "w") as f:
+            json.dump(doc, f, separators=(",", ":"))
             f.write("\n")
     if args.markdown:
         with open(args.markdown, "w") as f:

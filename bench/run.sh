@@ -8,7 +8,7 @@
 # figures. Writes the JSON and the Markdown tables first, then the plot (if
 # matplotlib is there; skipped with a message otherwise).
 #
-# Fair to every system (issue 13 item 5): each gets one untimed save and one
+# Fair to every system: each gets one untimed save and one
 # untimed restore first; each timed figure is the median of REPS runs, with min
 # and max kept (the disk here has a fast and a slow mode); the page cache is
 # dropped before every phase and every timed restore when
@@ -38,9 +38,10 @@
 #   REPL_SIZES ["256 1024"]      per-rank size of the fully replicated case (np >= 2; "" to skip)
 #   SPLIT_BYTES [16777216]       replica_parallel_min_bytes for the split variant
 #   CKPT_DIR [/var/tmp/mhckpt-bench]  where checkpoints go (a disk, not tmpfs); emptied after
-#   OUT [bench/results/bench-<UTC date>-<commit>.json]  the combined results; the Markdown
-#                                tables go beside it (.md)
-#   PLOT [docs/img/bench.png]    the plot
+#   OUT [bench/results/bench-<UTC date>-<commit>.json.gz]  the combined results (compact
+#                                JSON, gzip'd when the name ends .gz); the Markdown tables go
+#                                beside it (.md; bench/report.py --from OUT prints them again)
+#   PLOT [none]                  a PNG plot of the figures, where one is wanted
 #   DROP_CACHES [1]              0: never drop the page cache (warm restores; the JSON says so)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,7 +56,7 @@ MANY_MIB=${MANY_MIB-1024}
 REPL_SIZES=${REPL_SIZES-256 1024}
 SPLIT_BYTES=${SPLIT_BYTES:-16777216}
 CKPT_DIR=${CKPT_DIR:-/var/tmp/mhckpt-bench}
-PLOT=${PLOT:-docs/img/bench.png}
+PLOT=${PLOT:-}
 
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
   MHCKPT_BENCH=1 BUILD_DIR=$BUILD_DIR scripts/bootstrap.sh
@@ -79,7 +80,7 @@ $COLD || echo "bench/run.sh: the page cache is NOT dropped (DROP_CACHES=0, or /p
 
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD -- base worker io coordinator bench python pyproject.toml 2>/dev/null || commit="$commit+dirty"
-OUT=${OUT:-bench/results/bench-$(date -u +%Y-%m-%d)-$commit.json}
+OUT=${OUT:-bench/results/bench-$(date -u +%Y-%m-%d)-$commit.json.gz}
 export MHCKPT_BENCH_VERSION=$commit  # the version field of the mhckpt-py records
 mkdir -p "$CKPT_DIR"
 # Room, before anything runs: a phase holds up to four checkpoints of its size
@@ -230,9 +231,12 @@ for mib in $REPL_SIZES; do
 done
 
 say "report"
-mkdir -p "$(dirname "$OUT")" "$(dirname "$PLOT")"
+MD=${OUT%.gz}; MD=${MD%.json}.md
+PLOT_ARGS=()
+if [ -n "$PLOT" ]; then mkdir -p "$(dirname "$PLOT")"; PLOT_ARGS=(--plot "$PLOT"); fi
+mkdir -p "$(dirname "$OUT")"
 # The JSON and the Markdown are written before the plot is tried: a missing
 # matplotlib costs the plot only.
-/usr/bin/python3 bench/report.py --out "$OUT" --markdown "${OUT%.json}.md" --plot "$PLOT" \
+/usr/bin/python3 bench/report.py --out "$OUT" --markdown "$MD" ${PLOT_ARGS[@]+"${PLOT_ARGS[@]}"} \
   --note "mhckpt $commit; load average at the end $(cut -d' ' -f1-3 /proc/loadavg)" "$tmp"/*.json
-echo "bench/run.sh: $(( $(date +%s) - start )) s; results in $OUT and ${OUT%.json}.md"
+echo "bench/run.sh: $(( $(date +%s) - start )) s; results in $OUT and $MD"
