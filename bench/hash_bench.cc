@@ -1,5 +1,5 @@
 // mhckpt-hash-bench: the CPU side of checksums, in one process, against
-// memcpy (docs/PERFORMANCE.md, Part 4): XXH3-64 of 256 MiB whole, and
+// memcpy (docs/PERFORMANCE.md, "Measurements behind the defaults"): XXH3-64 of 256 MiB whole, and
 // ChecksumChunks (the save's one pass for a box and its chunks) at three
 // chunk sizes. Medians of 7.
 //

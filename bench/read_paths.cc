@@ -1,6 +1,6 @@
 // mhckpt-read-paths: one cold read of a whole file into new memory, the ways a
-// restore could read it (docs/PERFORMANCE.md Part 11). No MPI, no library: the
-// machine's own figures for the choice behind RestoreOptions::direct_reads.
+// restore could read it (docs/PERFORMANCE.md, "Measurements behind the defaults"). No MPI, no
+// library: the machine's own figures for the choice behind RestoreOptions::direct_reads.
 //
 //   mhckpt-read-paths FILE MODE THREADS [base]
 //

@@ -263,7 +263,7 @@ def build(ix, rep):
 
 
 def build_targets(ix, rep):
-    """Issue 13's targets, side by side: save-to-commit against dd (buffered and
+    """The targets, side by side: save-to-commit against dd (buffered and
     O_DIRECT), Orbax and DCP; restore against a cold dd read, h5py's naive
     collective read and the peers. Ratios are of throughput (other time /
     mhckpt time for the same bytes: > 1 means mhckpt is faster)."""

@@ -1,6 +1,6 @@
 #!/bin/bash
 # The cost of checking every byte a restore returns (RestoreOptions::
-# verify_checksums, docs/PERFORMANCE.md "Checked restores"): for each chunk
+# verify_checksums, docs/PERFORMANCE.md "Measurements behind the defaults"): for each chunk
 # size, the training state of --mib MiB is saved at np 2 and at np 3, then
 # restored at np 2 (the same world size, and 3 -> 2) with and without the
 # check, --reps times each, alternating. One JSON record per restore run.

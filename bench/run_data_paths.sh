@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The layout choice of issue 13 item 4, measured: save-to-commit (and a warm
+# The layout choice, measured: save-to-commit (and a warm
 # restore) of one checkpoint through each data path (Options::data_path:
 # direct, buffered, hdf5) and writer thread count (Options::writer_threads),
 # at each world size, on each file system in FS_DIRS (a disk and a tmpfs),

@@ -178,7 +178,7 @@ class BadInput : public ::testing::Test {
 
 // ---- Save: user metadata (taken from rank 0) ----
 
-// The reproduction of issue 15: not UTF-8 aborted the job from the I/O thread.
+// Metadata that is not UTF-8 once aborted the job from the I/O thread.
 TEST_F(BadInput, MetadataValueNotUtf8) {
   ExpectSaveFails(1, {Rows("w")}, StatusCode::kInvalidArgument,
                   "rank 0: user metadata: the value of key 'k' is not valid UTF-8 (byte 0xff at "

@@ -156,8 +156,8 @@ TEST_F(CheckedRestore, EveryLayoutOfEveryWorldSizeReadsTheSavedBytes) {
   }
 }
 
-// The reproduction of issue 15: a byte flipped inside a stored box, read
-// back as part of other boxes (another world size), was returned unchecked.
+// A byte flipped inside a stored box, read back as part of other boxes
+// (another world size), must not be returned unchecked.
 TEST_F(CheckedRestore, FlippedByteIsDataLossAtEveryWorldSize) {
   const int64_t row = 13;
   FlipRow(row);

@@ -181,8 +181,8 @@ Result<std::string> DamagedCopy(const std::string& dir, int p) {
 }
 
 // Restores the damaged copy with the other layout: every rank must get the
-// same DataLoss naming block/2d and the chunk (issue 15: parts of stored
-// boxes read at another world size came back unchecked).
+// same DataLoss naming block/2d and the chunk (parts of stored boxes read at
+// another world size must come back checked).
 int RestoreDamaged(const std::string& dir, int p, int r) {
   std::string copy = fmt::format("{}_damaged_at_{}", dir, p);
   Status made;
