@@ -18,7 +18,7 @@
 #   clang-14 libclang-rt-14-dev   libFuzzer for fuzz/run.sh (ctest label fuzz; skipped without)
 #   python3-venv python3-dev      the Python package: its venv (python/setup_venv.sh) and headers
 # With MHCKPT_BENCH=1 (bench/run.sh sets it), also the benchmark's (the disk's own speed is measured with dd):
-#   python3-matplotlib            the plot of docs/PERFORMANCE.md
+#   python3-matplotlib            bench/report.py --plot (optional)
 #   python3-mpi4py                the plain h5py collective write (bench/peers/h5py_bench.py)
 #   python3-venv                  the virtualenv python/.venv for the PyPI peers (Orbax, PyTorch DCP)
 set -euo pipefail
