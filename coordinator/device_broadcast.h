@@ -20,7 +20,8 @@ class DeviceBroadcaster {
   /// Collective. An NCCL communicator over `comm`'s ranks, each on its CUDA
   /// device `device` (made once: ncclGetUniqueId on rank 0, MPI broadcast,
   /// non-blocking ncclCommInitRankConfig polled for at most `timeout_seconds`,
-  /// the outcome agreed through MPI). nullptr on every rank if NCCL cannot
+  /// the outcome agreed through MPI; the same deadline bounds each broadcast;
+  /// 0: none). nullptr on every rank if NCCL cannot
   /// serve them all; `why` then says why (the same on every rank).
   static std::unique_ptr<DeviceBroadcaster> Create(const Comm& comm, int device, std::string* why,
                                                    double timeout_seconds = 300);

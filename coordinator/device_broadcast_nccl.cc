@@ -227,6 +227,7 @@ Status MakeStream(int device, cudaStream_t* stream, cudaEvent_t* ready, cudaEven
 std::unique_ptr<DeviceBroadcaster> DeviceBroadcaster::Create(const Comm& comm, int device,
                                                              std::string* why,
                                                              double timeout_seconds) {
+  if (!(timeout_seconds > 0)) timeout_seconds = 1e9;  // no deadline: the watchdog's choice
   Candidate mine = Probe(device);
   std::vector<std::string> all =
       comm.GatherBytes(std::string(reinterpret_cast<const char*>(&mine), sizeof(mine)), 0);

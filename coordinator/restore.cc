@@ -540,7 +540,8 @@ DeviceBroadcaster* ManagerImpl::DeviceBroadcasterFor(
   (void)WantedFlags(m, mine, &device);
   if (!device_broadcast_tried_) {
     device_broadcast_tried_ = true;
-    device_broadcast_ = DeviceBroadcaster::Create(comm_, device, &device_broadcast_why_);
+    device_broadcast_ = DeviceBroadcaster::Create(comm_, device, &device_broadcast_why_,
+                                                  options_.collective_timeout_seconds);
     if (!device_broadcast_ && comm_.rank() == 0) {
       spdlog::info("mhckpt: device broadcasts go through MPI: {}", device_broadcast_why_);
     }
