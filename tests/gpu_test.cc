@@ -103,13 +103,14 @@ std::vector<std::byte> FromDevice(const void* d, size_t bytes) {
 }
 
 void SleepOnStream(void* ms) {
-  std::this_thread::sleep_for(std::chrono::milliseconds(reinterpret_cast<intptr_t>(ms)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<const int*>(ms)));
 }
 
-// Holds `stream` for `ms` milliseconds (a host function): work queued behind
-// it runs only then, long after any copy that does not wait for the stream.
-void DelayStream(cudaStream_t stream, intptr_t ms) {
-  ASSERT_EQ(cudaLaunchHostFunc(stream, SleepOnStream, reinterpret_cast<void*>(ms)), cudaSuccess);
+// Holds `stream` for 500 ms (a host function): work queued behind it runs
+// only then, long after any copy that does not wait for the stream.
+void DelayStream(cudaStream_t stream) {
+  static int delay_ms = 500;
+  ASSERT_EQ(cudaLaunchHostFunc(stream, SleepOnStream, &delay_ms), cudaSuccess);
 }
 
 // Turns off mhckpt's wait for the caller's streams for one negative control.
@@ -146,7 +147,7 @@ std::vector<std::byte> SavedWhileTheStreamWrites() {
   void* d = ToDevice(std::vector<std::byte>(c.bytes));
   cudaStream_t stream = nullptr;
   EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  DelayStream(stream, 500);
+  DelayStream(stream);
   EXPECT_EQ(cudaMemsetAsync(d, 0x5A, c.bytes, stream), cudaSuccess);
   std::vector<ArrayToSave> arrays{
       {"w", DType::kFloat32, c.shape, {Shard{c.mine, d, Memory::kCuda, -1, stream}}}};
@@ -201,7 +202,7 @@ std::vector<std::byte> RestoredWhileTheStreamWrites(std::vector<std::byte>* expe
   void* d = ToDevice(std::vector<std::byte>(c.bytes));
   cudaStream_t stream = nullptr;
   EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  DelayStream(stream, 500);
+  DelayStream(stream);
   EXPECT_EQ(cudaMemsetAsync(d, 0xEE, c.bytes, stream), cudaSuccess);  // the model still writes
   ArrayToRestore want{"w", DType::kFloat32, {Destination{c.mine, d, Memory::kCuda, -1, stream}}};
   s = mgr->Restore(1, {&want, 1});

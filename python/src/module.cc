@@ -152,7 +152,8 @@ ParsedShard ParseShard(const ShardSpec& spec, const std::string& name) {
   if (spec.size() == 4 && !spec[3].is_none() && !nb::try_cast(spec[3], stream)) {
     throw LocalError{"array '" + name + "': a shard's stream is an integer cudaStream_t or None"};
   }
-  p.stream = reinterpret_cast<void*>(stream);
+  // A cudaStream_t that Python holds as an integer.
+  p.stream = reinterpret_cast<void*>(stream);  // NOLINT(performance-no-int-to-ptr)
   return p;
 }
 
