@@ -5,8 +5,8 @@
 #   1. prints nvidia-smi, the driver and toolkit versions and the commit;
 #   2. installs Debian packages only if some are missing (scripts/bootstrap.sh
 #      lists them), and builds only what the GPU tests need (gpu_test,
-#      donation_test, save_restore_test, mhckpt-gpu-stall) into build-gpu/,
-#      for the local GPU's architecture;
+#      donation_test, save_restore_test, mhckpt-gpu-stall) into build-gpu/
+#      (host code only, linked with cudart: no GPU architecture to choose);
 #   3. runs every gpu-labelled test (ordering of save and restore with the
 #      caller's stream, each with its negative control; donation right after
 #      Save; a replicated array read once into every GPU; no context on a
@@ -42,10 +42,6 @@ done
 if [ "$missing" = 1 ]; then
   echo "== some Debian packages are missing: scripts/bootstrap.sh installs them (and builds all)"
   BUILD_DIR=build-gpu CMAKE_ARGS="${CMAKE_ARGS:-}" scripts/bootstrap.sh >/dev/null
-fi
-if [ -z "${CUDAARCHS:-}" ]; then
-  cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d '. ')
-  export CUDAARCHS=${cap:-90}
 fi
 cmake -S . -B build-gpu -DMHCKPT_WITH_CUDA=ON -DMHCKPT_BUILD_BENCH=ON ${CMAKE_ARGS:-} >/dev/null
 grep -E '^NCCL_LIBRARY:' build-gpu/CMakeCache.txt || echo 'gpu-check: NCCL not found (the MPI fallback only)'
