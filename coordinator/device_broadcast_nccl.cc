@@ -166,11 +166,13 @@ Status NcclBroadcaster::Broadcast(void* data, size_t bytes, int root, void* stre
 Candidate Probe(int device) {
   Candidate c;
   cudaDeviceProp prop{};
-  if (device >= 0 && cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
-    c.usable = 1;
-    std::memcpy(c.uuid, &prop.uuid, sizeof(c.uuid));
+  if (device < 0) return c;
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    (void)cudaGetLastError();  // ours: this rank cannot take part
+    return c;
   }
-  (void)cudaGetLastError();
+  c.usable = 1;
+  std::memcpy(c.uuid, &prop.uuid, sizeof(c.uuid));
   return c;
 }
 

@@ -73,11 +73,11 @@ template <typename F>
 void Entry(const char* symbol, F* fn) {
   void* p = nullptr;
   cudaDriverEntryPointQueryResult q{};
-  if (cudaGetDriverEntryPointByVersion(symbol, &p, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-      q == cudaDriverEntryPointSuccess) {
+  if (cudaGetDriverEntryPointByVersion(symbol, &p, 12000, cudaEnableDefault, &q) != cudaSuccess) {
+    (void)cudaGetLastError();  // ours; a caller's earlier error stays for its own check
+  } else if (q == cudaDriverEntryPointSuccess) {
     *fn = reinterpret_cast<F>(p);
   }
-  (void)cudaGetLastError();
 }
 
 const DriverCalls& Driver() {
@@ -253,9 +253,11 @@ bool HostMemoryContext(ScopedDevice& scope, int device) {
 bool CudaAvailable() {
   static const bool available = [] {
     int count = 0;  // left untouched when the call fails (no driver: error 35)
-    bool ok = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-    (void)cudaGetLastError();
-    return ok;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+      (void)cudaGetLastError();  // no driver or device: not an error for anyone
+      return false;
+    }
+    return count > 0;
   }();
   return available;
 }
@@ -288,10 +290,9 @@ ScopedDevice::~ScopedDevice() {
   if (d.ctx_set_current != nullptr) {
     // Back to the caller's context, or to none: cudaSetDevice(0) would make one.
     (void)d.ctx_set_current(static_cast<CUcontext>(saved_context_));
-  } else if (saved_device_ >= 0) {
-    (void)cudaSetDevice(saved_device_);
+  } else if (saved_device_ >= 0 && cudaSetDevice(saved_device_) != cudaSuccess) {
+    (void)cudaGetLastError();
   }
-  (void)cudaGetLastError();
 }
 
 Status ScopedDevice::Use(int device) {
@@ -352,8 +353,8 @@ void UnpinHostMemory(void* data) {
   if (!CudaAvailable()) return;
   ScopedDevice scope;
   if (!HostMemoryContext(scope, -1)) return;  // no device known: nothing was pinned
-  (void)cudaHostUnregister(data);             // not registered if pinning failed
-  (void)cudaGetLastError();
+  // Not registered if pinning failed: that error is ours, cleared.
+  if (cudaHostUnregister(data) != cudaSuccess) (void)cudaGetLastError();
 }
 
 PinnedBuffer::PinnedBuffer(size_t bytes, int device) : size_(bytes) {
@@ -394,8 +395,7 @@ PinnedBuffer::~PinnedBuffer() {
   }
   ScopedDevice scope;
   if (!scope.had_context() && device_ >= 0) (void)scope.Use(device_);
-  (void)cudaFreeHost(data_);
-  (void)cudaGetLastError();
+  if (cudaFreeHost(data_) != cudaSuccess) (void)cudaGetLastError();
 }
 
 }  // namespace mhckpt::internal
