@@ -1,16 +1,41 @@
 // coordinator/device_broadcast.h with NCCL (found next to the CUDA toolkit).
+//
+// The communicator is non-blocking (ncclConfig_t::blocking = 0), so that no
+// NCCL call can hang a rank whose peer failed:
+//   1. Create: rank 0 gathers every rank's GPU, refuses duplicates, and
+//      broadcasts ncclGetUniqueId's id (MPI). Each rank starts
+//      ncclCommInitRankConfig on its device and polls ncclCommGetAsyncError
+//      until the init is done, fails, or the deadline passes; a failed or late
+//      rank calls ncclCommAbort. The outcome is agreed (MPI allreduce): if any
+//      rank failed, every rank aborts its communicator and restore uses MPI.
+//   2. Broadcast: on a non-blocking stream of ours, never the legacy default
+//      stream. Our stream waits on an event recorded on the caller's stream;
+//      ncclBroadcast is queued (its enqueue may report ncclInProgress: polled
+//      to the end); an event recorded after it is waited on by the caller's
+//      stream. The rank then polls that event and ncclCommGetAsyncError with
+//      the deadline; on an error or at the deadline it aborts the
+//      communicator (later broadcasts fail at once) and returns the error,
+//      which restore agrees on with the other ranks through MPI.
+//   3. Destroy: ncclCommFinalize, polled with the deadline, then
+//      ncclCommDestroy; ncclCommAbort instead after an error.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <cstring>
 #include <set>
+#include <thread>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "coordinator/device_broadcast.h"
+#include "worker/copy.h"
 
 namespace mhckpt::internal {
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 // What rank 0 needs to decide: whether this rank can take part, and its GPU.
 struct Candidate {
@@ -18,44 +43,136 @@ struct Candidate {
   char uuid[16] = {};
 };
 
+Status NcclError(std::string_view what, ncclResult_t r) {
+  return IoError(fmt::format("NCCL {}: {} ({})", what, ncclGetErrorString(r), static_cast<int>(r)));
+}
+
+Status CudaError(std::string_view what, cudaError_t e) {
+  (void)cudaGetLastError();  // reported here: not left for the caller's next check
+  return IoError(fmt::format("CUDA {}: {} ({})", what, cudaGetErrorString(e), static_cast<int>(e)));
+}
+
+// Polls `comm` until its pending operation is no longer in progress, an
+// error, or `deadline`. `done` (optional) must also report completion.
+template <typename Done>
+Status Poll(ncclComm_t comm, Clock::time_point deadline, std::string_view what, Done done) {
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+    if (r != ncclSuccess) return NcclError(what, r);
+    if (state != ncclSuccess && state != ncclInProgress) return NcclError(what, state);
+    if (state == ncclSuccess) {
+      Result<bool> finished = done();
+      if (!finished.ok()) return finished.status();
+      if (*finished) return OkStatus();
+    }
+    if (Clock::now() > deadline) {
+      return IoError(fmt::format("NCCL {}: not done within the deadline", what));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+Result<bool> NothingElse() { return true; }
+
 class NcclBroadcaster final : public DeviceBroadcaster {
  public:
-  NcclBroadcaster(ncclComm_t comm, int device) : comm_(comm), device_(device) {}
-  ~NcclBroadcaster() override { ncclCommDestroy(comm_); }
+  NcclBroadcaster(ncclComm_t comm, int device, cudaStream_t stream, cudaEvent_t ready,
+                  cudaEvent_t done, double timeout_seconds)
+      : comm_(comm),
+        device_(device),
+        stream_(stream),
+        ready_(ready),
+        done_(done),
+        timeout_(std::chrono::duration_cast<Clock::duration>(
+            std::chrono::duration<double>(timeout_seconds))) {}
+  ~NcclBroadcaster() override;
   NcclBroadcaster(const NcclBroadcaster&) = delete;
   NcclBroadcaster& operator=(const NcclBroadcaster&) = delete;
 
   [[nodiscard]] int device() const override { return device_; }
-
-  Status Broadcast(void* data, size_t bytes, int root, void* stream) override {
-    int previous = 0;
-    cudaGetDevice(&previous);
-    cudaSetDevice(device_);
-    auto s = static_cast<cudaStream_t>(stream);
-    ncclResult_t r = ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, s);
-    cudaError_t e = r == ncclSuccess ? cudaStreamSynchronize(s) : cudaSuccess;
-    cudaSetDevice(previous);
-    if (r != ncclSuccess) {
-      return IoError(fmt::format("NCCL broadcast of {} bytes: {}", bytes, ncclGetErrorString(r)));
-    }
-    if (e != cudaSuccess) {
-      return IoError(fmt::format("NCCL broadcast of {} bytes: {}", bytes, cudaGetErrorString(e)));
-    }
-    return OkStatus();
-  }
+  Status Broadcast(void* data, size_t bytes, int root, void* stream) override;
 
  private:
+  Status Queue(void* data, size_t bytes, int root, cudaStream_t caller);
+
   ncclComm_t comm_;
   int device_;
+  cudaStream_t stream_;
+  cudaEvent_t ready_, done_;
+  Clock::duration timeout_;
+  bool broken_ = false;  // aborted after an error: every later broadcast fails
 };
+
+NcclBroadcaster::~NcclBroadcaster() {
+  ScopedDevice scope;
+  if (comm_ == nullptr) broken_ = false;  // aborted already
+  if (scope.Use(device_).ok()) {
+    (void)cudaStreamSynchronize(stream_);
+    if (comm_ != nullptr && !broken_) {
+      ncclResult_t r = ncclCommFinalize(comm_);
+      broken_ = r != ncclSuccess && r != ncclInProgress;
+      if (!broken_) broken_ = !Poll(comm_, Clock::now() + timeout_, "finalize", NothingElse).ok();
+    }
+  }
+  if (comm_ != nullptr) (void)(broken_ ? ncclCommAbort(comm_) : ncclCommDestroy(comm_));
+  (void)cudaStreamDestroy(stream_);
+  (void)cudaEventDestroy(ready_);
+  (void)cudaEventDestroy(done_);
+  (void)cudaGetLastError();
+}
+
+// Step 2 up to the wait: the order with the caller's stream, and the enqueue.
+Status NcclBroadcaster::Queue(void* data, size_t bytes, int root, cudaStream_t caller) {
+  cudaError_t e = cudaEventRecord(ready_, caller);
+  if (e != cudaSuccess) return CudaError("event record on the caller's stream", e);
+  if ((e = cudaStreamWaitEvent(stream_, ready_, 0)) != cudaSuccess) return CudaError("wait", e);
+  ncclResult_t r = ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_);
+  if (r != ncclSuccess && r != ncclInProgress) return NcclError("broadcast", r);
+  // The enqueue of a non-blocking communicator may still run: to its end first.
+  MHCKPT_RETURN_IF_ERROR(Poll(comm_, Clock::now() + timeout_, "broadcast enqueue", NothingElse));
+  if ((e = cudaEventRecord(done_, stream_)) != cudaSuccess) return CudaError("event record", e);
+  if ((e = cudaStreamWaitEvent(caller, done_, 0)) != cudaSuccess) {
+    return CudaError("caller's stream wait", e);
+  }
+  return OkStatus();
+}
+
+Status NcclBroadcaster::Broadcast(void* data, size_t bytes, int root, void* stream) {
+  const std::string what = fmt::format("broadcast of {} bytes from rank {}", bytes, root);
+  if (broken_) return FailedPrecondition(fmt::format("NCCL {}: aborted after an error", what));
+  ScopedDevice scope;
+  MHCKPT_RETURN_IF_ERROR(scope.Use(device_));
+  Status s = Queue(data, bytes, root, static_cast<cudaStream_t>(stream));
+  if (s.ok()) {
+    s = Poll(comm_, Clock::now() + timeout_, what, [this]() -> Result<bool> {
+      cudaError_t e = cudaEventQuery(done_);
+      if (e == cudaErrorNotReady) return false;
+      if (e != cudaSuccess) return CudaError("event query", e);
+      return true;
+    });
+  }
+  if (!s.ok()) {
+    // A peer may never arrive: abort, so that our stream's kernel ends.
+    broken_ = true;
+    (void)ncclCommAbort(comm_);
+    comm_ = nullptr;
+    (void)cudaStreamSynchronize(stream_);
+    (void)cudaGetLastError();
+  }
+  return s;
+}
 
 Candidate Probe(int device) {
   Candidate c;
   cudaDeviceProp prop{};
-  if (device >= 0 && cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
-    c.usable = 1;
-    std::memcpy(c.uuid, &prop.uuid, sizeof(c.uuid));
+  if (device < 0) return c;
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    (void)cudaGetLastError();  // ours: this rank cannot take part
+    return c;
   }
+  c.usable = 1;
+  std::memcpy(c.uuid, &prop.uuid, sizeof(c.uuid));
   return c;
 }
 
@@ -73,10 +190,46 @@ std::string Refusal(const std::vector<std::string>& gathered) {
   return {};
 }
 
+// Step 1 on this rank: the communicator, or nullptr (aborted) with `*error`.
+ncclComm_t InitOnDevice(const Comm& comm, const ncclUniqueId& id, int device, double timeout,
+                        Status* error) {
+  ScopedDevice scope;
+  *error = scope.Use(device);
+  if (!error->ok()) return nullptr;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // polled below, with a deadline, never a hang
+  ncclComm_t nc = nullptr;
+  ncclResult_t r = ncclCommInitRankConfig(&nc, comm.size(), id, comm.rank(), &config);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    *error = NcclError("init", r);
+  } else {
+    auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                       std::chrono::duration<double>(timeout));
+    *error = Poll(nc, deadline, "init", NothingElse);
+  }
+  if (!error->ok() && nc != nullptr) {
+    (void)ncclCommAbort(nc);
+    nc = nullptr;
+  }
+  return nc;
+}
+
+// Our stream and events on `device`, for a broadcaster.
+Status MakeStream(int device, cudaStream_t* stream, cudaEvent_t* ready, cudaEvent_t* done) {
+  ScopedDevice scope;
+  MHCKPT_RETURN_IF_ERROR(scope.Use(device));
+  cudaError_t e = cudaStreamCreateWithFlags(stream, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(ready, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(done, cudaEventDisableTiming);
+  return e == cudaSuccess ? OkStatus() : CudaError("stream create", e);
+}
+
 }  // namespace
 
 std::unique_ptr<DeviceBroadcaster> DeviceBroadcaster::Create(const Comm& comm, int device,
-                                                             std::string* why) {
+                                                             std::string* why,
+                                                             double timeout_seconds) {
+  if (!(timeout_seconds > 0)) timeout_seconds = 1e9;  // no deadline: the watchdog's choice
   Candidate mine = Probe(device);
   std::vector<std::string> all =
       comm.GatherBytes(std::string(reinterpret_cast<const char*>(&mine), sizeof(mine)), 0);
@@ -96,19 +249,26 @@ std::unique_ptr<DeviceBroadcaster> DeviceBroadcaster::Create(const Comm& comm, i
     return nullptr;
   }
   std::memcpy(&id, decision.data() + 1, sizeof(id));
-  int previous = 0;
-  cudaGetDevice(&previous);
-  cudaSetDevice(device);
-  ncclComm_t nc = nullptr;
-  ncclResult_t r = ncclCommInitRank(&nc, comm.size(), id, comm.rank());
-  cudaSetDevice(previous);
-  // Every rank must know that every rank's init worked.
-  if (comm.AllreduceMax(r == ncclSuccess ? 0 : 1) != 0) {
-    if (r == ncclSuccess) ncclCommDestroy(nc);
-    *why = "ncclCommInitRank failed on a rank";
+  Status local;
+  ncclComm_t nc = InitOnDevice(comm, id, device, timeout_seconds, &local);
+  cudaStream_t stream = nullptr;
+  cudaEvent_t ready = nullptr, done = nullptr;
+  if (local.ok()) local = MakeStream(device, &stream, &ready, &done);
+  // Why an allreduce: every rank must know that every rank's init worked.
+  if (comm.AllreduceMax(local.ok() ? 0 : 1) != 0) {
+    if (nc != nullptr) (void)ncclCommAbort(nc);
+    if (stream != nullptr) (void)cudaStreamDestroy(stream);
+    if (ready != nullptr) (void)cudaEventDestroy(ready);
+    if (done != nullptr) (void)cudaEventDestroy(done);
+    (void)cudaGetLastError();
+    if (!local.ok()) {
+      spdlog::warn("mhckpt: rank {}: NCCL init on device {}: {}", comm.rank(), device,
+                   local.message());
+    }
+    *why = "NCCL init failed or timed out on a rank (its log says why)";
     return nullptr;
   }
-  return std::make_unique<NcclBroadcaster>(nc, device);
+  return std::make_unique<NcclBroadcaster>(nc, device, stream, ready, done, timeout_seconds);
 }
 
 }  // namespace mhckpt::internal

@@ -4,7 +4,8 @@
 
 namespace mhckpt::internal {
 
-std::unique_ptr<DeviceBroadcaster> DeviceBroadcaster::Create(const Comm&, int, std::string* why) {
+std::unique_ptr<DeviceBroadcaster> DeviceBroadcaster::Create(const Comm&, int, std::string* why,
+                                                             double) {
   *why = "mhckpt was built without NCCL";
   return nullptr;
 }

@@ -122,7 +122,7 @@ class Landing {
   Landing(const Destination& d, DType dtype, PinnedBuffer& bounce)
       : d_(d), bytes_(static_cast<size_t>(Volume(d.box.count).value_or(0)) * DTypeSize(dtype)) {
     if (d.memory != Memory::kCuda) return;
-    if (bounce.size() < bytes_) bounce = PinnedBuffer(bytes_);
+    if (bounce.size() < bytes_) bounce = PinnedBuffer(bytes_, d.device);
     bounce_ = bounce.data();
   }
   [[nodiscard]] void* host() const { return bounce_ != nullptr ? bounce_ : d_.data; }
@@ -162,15 +162,17 @@ Status ReadAndBroadcast(ReadBatch& batch, size_t handle, const io::MarkerArray& 
 Status ReadAndBroadcastOnDevices(ReadBatch& batch, size_t handle, const io::MarkerArray& a,
                                  const Destination& whole, int rank, DeviceBroadcaster& nccl,
                                  PinnedBuffer& bounce, Status local) {
-  Landing land(whole, a.dtype, bounce);
   if (rank == 0 && local.ok()) {
     local = Guarded("restore", [&] {
+      Landing land(whole, a.dtype, bounce);  // only the root reads: only it pins memory
       MHCKPT_RETURN_IF_ERROR(batch.Add(handle, a, whole.box, static_cast<std::byte*>(land.host())));
       MHCKPT_RETURN_IF_ERROR(batch.Flush());
       return land.Finish();
     });
   }
-  Status sent = nccl.Broadcast(whole.data, land.bytes(), 0, whole.stream);
+  const size_t bytes =
+      static_cast<size_t>(Volume(whole.box.count).value_or(0)) * DTypeSize(a.dtype);
+  Status sent = nccl.Broadcast(whole.data, bytes, 0, whole.stream);
   return local.ok() ? sent : local;
 }
 
@@ -538,7 +540,8 @@ DeviceBroadcaster* ManagerImpl::DeviceBroadcasterFor(
   (void)WantedFlags(m, mine, &device);
   if (!device_broadcast_tried_) {
     device_broadcast_tried_ = true;
-    device_broadcast_ = DeviceBroadcaster::Create(comm_, device, &device_broadcast_why_);
+    device_broadcast_ = DeviceBroadcaster::Create(comm_, device, &device_broadcast_why_,
+                                                  options_.collective_timeout_seconds);
     if (!device_broadcast_ && comm_.rank() == 0) {
       spdlog::info("mhckpt: device broadcasts go through MPI: {}", device_broadcast_why_);
     }

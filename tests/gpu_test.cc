@@ -1,6 +1,7 @@
 // Device memory: save from GPU buffers that are freed right after Save, and
 // restore into GPU buffers. Skipped (and reported as skipped) without a GPU.
 // scripts/gpu-check.sh runs it on a machine that has one.
+#include <cuda.h>  // types only
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -8,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "coordinator/checkpoint_manager.h"
@@ -24,8 +26,21 @@ using testing::OpenForTest;
 using testing::Rank;
 using testing::Size;
 
+// Each rank on its own GPU where there are enough (NCCL's path), else shared.
+void UseThisRanksDevice() {
+  int count = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+  ASSERT_EQ(cudaSetDevice(Rank() % count), cudaSuccess);
+}
+
+#define MHCKPT_NEED_GPU()                                                    \
+  do {                                                                       \
+    if (!internal::CudaAvailable()) GTEST_SKIP() << "no usable CUDA device"; \
+    UseThisRanksDevice();                                                    \
+  } while (false)
+
 TEST(Gpu, SavedThenFreedDeviceBuffersRestoreBitExact) {
-  if (!internal::CudaAvailable()) GTEST_SKIP() << "no usable CUDA device";
+  MHCKPT_NEED_GPU();
   const int p = Size(), r = Rank();
   auto mgr = OpenForTest(FreshDir());
   ASSERT_TRUE(mgr);
@@ -88,52 +103,137 @@ std::vector<std::byte> FromDevice(const void* d, size_t bytes) {
 }
 
 void SleepOnStream(void* ms) {
-  std::this_thread::sleep_for(std::chrono::milliseconds(reinterpret_cast<intptr_t>(ms)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<const int*>(ms)));
 }
 
-// Save is called while the caller's stream is still about to write the final
-// values (a host function holds the stream for 300 ms, then a copy writes
-// them): the snapshot must wait for that stream, not copy what is there now.
-TEST(Gpu, SnapshotIsOrderedAfterTheCallersStream) {
-  if (!internal::CudaAvailable()) GTEST_SKIP() << "no usable CUDA device";
+// Holds `stream` for 500 ms (a host function): work queued behind it runs
+// only then, long after any copy that does not wait for the stream.
+void DelayStream(cudaStream_t stream) {
+  static int delay_ms = 500;
+  ASSERT_EQ(cudaLaunchHostFunc(stream, SleepOnStream, &delay_ms), cudaSuccess);
+}
+
+// Turns off mhckpt's wait for the caller's streams for one negative control.
+class WithoutTheWait {
+ public:
+  WithoutTheWait() { internal::SetWaitForCallerStreamsForTest(false); }
+  ~WithoutTheWait() { internal::SetWaitForCallerStreamsForTest(true); }
+  WithoutTheWait(const WithoutTheWait&) = delete;
+  WithoutTheWait& operator=(const WithoutTheWait&) = delete;
+};
+
+struct StreamOrderCase {
+  std::vector<int64_t> shape;
+  Box mine;
+  size_t bytes;
+};
+
+StreamOrderCase OrderCase() {
   const int p = Size(), r = Rank();
-  auto mgr = OpenForTest(FreshDir());
-  ASSERT_TRUE(mgr);
-  const std::vector<int64_t> shape{512 * p, 1024};
+  std::vector<int64_t> shape{512 * p, 1024};
   auto [lo, hi] = SplitRange(shape[0], p, r);
   Box mine{{lo, 0}, {hi - lo, 1024}};
-  auto final_values = Fill(DType::kFloat32, shape, mine, 5);
-  std::vector<std::byte> zeros(final_values.size());
-  void* d = ToDevice(zeros);
+  return {shape, mine, static_cast<size_t>(*Volume(mine.count)) * 4};
+}
+
+// The bytes Save took from a zeroed device buffer whose caller stream is
+// still to set every byte to 0x5A (a cudaMemsetAsync queued behind a 500 ms
+// host function): all 0x5A if the snapshot waited for the stream, zeros if not.
+std::vector<std::byte> SavedWhileTheStreamWrites() {
+  StreamOrderCase c = OrderCase();
+  auto mgr = OpenForTest(FreshDir());
+  EXPECT_TRUE(mgr);
+  if (!mgr) return {};
+  void* d = ToDevice(std::vector<std::byte>(c.bytes));
   cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  ASSERT_EQ(cudaLaunchHostFunc(stream, SleepOnStream, reinterpret_cast<void*>(intptr_t{300})),
-            cudaSuccess);
-  ASSERT_EQ(
-      cudaMemcpyAsync(d, final_values.data(), final_values.size(), cudaMemcpyHostToDevice, stream),
-      cudaSuccess);
+  EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  DelayStream(stream);
+  EXPECT_EQ(cudaMemsetAsync(d, 0x5A, c.bytes, stream), cudaSuccess);
   std::vector<ArrayToSave> arrays{
-      {"w", DType::kFloat32, shape, {Shard{mine, d, Memory::kCuda, -1, stream}}}};
-  ASSERT_TRUE(mgr->Save(1, arrays).ok());
+      {"w", DType::kFloat32, c.shape, {Shard{c.mine, d, Memory::kCuda, -1, stream}}}};
+  Status s = mgr->Save(1, arrays);
+  EXPECT_TRUE(s.ok()) << s.ToString();
   // Donated at once: overwritten on the stream, then freed.
-  cudaMemsetAsync(d, 0xEE, final_values.size(), stream);
-  cudaStreamSynchronize(stream);
+  EXPECT_EQ(cudaMemsetAsync(d, 0xEE, c.bytes, stream), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   cudaFree(d);
   cudaStreamDestroy(stream);
-  Status s = mgr->WaitUntilFinished();
-  ASSERT_TRUE(s.ok()) << s.ToString();
-  std::vector<std::byte> got(final_values.size());
-  ArrayToRestore want{"w", DType::kFloat32, {Destination{mine, got.data()}}};
+  s = mgr->WaitUntilFinished();
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  std::vector<std::byte> got(c.bytes);
+  ArrayToRestore want{"w", DType::kFloat32, {Destination{c.mine, got.data()}}};
   s = mgr->Restore(1, {&want, 1});
-  ASSERT_TRUE(s.ok()) << s.ToString();
-  EXPECT_TRUE(got == final_values);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return got;
+}
+
+// Save is called while the caller's stream is still to write the final
+// values: the snapshot must wait for that stream, not copy what is there now.
+TEST(Gpu, SaveWaitsForTheCallersStream) {
+  MHCKPT_NEED_GPU();
+  EXPECT_TRUE(SavedWhileTheStreamWrites() ==
+              std::vector<std::byte>(OrderCase().bytes, std::byte{0x5A}));
+}
+
+// Negative control: without the wait, the same save copies the old zeros, so
+// the test above can fail.
+TEST(Gpu, SaveWithoutTheWaitCopiesTheOldBytes) {
+  MHCKPT_NEED_GPU();
+  WithoutTheWait off;
+  EXPECT_FALSE(SavedWhileTheStreamWrites() ==
+               std::vector<std::byte>(OrderCase().bytes, std::byte{0x5A}));
+}
+
+// The device bytes after a restore of known values into a buffer whose caller
+// stream still has a cudaMemsetAsync(0xEE) queued behind a 500 ms host
+// function: the saved values if the copies waited for the stream, 0xEE if they
+// landed first and the memset overwrote them.
+std::vector<std::byte> RestoredWhileTheStreamWrites(std::vector<std::byte>* expected) {
+  StreamOrderCase c = OrderCase();
+  *expected = Fill(DType::kFloat32, c.shape, c.mine, 41);
+  auto mgr = OpenForTest(FreshDir());
+  EXPECT_TRUE(mgr);
+  if (!mgr) return {};
+  std::vector<ArrayToSave> arrays{
+      {"w", DType::kFloat32, c.shape, {Shard{c.mine, expected->data()}}}};
+  EXPECT_TRUE(mgr->Save(1, arrays).ok());
+  Status s = mgr->WaitUntilFinished();
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  void* d = ToDevice(std::vector<std::byte>(c.bytes));
+  cudaStream_t stream = nullptr;
+  EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  DelayStream(stream);
+  EXPECT_EQ(cudaMemsetAsync(d, 0xEE, c.bytes, stream), cudaSuccess);  // the model still writes
+  ArrayToRestore want{"w", DType::kFloat32, {Destination{c.mine, d, Memory::kCuda, -1, stream}}};
+  s = mgr->Restore(1, {&want, 1});
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  std::vector<std::byte> got = FromDevice(d, c.bytes);
+  cudaFree(d);
+  cudaStreamDestroy(stream);
+  return got;
+}
+
+TEST(Gpu, RestoreWaitsForTheCallersStream) {
+  MHCKPT_NEED_GPU();
+  std::vector<std::byte> expected;
+  EXPECT_TRUE(RestoredWhileTheStreamWrites(&expected) == expected);
+}
+
+// Negative control: without the wait, the queued memset lands after the
+// restored bytes and overwrites them, so the test above can fail.
+TEST(Gpu, RestoreWithoutTheWaitIsOverwritten) {
+  MHCKPT_NEED_GPU();
+  WithoutTheWait off;
+  std::vector<std::byte> expected;
+  EXPECT_FALSE(RestoredWhileTheStreamWrites(&expected) == expected);
 }
 
 // A replicated array restored whole into every rank's GPU is read once (by
 // rank 0) and broadcast: with NCCL where every rank has its own GPU (one rank
 // here), through pinned host memory and MPI where ranks share one.
 TEST(Gpu, ReplicatedArrayIsReadOnceIntoEveryGpu) {
-  if (!internal::CudaAvailable()) GTEST_SKIP() << "no usable CUDA device";
+  MHCKPT_NEED_GPU();
   const int r = Rank();
   auto mgr = OpenForTest(FreshDir());
   ASSERT_TRUE(mgr);
@@ -167,7 +267,7 @@ std::string ReshardDir() {
 TEST(GpuReshard, SaveOrRestore) {
   const char* phase = std::getenv("MHCKPT_GPU_PHASE");
   if (phase == nullptr) GTEST_SKIP() << "runs as gpu.reshard.* (MHCKPT_GPU_PHASE)";
-  if (!internal::CudaAvailable()) GTEST_SKIP() << "no usable CUDA device";
+  MHCKPT_NEED_GPU();
   const int p = Size(), r = Rank();
   const std::vector<int64_t> shape{1000, 3, 17};
   if (std::string(phase) == "save") {
@@ -197,6 +297,56 @@ TEST(GpuReshard, SaveOrRestore) {
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_TRUE(FromDevice(d, bytes) == Fill(DType::kFloat16, shape, mine, 31));
   cudaFree(d);
+}
+
+// Whether device `device` has an active primary context, through the driver
+// (reached through the runtime, as mhckpt does); nullopt if it cannot tell.
+std::optional<bool> PrimaryContextActive(int device) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  if (cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &fn, 12000, cudaEnableDefault,
+                                       &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess) {
+    return std::nullopt;
+  }
+  unsigned flags = 0;
+  int active = 0;
+  auto get = reinterpret_cast<CUresult (*)(CUdevice, unsigned*, int*)>(fn);
+  if (get(device, &flags, &active) != CUDA_SUCCESS) return std::nullopt;
+  return active != 0;
+}
+
+// Saved from and restored into device 1 (its I/O thread pins, allocates and
+// copies): no context appears on device 0, which mhckpt was not asked to use.
+// Runs alone in its process (gpu.contexts): any other test touches device 0.
+TEST(GpuContexts, NoContextOnADeviceNotAskedFor) {
+  if (std::getenv("MHCKPT_GPU_CONTEXTS") == nullptr) GTEST_SKIP() << "runs as gpu.contexts";
+  if (!internal::CudaAvailable()) GTEST_SKIP() << "no usable CUDA device";
+  int count = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+  if (count < 2) GTEST_SKIP() << "needs two GPUs";
+  std::optional<bool> before = PrimaryContextActive(0);
+  if (!before) GTEST_SKIP() << "the driver cannot tell whether device 0 has a context";
+  ASSERT_FALSE(*before) << "device 0 had a context before mhckpt ran (MPI's CUDA support?)";
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  auto mgr = OpenForTest(FreshDir());
+  ASSERT_TRUE(mgr);
+  const std::vector<int64_t> shape{256, 1024};
+  auto values = Fill(DType::kFloat32, shape, FullBox(shape), 3);
+  void* d = ToDevice(values);
+  std::vector<ArrayToSave> arrays{
+      {"w", DType::kFloat32, shape, {Shard{FullBox(shape), d, Memory::kCuda}}}};
+  ASSERT_TRUE(mgr->Save(1, arrays).ok());
+  Status s = mgr->WaitUntilFinished();
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_EQ(cudaMemset(d, 0, values.size()), cudaSuccess);
+  ArrayToRestore want{"w", DType::kFloat32, {Destination{FullBox(shape), d, Memory::kCuda}}};
+  s = mgr->Restore(1, {&want, 1});
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(FromDevice(d, values.size()) == values);
+  cudaFree(d);
+  mgr.reset();
+  EXPECT_EQ(PrimaryContextActive(0), std::optional<bool>(false));
 }
 
 }  // namespace

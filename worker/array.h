@@ -57,9 +57,12 @@ struct Destination {
   void* data = nullptr;
   Memory memory = Memory::kHost;
   /// Device memory only: the CUDA device holding `data` (-1: the device CUDA
-  /// reports for the pointer), and the caller's `cudaStream_t` that must not
-  /// touch `data` before it is filled (it is made to wait for the copies;
-  /// nullptr: the legacy default stream). Restore returns after the copies.
+  /// reports for the pointer), and the caller's `cudaStream_t` on which
+  /// `data` is used. The copies into `data` start only after the work issued
+  /// on that stream before Restore (which may still read or write `data`),
+  /// and the stream is made to wait for them (nullptr: the legacy default
+  /// stream, which does not order streams made with cudaStreamNonBlocking —
+  /// pass those explicitly). Restore returns after the copies.
   int device = -1;
   void* stream = nullptr;
 };

@@ -60,12 +60,14 @@ void ParallelCopy(std::span<const CopyTask> tasks, int threads) {
 PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)),
-      pinned_(std::exchange(other.pinned_, false)) {}
+      pinned_(std::exchange(other.pinned_, false)),
+      device_(std::exchange(other.device_, -1)) {}
 
 PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
   std::swap(data_, other.data_);
   std::swap(size_, other.size_);
   std::swap(pinned_, other.pinned_);
+  std::swap(device_, other.device_);
   return *this;
 }
 

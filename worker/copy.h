@@ -35,20 +35,55 @@ bool CudaAvailable();
 /// streams of its own (a few per device, made once and reused; copies on
 /// several devices overlap). Each copy starts only after the work issued so
 /// far on its task's caller stream (an event recorded there, waited on by
-/// ours). Returns after every copy has completed, with the calling thread's
-/// current device unchanged.
+/// ours). Returns after every copy has completed, also on an error (every
+/// stream of ours is synchronised first), with the calling thread's current
+/// context unchanged.
 Status CopyDeviceToHost(std::span<const CopyTask> tasks);
 
-/// Copies host memory to device memory the same way; each task's caller
-/// stream is made to wait for its copy. Returns after every copy completed.
+/// Copies host memory to device memory the same way, in both directions of
+/// order: the copies start after the work issued so far on each task's
+/// caller stream (they may overwrite what that work still reads or writes
+/// otherwise), and each caller stream is made to wait for the copies.
+/// Returns after every copy completed.
 Status CopyHostToDevice(std::span<const CopyTask> tasks);
+
+/// Tests only: false makes the copies above start at once, without waiting
+/// for the caller streams (the bug the ordering tests must catch).
+void SetWaitForCallerStreamsForTest(bool wait);
+
+/// Makes a CUDA device current on the calling thread for a scope, and puts
+/// back the thread's previous context (none, if it had none) at its end: an
+/// I/O or snapshot thread never creates a context on a device mhckpt was not
+/// asked to use, and a caller's thread keeps its own. Without CUDA, a no-op.
+class ScopedDevice {
+ public:
+  ScopedDevice();
+  ~ScopedDevice();
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+  /// Makes `device` current (its primary context); IoError if CUDA refuses.
+  Status Use(int device);
+  /// Whether the thread had a current context when the scope began.
+  [[nodiscard]] bool had_context() const { return saved_context_ != nullptr; }
+
+ private:
+  void* saved_context_ = nullptr;  // CUcontext
+  int saved_device_ = -1;          // when the driver's context calls are unavailable
+  bool changed_ = false;
+};
+
+/// Remembers `device` as one mhckpt was asked to use: threads without a
+/// context pin host memory on it. Resolves -1 from `data` (device memory).
+void NoteDevice(int device, const void* data);
 
 /// Host memory that CUDA can copy from and to at full speed (cudaMallocHost;
 /// plain memory without CUDA). For restore's landing of device destinations.
 class PinnedBuffer {
  public:
   PinnedBuffer() = default;
-  explicit PinnedBuffer(size_t bytes);
+  /// `device`: the device the buffer is copied to or from (-1: the thread's
+  /// current context, else a device noted before); its context allocates.
+  explicit PinnedBuffer(size_t bytes, int device = -1);
   ~PinnedBuffer();
   PinnedBuffer(PinnedBuffer&& other) noexcept;
   PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
@@ -61,13 +96,17 @@ class PinnedBuffer {
   std::byte* data_ = nullptr;
   size_t size_ = 0;
   bool pinned_ = false;
+  int device_ = -1;  // the device whose context allocated it (-1: the thread's)
 };
 
 /// The CUDA device that holds `data` (device or managed memory);
 /// InvalidArgument for host memory, FailedPrecondition without CUDA.
 Result<int> DeviceOfPointer(const void* data);
 
-/// Pins (page-locks) host memory for fast DMA; a no-op without CUDA.
+/// Pins (page-locks) host memory for fast DMA, in the thread's current
+/// context or on a device noted before; a no-op without CUDA. A failure
+/// (or no device known yet) leaves the memory pageable, copies slower, and
+/// is logged once per process.
 void PinHostMemory(void* data, size_t bytes);
 void UnpinHostMemory(void* data);
 

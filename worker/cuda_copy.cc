@@ -1,16 +1,42 @@
 // The CUDA side of worker/copy.h, built when the CUDA toolkit is found.
+//
+// The order of one copy call with its caller streams (both directions):
+//   1. Under one process-wide lock, for each device: make it current (the
+//      thread's previous context is put back at the end), and take its lanes
+//      (a few non-blocking streams of ours, with a `done` event each, made once).
+//   2. For each distinct caller stream: record `ready` on it, and make every
+//      lane wait on `ready`. The copies therefore start only after the work
+//      issued so far on the caller streams: for a save, the kernels that write
+//      the source; for a restore, the work that still reads or writes the
+//      destination.
+//   3. Queue the copies round-robin on the lanes (cudaMemcpyAsync).
+//   4. Record `done` on every lane.
+//   5. Host to device only: make every caller stream wait on every `done`, so
+//      that work issued on it later (on any thread) sees the restored bytes.
+//   6. After steps 1-5 on every device (copies on several devices overlap):
+//      synchronise every lane stream of every device touched. This runs on an
+//      error in steps 1-5 too, so that no transfer still reads or writes a
+//      staging buffer once the call has returned and the buffer is reused.
+//   7. Return the first error, as one Status; a sticky-free CUDA error is
+//      cleared (cudaGetLastError) once it has become that Status, so that the
+//      framework's next launch check does not report it as its own.
+#include <cuda.h>  // types only: driver calls are reached through the runtime
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>
 #include <new>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "worker/copy.h"
 
@@ -19,7 +45,11 @@ namespace {
 
 constexpr int kStreamsPerDevice = 4;
 
-Status CudaError(const char* what, cudaError_t e) {
+std::atomic<bool> wait_for_callers{true};  // false only in the negative-control tests
+std::atomic<int> noted_device{-1};         // a device mhckpt was asked to use
+
+Status CudaError(std::string_view what, cudaError_t e) {
+  (void)cudaGetLastError();  // reported here: not left for the next caller's check
   return IoError(fmt::format("CUDA {}: {} ({})", what, cudaGetErrorString(e), static_cast<int>(e)));
 }
 
@@ -30,6 +60,42 @@ Status CudaError(const char* what, cudaError_t e) {
       return CudaError(what, mhckpt_cuda_e); \
     }                                        \
   } while (false)
+
+// Driver calls, reached through the runtime: mhckpt does not link libcuda, so
+// that it loads where no driver is installed.
+struct DriverCalls {
+  CUresult (*ctx_get_current)(CUcontext*) = nullptr;
+  CUresult (*ctx_set_current)(CUcontext) = nullptr;
+  CUresult (*pointer_get_attribute)(void*, CUpointer_attribute, CUdeviceptr) = nullptr;
+};
+
+template <typename F>
+void Entry(const char* symbol, F* fn) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  if (cudaGetDriverEntryPointByVersion(symbol, &p, 12000, cudaEnableDefault, &q) != cudaSuccess) {
+    (void)cudaGetLastError();  // ours; a caller's earlier error stays for its own check
+  } else if (q == cudaDriverEntryPointSuccess) {
+    *fn = reinterpret_cast<F>(p);
+  }
+}
+
+const DriverCalls& Driver() {
+  static const DriverCalls calls = [] {
+    DriverCalls c;
+    if (!CudaAvailable()) return c;
+    Entry("cuCtxGetCurrent", &c.ctx_get_current);
+    Entry("cuCtxSetCurrent", &c.ctx_set_current);
+    Entry("cuPointerGetAttribute", &c.pointer_get_attribute);
+    return c;
+  }();
+  return calls;
+}
+
+// Logs `message` once per `flag` (a static of the caller).
+void WarnOnce(std::atomic<bool>& flag, const std::string& message) {
+  if (!flag.exchange(true)) spdlog::warn("mhckpt: {}", message);
+}
 
 // The streams and events mhckpt copies with on one device, made once. The
 // copies of one call run on them; calls are serialised (Lanes::mu).
@@ -58,6 +124,12 @@ class Lanes {
     return &lanes_.emplace(device, l).first->second;
   }
 
+  // The lanes of `device` if made, else nullptr.
+  DeviceLanes* Find(int device) {
+    auto it = lanes_.find(device);
+    return it == lanes_.end() ? nullptr : &it->second;
+  }
+
  private:
   std::map<int, DeviceLanes> lanes_;  // kept for the process's life
 };
@@ -73,56 +145,68 @@ Result<int> DeviceOf(const CopyTask& t, cudaMemcpyKind kind) {
   return DeviceOfPointer(kind == cudaMemcpyDeviceToHost ? t.src : t.dst);
 }
 
-// Restores the calling thread's current device on scope exit.
-class KeepCurrentDevice {
- public:
-  KeepCurrentDevice() { cudaGetDevice(&device_); }
-  ~KeepCurrentDevice() { cudaSetDevice(device_); }
-  KeepCurrentDevice(const KeepCurrentDevice&) = delete;
-  KeepCurrentDevice& operator=(const KeepCurrentDevice&) = delete;
-
- private:
-  int device_ = 0;
-};
-
-// The copies of one device, in order with their caller streams.
-Status CopyOnDevice(int device, const std::vector<const CopyTask*>& tasks, cudaMemcpyKind kind,
-                    Lanes& lanes) {
-  MHCKPT_CUDA_RETURN("set device", cudaSetDevice(device));
-  MHCKPT_ASSIGN_OR_RETURN(DeviceLanes * l, lanes.Get(device));
-  // D2H: our streams wait for everything issued so far on each caller stream.
-  std::vector<void*> callers;
+// The distinct caller streams of `tasks`, in order of first use.
+std::vector<cudaStream_t> CallerStreams(const std::vector<const CopyTask*>& tasks) {
+  std::vector<cudaStream_t> callers;
   for (const CopyTask* t : tasks) {
-    if (std::find(callers.begin(), callers.end(), t->stream) == callers.end())
-      callers.push_back(t->stream);
+    auto s = static_cast<cudaStream_t>(t->stream);
+    if (std::find(callers.begin(), callers.end(), s) == callers.end()) callers.push_back(s);
   }
-  if (kind == cudaMemcpyDeviceToHost) {
-    for (void* caller : callers) {
-      MHCKPT_CUDA_RETURN("event record",
-                         cudaEventRecord(l->ready, static_cast<cudaStream_t>(caller)));
-      for (cudaStream_t s : l->streams) {
-        MHCKPT_CUDA_RETURN("stream wait", cudaStreamWaitEvent(s, l->ready, 0));
+  return callers;
+}
+
+// Steps 2-5 on one device (current already) for its tasks.
+Status QueueOnDevice(DeviceLanes& l, const std::vector<const CopyTask*>& tasks,
+                     cudaMemcpyKind kind) {
+  const std::vector<cudaStream_t> callers = CallerStreams(tasks);
+  // 2. Our lanes wait for everything issued so far on each caller stream.
+  if (wait_for_callers.load()) {
+    for (cudaStream_t caller : callers) {
+      MHCKPT_CUDA_RETURN("event record on the caller's stream", cudaEventRecord(l.ready, caller));
+      for (cudaStream_t s : l.streams) {
+        MHCKPT_CUDA_RETURN("stream wait", cudaStreamWaitEvent(s, l.ready, 0));
       }
     }
   }
+  // 3. The copies.
   for (size_t i = 0; i < tasks.size(); ++i) {
     const CopyTask& t = *tasks[i];
     MHCKPT_CUDA_RETURN(
-        "memcpy", cudaMemcpyAsync(t.dst, t.src, t.bytes, kind, l->streams[i % kStreamsPerDevice]));
+        "memcpy", cudaMemcpyAsync(t.dst, t.src, t.bytes, kind, l.streams[i % kStreamsPerDevice]));
   }
+  // 4. The end of each lane.
   for (int i = 0; i < kStreamsPerDevice; ++i) {
-    MHCKPT_CUDA_RETURN("event record", cudaEventRecord(l->done[i], l->streams[i]));
+    MHCKPT_CUDA_RETURN("event record", cudaEventRecord(l.done[i], l.streams[i]));
   }
-  // H2D: each caller stream waits for the copies before touching its buffers.
+  // 5. H2D: each caller stream waits for the copies before touching its buffers.
   if (kind == cudaMemcpyHostToDevice) {
-    for (void* caller : callers) {
-      for (cudaEvent_t e : l->done) {
-        MHCKPT_CUDA_RETURN("stream wait",
-                           cudaStreamWaitEvent(static_cast<cudaStream_t>(caller), e, 0));
+    for (cudaStream_t caller : callers) {
+      for (cudaEvent_t e : l.done) {
+        MHCKPT_CUDA_RETURN("caller's stream wait", cudaStreamWaitEvent(caller, e, 0));
       }
     }
   }
   return OkStatus();
+}
+
+// 6. Waits for every lane of every device in `devices` that has lanes.
+Status DrainLanes(const std::map<int, std::vector<const CopyTask*>>& devices, Lanes& lanes,
+                  ScopedDevice& scope) {
+  Status s;
+  for (const auto& [device, unused] : devices) {
+    DeviceLanes* l = lanes.Find(device);
+    if (l == nullptr) continue;
+    Status used = scope.Use(device);
+    if (!used.ok()) {
+      if (s.ok()) s = used;
+      continue;
+    }
+    for (cudaStream_t stream : l->streams) {
+      cudaError_t e = cudaStreamSynchronize(stream);
+      if (e != cudaSuccess && s.ok()) s = CudaError("synchronize", e);
+    }
+  }
+  return s;
 }
 
 Status Copy(std::span<const CopyTask> tasks, cudaMemcpyKind kind) {
@@ -136,23 +220,32 @@ Status Copy(std::span<const CopyTask> tasks, cudaMemcpyKind kind) {
   }
   Lanes& lanes = TheLanes();
   std::lock_guard<std::mutex> lock(lanes.mu);
-  KeepCurrentDevice keep;
-  // Issue on every device first, then wait: copies on several devices overlap.
+  ScopedDevice scope;
+  // 1-5 on every device first, then 6: copies on several devices overlap.
   Status s;
   for (const auto& [device, mine] : by_device) {
-    s = CopyOnDevice(device, mine, kind, lanes);
+    s = scope.Use(device);
+    if (!s.ok()) break;
+    noted_device.store(device);
+    Result<DeviceLanes*> l = lanes.Get(device);
+    if (!l.ok()) {
+      s = l.status();
+      break;
+    }
+    s = QueueOnDevice(**l, mine, kind);
     if (!s.ok()) break;
   }
-  for (const auto& [device, mine] : by_device) {
-    cudaSetDevice(device);
-    Result<DeviceLanes*> l = lanes.Get(device);
-    if (!l.ok()) continue;
-    for (cudaEvent_t e : (*l)->done) {
-      cudaError_t err = cudaEventSynchronize(e);
-      if (err != cudaSuccess && s.ok()) s = CudaError("synchronize", err);
-    }
-  }
-  return s;
+  Status drained = DrainLanes(by_device, lanes, scope);
+  return s.ok() ? drained : s;
+}
+
+// Makes a context current for a host-memory call (pin, allocate, free) on a
+// thread that may have none: `device` if given, else the thread's own, else
+// the device noted before. False if none is known: nothing is created then.
+bool HostMemoryContext(ScopedDevice& scope, int device) {
+  if (device < 0 && scope.had_context()) return true;
+  if (device < 0) device = noted_device.load();
+  return device >= 0 && scope.Use(device).ok();
 }
 
 }  // namespace
@@ -160,7 +253,11 @@ Status Copy(std::span<const CopyTask> tasks, cudaMemcpyKind kind) {
 bool CudaAvailable() {
   static const bool available = [] {
     int count = 0;  // left untouched when the call fails (no driver: error 35)
-    return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+      (void)cudaGetLastError();  // no driver or device: not an error for anyone
+      return false;
+    }
+    return count > 0;
   }();
   return available;
 }
@@ -173,30 +270,117 @@ Status CopyHostToDevice(std::span<const CopyTask> tasks) {
   return Copy(tasks, cudaMemcpyHostToDevice);
 }
 
+void SetWaitForCallerStreamsForTest(bool wait) { wait_for_callers.store(wait); }
+
+ScopedDevice::ScopedDevice() {
+  if (!CudaAvailable()) return;
+  const DriverCalls& d = Driver();
+  if (d.ctx_get_current != nullptr && d.ctx_set_current != nullptr) {
+    CUcontext c = nullptr;
+    if (d.ctx_get_current(&c) == CUDA_SUCCESS) saved_context_ = c;
+  } else if (cudaGetDevice(&saved_device_) != cudaSuccess) {
+    (void)cudaGetLastError();
+    saved_device_ = -1;
+  }
+}
+
+ScopedDevice::~ScopedDevice() {
+  if (!changed_) return;
+  const DriverCalls& d = Driver();
+  if (d.ctx_set_current != nullptr) {
+    // Back to the caller's context, or to none: cudaSetDevice(0) would make one.
+    (void)d.ctx_set_current(static_cast<CUcontext>(saved_context_));
+  } else if (saved_device_ >= 0 && cudaSetDevice(saved_device_) != cudaSuccess) {
+    (void)cudaGetLastError();
+  }
+}
+
+Status ScopedDevice::Use(int device) {
+  changed_ = true;
+  MHCKPT_CUDA_RETURN(fmt::format("set device {}", device), cudaSetDevice(device));
+  return OkStatus();
+}
+
+void NoteDevice(int device, const void* data) {
+  if (device < 0 && data != nullptr) {
+    Result<int> d = DeviceOfPointer(data);
+    device = d.ok() ? *d : -1;
+  }
+  if (device >= 0) noted_device.store(device);
+}
+
 Result<int> DeviceOfPointer(const void* data) {
   if (!CudaAvailable()) return FailedPrecondition("no CUDA device is usable");
+  ScopedDevice scope;
+  // A thread without a context asks the driver, which needs none; the
+  // runtime would make one on the current device (0) first.
+  const DriverCalls& d = Driver();
+  if (!scope.had_context() && d.pointer_get_attribute != nullptr) {
+    int ordinal = -1;
+    CUresult r = d.pointer_get_attribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                         reinterpret_cast<CUdeviceptr>(data));
+    if (r == CUDA_SUCCESS && ordinal >= 0) MHCKPT_RETURN_IF_ERROR(scope.Use(ordinal));
+  }
   cudaPointerAttributes attr{};
   MHCKPT_CUDA_RETURN("pointer attributes", cudaPointerGetAttributes(&attr, data));
   if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) {
     return InvalidArgument(fmt::format("{} is not device memory", data));
   }
+  noted_device.store(attr.device);
   return attr.device;
 }
 
 void PinHostMemory(void* data, size_t bytes) {
-  if (CudaAvailable()) cudaHostRegister(data, bytes, cudaHostRegisterDefault);
+  static std::atomic<bool> warned{false};
+  if (!CudaAvailable() || bytes == 0) return;
+  ScopedDevice scope;
+  if (!HostMemoryContext(scope, -1)) {
+    WarnOnce(warned, fmt::format("staging buffer of {} bytes left pageable: no CUDA device in use "
+                                 "yet on this thread (device copies from it are slower)",
+                                 bytes));
+    return;
+  }
+  cudaError_t e = cudaHostRegister(data, bytes, cudaHostRegisterPortable);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    WarnOnce(warned, fmt::format("cudaHostRegister of a {}-byte staging buffer failed: {}; it "
+                                 "stays pageable (device copies from it are slower)",
+                                 bytes, cudaGetErrorString(e)));
+  }
 }
 
 void UnpinHostMemory(void* data) {
-  if (CudaAvailable()) cudaHostUnregister(data);
+  if (!CudaAvailable()) return;
+  ScopedDevice scope;
+  if (!HostMemoryContext(scope, -1)) return;  // no device known: nothing was pinned
+  // Not registered if pinning failed: that error is ours, cleared.
+  if (cudaHostUnregister(data) != cudaSuccess) (void)cudaGetLastError();
 }
 
-PinnedBuffer::PinnedBuffer(size_t bytes) : size_(bytes) {
+PinnedBuffer::PinnedBuffer(size_t bytes, int device) : size_(bytes) {
+  static std::atomic<bool> warned{false};
   if (bytes == 0) return;
   void* p = nullptr;
-  if (CudaAvailable() && cudaMallocHost(&p, bytes) == cudaSuccess) {
-    pinned_ = true;
-  } else {
+  if (CudaAvailable()) {
+    ScopedDevice scope;
+    if (!HostMemoryContext(scope, device)) {
+      WarnOnce(warned, "pinned buffer allocated pageable: no CUDA device known on this thread");
+    } else if (cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable); e != cudaSuccess) {
+      (void)cudaGetLastError();
+      p = nullptr;
+      WarnOnce(warned, fmt::format("cudaHostAlloc of {} bytes failed: {}; pageable instead", bytes,
+                                   cudaGetErrorString(e)));
+    } else {
+      pinned_ = true;
+      device_ = device;
+      if (device_ < 0 && scope.had_context() && cudaGetDevice(&device_) != cudaSuccess) {
+        (void)cudaGetLastError();
+        device_ = noted_device.load();
+      }
+      if (device_ < 0) device_ = noted_device.load();
+    }
+  }
+  if (!pinned_) {
     p = std::malloc(bytes);
     if (p == nullptr) throw std::bad_alloc();
   }
@@ -205,11 +389,13 @@ PinnedBuffer::PinnedBuffer(size_t bytes) : size_(bytes) {
 
 PinnedBuffer::~PinnedBuffer() {
   if (data_ == nullptr) return;
-  if (pinned_) {
-    cudaFreeHost(data_);
-  } else {
+  if (!pinned_) {
     std::free(data_);
+    return;
   }
+  ScopedDevice scope;
+  if (!scope.had_context() && device_ >= 0) (void)scope.Use(device_);
+  if (cudaFreeHost(data_) != cudaSuccess) (void)cudaGetLastError();
 }
 
 }  // namespace mhckpt::internal

@@ -35,6 +35,8 @@ Result<size_t> CheckShard(const ArrayToSave& a, const Shard& s, int rank) {
   if (s.memory == Memory::kCuda && bytes > 0 && !CudaAvailable()) {
     return InvalidArgument(fmt::format("{}: device memory, but no CUDA device is usable", where()));
   }
+  // Staging is pinned on a device the caller uses, never on another.
+  if (s.memory == Memory::kCuda && bytes > 0) NoteDevice(s.device, s.data);
   return bytes;
 }
 

@@ -38,7 +38,8 @@ class SaveArray:
     name: str
     dtype: str
     shape: List[int]
-    shards: List[Tuple[List[int], List[int], Any]] = field(default_factory=list)
+    # (start, count, buffer[, stream]): stream, a device buffer's cudaStream_t as an int
+    shards: List[Tuple[Any, ...]] = field(default_factory=list)
 
     def spec(self):
         return (self.name, self.dtype, self.shape, self.shards)
@@ -51,7 +52,7 @@ class RestoreArray:
 
     name: str
     dtype: str
-    shards: List[Tuple[List[int], List[int], Any]]
+    shards: List[Tuple[Any, ...]]  # (start, count, buffer[, stream]), as in SaveArray
     finish: Callable[[], Any]
 
     def spec(self):

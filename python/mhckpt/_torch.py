@@ -6,6 +6,12 @@ uneven shards as torch.chunk makes them). Partial placements hold no box and
 are refused: redistribute them first. Buffers reach C++ through DLPack (a
 detached view: no copy), device tensors as device memory.
 
+Device tensors are ordered with the current stream of their device
+(``torch.cuda.current_stream(device)``, the stream the training code issues
+on, also under ``with torch.cuda.stream(s):``): a save copies after the work
+queued there so far, and a restore starts after it and makes that stream
+wait for the restored bytes. Both return with the copies complete.
+
 Restoring fills the target in place (the DTensor's local tensor), and returns
 the target itself.
 """
@@ -71,6 +77,14 @@ def _as_buffer(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
+def stream_of(t: torch.Tensor) -> int:
+    """The producer's stream of ``t`` as an integer ``cudaStream_t`` (0 for a
+    host tensor): the current stream of its device."""
+    if t.device.type != "cuda":
+        return 0
+    return int(torch.cuda.current_stream(t.device).cuda_stream)
+
+
 def save_array(name: str, t: torch.Tensor) -> SaveArray:
     dt = dtype_name(name, t.dtype)
     if is_dtensor(t):
@@ -80,7 +94,7 @@ def save_array(name: str, t: torch.Tensor) -> SaveArray:
         start, count, local = [0] * t.dim(), list(t.shape), t
     a = SaveArray(name, dt, list(t.shape))
     if local.numel():
-        a.shards.append((start, count, _as_buffer(local)))
+        a.shards.append((start, count, _as_buffer(local), stream_of(local)))
     return a
 
 
@@ -102,5 +116,6 @@ def restore_array(name: str, target: torch.Tensor, stored: dict) -> RestoreArray
                 local.copy_(buf)
             return target
 
-    shards = [(start, count, buf.reshape(-1).view(torch.uint8))] if buf.numel() else []
+    view = buf.reshape(-1).view(torch.uint8)
+    shards = [(start, count, view, stream_of(buf))] if buf.numel() else []
     return RestoreArray(name, stored["dtype"], shards, fin)

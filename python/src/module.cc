@@ -70,11 +70,11 @@ DType ParseDType(const std::string& name, const std::string& array) {
 }
 
 // A buffer as mhckpt sees it: a pointer, its memory kind and, for device
-// memory, its CUDA device. Device memory taken through DLPack is ordered on
-// the legacy default stream: the producer (torch, JAX) has made that stream
-// wait for its work, and mhckpt's copies wait for that stream. Takes any object
-// with the buffer protocol or DLPack, without a copy; refuses what the C++
-// core cannot take as one row-major run of `count` elements of `dtype`.
+// memory, its CUDA device. Takes any object with the buffer protocol or
+// DLPack, without a copy; refuses what the C++ core cannot take as one
+// row-major run of `count` elements of `dtype`. nanobind calls __dlpack__()
+// without a stream, which makes the producer synchronise nothing: the order
+// with the producer's work comes from the stream each shard names (ShardSpec).
 struct PyBuffer {
   void* data;
   Memory memory;
@@ -122,22 +122,52 @@ std::string BoxWhat(const std::string& name, const std::vector<int64_t>& start,
   return "array '" + name + "' box " + BoxToString({start, count});
 }
 
-// (start, count, buffer object) of one box; the buffer is converted in C++ so
-// that a bad one is this rank's error, not an exception before the collective.
-using ShardSpec = std::tuple<std::vector<int64_t>, std::vector<int64_t>, nb::object>;
+// (start, count, buffer object[, stream]) of one box; the buffer is
+// converted in C++ so that a bad one is this rank's error, not an exception
+// before the collective. `stream`: for device memory, the producer's
+// cudaStream_t as an integer (torch.cuda.current_stream().cuda_stream), on
+// which the buffer's last writes (save) or pending uses (restore) were
+// issued; mhckpt's copies are ordered after that stream's work and the stream
+// waits for them. Absent, None or 0: the legacy default stream.
+using ShardSpec = nb::tuple;
 using SaveSpec = std::tuple<std::string, std::string, std::vector<int64_t>, std::vector<ShardSpec>>;
 using RestoreSpec = std::tuple<std::string, std::string, std::vector<ShardSpec>>;
 // ("", "") for no error, else (StatusCode name, message) of an error found in Python.
 using PyError = std::pair<std::string, std::string>;
+
+struct ParsedShard {
+  Box box;
+  nb::handle obj;
+  void* stream = nullptr;
+};
+
+ParsedShard ParseShard(const ShardSpec& spec, const std::string& name) {
+  ParsedShard p;
+  if ((spec.size() != 3 && spec.size() != 4) || !nb::try_cast(spec[0], p.box.start) ||
+      !nb::try_cast(spec[1], p.box.count)) {
+    throw LocalError{"array '" + name + "': a shard is (start, count, buffer[, stream])"};
+  }
+  p.obj = spec[2];
+  uintptr_t stream = 0;
+  if (spec.size() == 4 && !spec[3].is_none() && !nb::try_cast(spec[3], stream)) {
+    throw LocalError{"array '" + name + "': a shard's stream is an integer cudaStream_t or None"};
+  }
+  // A cudaStream_t that Python holds as an integer.
+  p.stream = reinterpret_cast<void*>(stream);  // NOLINT(performance-no-int-to-ptr)
+  return p;
+}
 
 std::vector<ArrayToSave> ToSave(const std::vector<SaveSpec>& specs) {
   std::vector<ArrayToSave> arrays;
   arrays.reserve(specs.size());
   for (const auto& [name, dtype, shape, shards] : specs) {
     ArrayToSave a{name, ParseDType(dtype, name), shape, {}};
-    for (const auto& [start, count, obj] : shards) {
-      PyBuffer b = Buffer<nb::ndarray<nb::ro>>(obj, count, a.dtype, BoxWhat(name, start, count));
-      a.shards.push_back(Shard{Box{start, count}, b.data, b.memory, b.device});
+    for (const ShardSpec& spec : shards) {
+      ParsedShard p = ParseShard(spec, name);
+      PyBuffer b = Buffer<nb::ndarray<nb::ro>>(p.obj, p.box.count, a.dtype,
+                                               BoxWhat(name, p.box.start, p.box.count));
+      a.shards.push_back(
+          Shard{p.box, b.data, b.memory, b.device, b.memory == Memory::kCuda ? p.stream : nullptr});
     }
     arrays.push_back(std::move(a));
   }
@@ -149,9 +179,12 @@ std::vector<ArrayToRestore> ToRestore(const std::vector<RestoreSpec>& specs) {
   arrays.reserve(specs.size());
   for (const auto& [name, dtype, shards] : specs) {
     ArrayToRestore a{name, ParseDType(dtype, name), {}};
-    for (const auto& [start, count, obj] : shards) {
-      PyBuffer b = Buffer<nb::ndarray<>>(obj, count, a.dtype, BoxWhat(name, start, count));
-      a.shards.push_back(Destination{Box{start, count}, b.data, b.memory, b.device});
+    for (const ShardSpec& spec : shards) {
+      ParsedShard p = ParseShard(spec, name);
+      PyBuffer b = Buffer<nb::ndarray<>>(p.obj, p.box.count, a.dtype,
+                                         BoxWhat(name, p.box.start, p.box.count));
+      a.shards.push_back(Destination{p.box, b.data, b.memory, b.device,
+                                     b.memory == Memory::kCuda ? p.stream : nullptr});
     }
     arrays.push_back(std::move(a));
   }
