@@ -16,11 +16,11 @@
 
 #include <fmt/format.h>
 
+#include "base/comm.h"
 #include "cli/progress.h"
 #include "cli/text_format.h"
 #include "coordinator/agree.h"
 #include "coordinator/checkpoint_manager.h"
-#include "coordinator/comm.h"
 #include "io/catalog.h"
 #include "io/posix_file.h"
 

@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "base/comm.h"
 #include "base/status.h"
-#include "coordinator/comm.h"
 #include "io/marker.h"
 #include "io/storage.h"
 

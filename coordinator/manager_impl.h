@@ -11,8 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include "base/comm.h"
 #include "coordinator/checkpoint_manager.h"
-#include "coordinator/comm.h"
 #include "coordinator/device_broadcast.h"
 #include "coordinator/io_thread.h"
 #include "coordinator/watchdog.h"

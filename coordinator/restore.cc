@@ -579,7 +579,7 @@ Status ManagerImpl::RunRestore(int64_t step, std::span<const ArrayToRestore> arr
   how.by_offset = WantedReadableByOffset(m, flags);
   how.prefault = options.prefault;
   how.direct = options.direct_reads;
-  Result<std::unique_ptr<io::StepReader>> reader = engine_->Open(root_, step, comm_.get(), how);
+  Result<std::unique_ptr<io::StepReader>> reader = engine_->Open(root_, step, comm_, how);
   if (!reader.ok()) {
     local = DataLoss(fmt::format("rank {}: step {}: {}", rank, step, reader.status().message()));
   }

@@ -408,7 +408,7 @@ class SaveRun {
     auto t0 = Clock::now();
     t_.written_bytes = 0;
     Result<std::unique_ptr<io::StepWriter>> writer =
-        impl_.engine_->Create(impl_.root_, job_.step, comm_.get());
+        impl_.engine_->Create(impl_.root_, job_.step, comm_);
     // Why an agreement: creating the arrays is collective; a rank that could
     // not create the step must not leave the others alone in it.
     if (!AgreeAll(writer.status(), comm_).ok()) {

@@ -180,7 +180,7 @@ class StepVerifier {
                                 [](const io::MarkerArray& a) { return ReadableByOffset(a); });
     how.check_metadata = true;
     how.direct = options_.direct_reads;
-    Result<std::unique_ptr<io::StepReader>> reader = engine_.Open(root_, step_, comm_.get(), how);
+    Result<std::unique_ptr<io::StepReader>> reader = engine_.Open(root_, step_, comm_, how);
     Status opened = AgreeAll(reader.status(), comm_);
     if (!opened.ok()) {
       Note(fmt::format("data file: {}", opened.ToString()));

@@ -14,8 +14,6 @@
 // every rank of the communicator the step was opened on, in the same order.
 #pragma once
 
-#include <mpi.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -23,10 +21,13 @@
 #include <string>
 #include <vector>
 
+#include "base/comm.h"
 #include "base/status.h"
 #include "base/types.h"
 
 namespace mhckpt::io {
+
+using internal::Comm;  // base/comm.h
 
 /// How ranks move array bytes: each rank on its own, or in collective rounds
 /// in which the engine may combine them (MPI-IO two-phase I/O). An engine
@@ -150,12 +151,13 @@ class Engine {
   /// Collective over `comm`. Starts writing step `step` under `root`, whose
   /// step directory exists, replacing whatever an earlier attempt left.
   virtual Result<std::unique_ptr<StepWriter>> Create(const std::string& root, int64_t step,
-                                                     MPI_Comm comm) = 0;
+                                                     const Comm& comm) = 0;
   /// Collective over `comm`. Opens the arrays of step `step` under `root`
   /// (with `options.by_offset` and without `check_metadata`, local: only
   /// the data file, read-only).
   virtual Result<std::unique_ptr<StepReader>> Open(const std::string& root, int64_t step,
-                                                   MPI_Comm comm, const ReadOptions& options) = 0;
+                                                   const Comm& comm,
+                                                   const ReadOptions& options) = 0;
 };
 
 /// The engine for `options`: the direct engine (HDF5 layout, pwritten data)
