@@ -553,7 +553,7 @@ Status ManagerImpl::RunRestore(int64_t step, std::span<const ArrayToRestore> arr
   const int rank = comm_.rank();
 
   // 1. The marker, from rank 0.
-  MHCKPT_ASSIGN_OR_RETURN(io::Marker m, ReadMarkerEverywhere(comm_, root_, step));
+  MHCKPT_ASSIGN_OR_RETURN(io::Marker m, ReadMarkerEverywhere(comm_, *store_, step));
 
   // 2. Check the requests; learn what everyone wants.
   const std::string where = fmt::format("rank {}: restore of step {}", rank, step);
