@@ -18,9 +18,11 @@ using internal::StepsToDelete;
 Status RunGc(const GcArgs& args, std::FILE* out) {
   if (args.keep < 1) return InvalidArgument(fmt::format("--keep {}: keep at least 1", args.keep));
   MHCKPT_ASSIGN_OR_RETURN(std::unique_ptr<io::RootStore> store, OpenRoot(args.root));
-  MHCKPT_ASSIGN_OR_RETURN(std::vector<StepInfo> steps, ReadSteps(*store));
-  // Deleting takes the root as a job's Open does, so that gc never races a
-  // job's own retention or save; a dry run reads only.
+  // Deleting takes the root as a job's Open does, without waiting, so that
+  // gc never races a job's own retention or save: while a job holds the root
+  // gc fails and deletes nothing; while gc holds it a job's Open finds it in
+  // use. The lock comes first and the listing after, so that what gc deletes
+  // is what it saw with the root held. A dry run reads only.
   std::unique_ptr<io::RootOwnership> lock;
   if (!args.dry_run) {
     Result<std::unique_ptr<io::RootOwnership>> taken = store->Acquire({});
@@ -30,6 +32,7 @@ Status RunGc(const GcArgs& args, std::FILE* out) {
     }
     lock = std::move(*taken);
   }
+  MHCKPT_ASSIGN_OR_RETURN(std::vector<StepInfo> steps, ReadSteps(*store));
   std::vector<int64_t> committed;
   for (const StepInfo& s : steps) {
     if (s.entry.committed) committed.push_back(s.entry.step);
