@@ -16,6 +16,9 @@
 //   before_marker   every rank reported; rank 0 is about to write the marker
 //   mid_marker      commit.json.tmp written and fsynced, not yet renamed
 //   retention       a step's marker is unlinked, its files not yet removed
+//   root_busy       the root's lock is held by another job and Acquire is
+//                   about to wait for it (io/root_lock.h; use action=wait to
+//                   release the holder exactly then)
 //   h5_write        a dataset write (use an errno action)
 //   h5_read         a dataset read (errno action)
 //   pread           a read by offset of array bytes (io/pread_reader.h;
@@ -25,7 +28,8 @@
 //   write, read, fsync (the marker's temp file), fsync_dir, rename, mkdir,
 //   fallocate, truncate and truncate_fsync (trimming the data file's
 //   reserve), unlink (a file: the marker in retention, the lease), remove (a
-//   directory tree), remove_step (retention's removal of a step's files),
+//   directory tree), remove_step (the removal of a retired step's files: by
+//   retention, by Open, by gc),
 //   lock (the root's lock file), lease (writing the root's lease)
 //                   POSIX calls of io/posix_file.cc (errno actions; `write`
 //                   also `short`; `write` and `read` also `eintr`)

@@ -47,8 +47,8 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "base/gather_rounds.h"
 #include "bench/bench_util.h"
-#include "coordinator/gather_rounds.h"
 #include "coordinator/layouts.h"
 #include "coordinator/plan.h"
 #include "io/marker.h"
@@ -310,7 +310,7 @@ Gathered SimulateRanks(Encoder& encoder, int ranks) {
 }
 
 // Whether every round of gathering `sizes` keeps MPI's int counts (the check
-// of coordinator/gather_rounds.h at this size), and how many rounds.
+// of base/gather_rounds.h at this size), and how many rounds.
 json GatherShape(const std::vector<int64_t>& sizes) {
   int64_t total = 0;
   for (int64_t s : sizes) total += s;

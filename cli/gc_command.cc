@@ -9,9 +9,7 @@
 #include "cli/step_info.h"
 #include "cli/text_format.h"
 #include "coordinator/retention.h"
-#include "io/catalog.h"
-#include "io/posix_file.h"
-#include "io/root_lock.h"
+#include "io/root_store.h"
 
 namespace mhckpt::cli {
 
@@ -19,18 +17,22 @@ using internal::StepsToDelete;
 
 Status RunGc(const GcArgs& args, std::FILE* out) {
   if (args.keep < 1) return InvalidArgument(fmt::format("--keep {}: keep at least 1", args.keep));
-  MHCKPT_ASSIGN_OR_RETURN(std::vector<StepInfo> steps, ReadSteps(args.root));
-  // Deleting takes the root as a job's Open does, so that gc never races a
-  // job's own retention or save; a dry run reads only.
-  std::unique_ptr<io::RootLock> lock;
+  MHCKPT_ASSIGN_OR_RETURN(std::unique_ptr<io::RootStore> store, OpenRoot(args.root));
+  // Deleting takes the root as a job's Open does, without waiting, so that
+  // gc never races a job's own retention or save: while a job holds the root
+  // gc fails and deletes nothing; while gc holds it a job's Open finds it in
+  // use. The lock comes first and the listing after, so that what gc deletes
+  // is what it saw with the root held. A dry run reads only.
+  std::unique_ptr<io::RootOwnership> lock;
   if (!args.dry_run) {
-    Result<std::unique_ptr<io::RootLock>> taken = io::RootLock::Acquire(args.root, {});
+    Result<std::unique_ptr<io::RootOwnership>> taken = store->Acquire({});
     if (!taken.ok()) {
       return Status(taken.status().code(),
                     fmt::format("gc deleted nothing: {}", taken.status().message()));
     }
     lock = std::move(*taken);
   }
+  MHCKPT_ASSIGN_OR_RETURN(std::vector<StepInfo> steps, ReadSteps(*store));
   std::vector<int64_t> committed;
   for (const StepInfo& s : steps) {
     if (s.entry.committed) committed.push_back(s.entry.step);
@@ -63,7 +65,7 @@ Status RunGc(const GcArgs& args, std::FILE* out) {
       why = state;
     }
     if (!args.dry_run) {
-      Status st = io::DeleteStep(args.root, s.entry.step);
+      Status st = store->DeleteStep(s.entry.step);
       if (!st.ok()) {
         return Status(st.code(), fmt::format("deleting step {}: {}", s.entry.step, st.message()));
       }
@@ -74,11 +76,10 @@ Status RunGc(const GcArgs& args, std::FILE* out) {
   }
   // Steps a job retired (marker gone, directory renamed) but did not finish
   // removing: it ended or crashed first.
-  MHCKPT_ASSIGN_OR_RETURN(std::vector<std::string> retired, io::RetiredDirs(args.root));
+  MHCKPT_ASSIGN_OR_RETURN(std::vector<std::string> retired, store->RetiredSteps());
   for (const std::string& dir : retired) {
     if (!args.dry_run) {
-      Status st = io::RemoveAll(dir);
-      if (st.ok()) st = io::FsyncDir(args.root);
+      Status st = store->RemoveRetired(dir);
       if (!st.ok()) return Status(st.code(), fmt::format("deleting {}: {}", dir, st.message()));
     }
     fmt::print(out, "{} {} (retired, its removal unfinished)\n", verb, dir);

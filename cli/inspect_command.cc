@@ -9,7 +9,6 @@
 #include "cli/step_info.h"
 #include "cli/text_format.h"
 #include "io/layout.h"
-#include "io/posix_file.h"
 
 namespace mhckpt::cli {
 namespace {
@@ -18,7 +17,8 @@ uint64_t ArrayBytes(const io::MarkerArray& a) {
   return static_cast<uint64_t>(Volume(a.shape).value_or(0)) * DTypeSize(a.dtype);
 }
 
-void PrintJson(const InspectArgs& args, const io::Marker& m, std::FILE* out) {
+void PrintJson(const InspectArgs& args, const io::Marker& m, uint64_t bytes_on_disk,
+               std::FILE* out) {
   nlohmann::json arrays = nlohmann::json::array();
   for (const io::MarkerArray& a : m.arrays) {
     nlohmann::json boxes = nlohmann::json::array();
@@ -43,19 +43,19 @@ void PrintJson(const InspectArgs& args, const io::Marker& m, std::FILE* out) {
                    {"created", LocalTime(m.created_unix_ms)},
                    {"data_file", io::DataPath(args.root, m.step)},
                    {"array_bytes", m.total_bytes},
-                   {"bytes_on_disk", io::TreeBytes(io::StepDir(args.root, m.step))},
+                   {"bytes_on_disk", bytes_on_disk},
                    {"user_metadata", m.user_metadata},
                    {"arrays", std::move(arrays)}};
   fmt::print(out, "{}\n", j.dump(2));
 }
 
-void PrintText(const InspectArgs& args, const io::Marker& m, std::FILE* out) {
+void PrintText(const InspectArgs& args, const io::Marker& m, uint64_t bytes_on_disk,
+               std::FILE* out) {
   fmt::print(out, "step {} in {}: committed\n", m.step, args.root);
   fmt::print(out, "  saved by {} rank{} at {}; format version {}\n", m.world_size,
              m.world_size == 1 ? "" : "s", LocalTime(m.created_unix_ms), m.format_version);
   fmt::print(out, "  {} arrays, {} of data in {} ({} on disk)\n", m.arrays.size(),
-             HumanBytes(m.total_bytes), io::DataPath(args.root, m.step),
-             HumanBytes(io::TreeBytes(io::StepDir(args.root, m.step))));
+             HumanBytes(m.total_bytes), io::DataPath(args.root, m.step), HumanBytes(bytes_on_disk));
   fmt::print(out, "  user metadata:{}\n", m.user_metadata.empty() ? " (none)" : "");
   for (const auto& [key, value] : m.user_metadata) fmt::print(out, "    {} = {}\n", key, value);
   fmt::print(out, "\n");
@@ -91,11 +91,13 @@ void PrintText(const InspectArgs& args, const io::Marker& m, std::FILE* out) {
 }  // namespace
 
 Status RunInspect(const InspectArgs& args, std::FILE* out) {
-  MHCKPT_ASSIGN_OR_RETURN(io::Marker m, ReadCommittedStep(args.root, args.step));
+  MHCKPT_ASSIGN_OR_RETURN(std::unique_ptr<io::RootStore> store, OpenRoot(args.root));
+  MHCKPT_ASSIGN_OR_RETURN(io::Marker m, ReadCommittedStep(*store, args.step));
+  const uint64_t bytes_on_disk = store->StepBytes(m.step);
   if (args.json)
-    PrintJson(args, m, out);
+    PrintJson(args, m, bytes_on_disk, out);
   else
-    PrintText(args, m, out);
+    PrintText(args, m, bytes_on_disk, out);
   return OkStatus();
 }
 

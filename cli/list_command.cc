@@ -9,7 +9,8 @@
 namespace mhckpt::cli {
 
 Status RunList(const ListArgs& args, std::FILE* out) {
-  MHCKPT_ASSIGN_OR_RETURN(std::vector<StepInfo> steps, ReadSteps(args.root));
+  MHCKPT_ASSIGN_OR_RETURN(std::unique_ptr<io::RootStore> store, OpenRoot(args.root));
+  MHCKPT_ASSIGN_OR_RETURN(std::vector<StepInfo> steps, ReadSteps(*store));
   if (args.json) {
     nlohmann::json j{{"root", args.root}, {"steps", nlohmann::json::array()}};
     for (const StepInfo& s : steps) {

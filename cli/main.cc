@@ -75,7 +75,9 @@ int Main(int argc, char** argv) {
       "Delete all but the newest N committed steps, and uncommitted step directories "
       "(marker first, so no crash leaves a half-deleted committed step). Uncommitted steps "
       "newer than the newest committed one may be saves in progress: kept unless --force. "
-      "Do not run it while a job may be saving older steps to ROOT.");
+      "gc takes ROOT's lock as a job does: while a job holds ROOT it deletes nothing and "
+      "fails (exit status 1, naming the job), and a job that opens ROOT while gc runs finds "
+      "it in use (or waits for it, with Options::root_wait_seconds). --dry-run takes no lock.");
   gc_cmd->add_option("root", gc.root, "Checkpoint root directory")->required();
   gc_cmd->add_option("--keep", gc.keep, "Committed steps to keep (at least 1)")
       ->required()

@@ -2,20 +2,22 @@
 
 #include <fmt/format.h>
 
-#include "io/layout.h"
-#include "io/posix_file.h"
-
 namespace mhckpt::cli {
 
-Result<std::vector<StepInfo>> ReadSteps(const std::string& root) {
-  if (!io::PathExists(root)) return NotFound(fmt::format("no checkpoint root '{}'", root));
-  MHCKPT_ASSIGN_OR_RETURN(std::vector<io::StepEntry> entries, io::ListSteps(root));
+Result<std::unique_ptr<io::RootStore>> OpenRoot(const std::string& root) {
+  std::unique_ptr<io::RootStore> store = io::MakeRootStore(root);
+  if (!store->Exists()) return NotFound(fmt::format("no checkpoint root '{}'", root));
+  return store;
+}
+
+Result<std::vector<StepInfo>> ReadSteps(io::RootStore& store) {
+  MHCKPT_ASSIGN_OR_RETURN(std::vector<io::StepEntry> entries, store.ListSteps());
   std::vector<StepInfo> steps;
   for (io::StepEntry& e : entries) {
     StepInfo info{std::move(e), std::nullopt, 0};
-    info.bytes_on_disk = io::TreeBytes(io::StepDir(root, info.entry.step));
+    info.bytes_on_disk = store.StepBytes(info.entry.step);
     if (info.entry.committed) {
-      Result<io::Marker> m = io::ReadMarker(io::MarkerPath(root, info.entry.step));
+      Result<io::Marker> m = store.ReadMarker(info.entry.step);
       if (m.ok()) {
         info.marker = std::move(m).value();
       } else {  // it changed since the listing
@@ -28,14 +30,14 @@ Result<std::vector<StepInfo>> ReadSteps(const std::string& root) {
   return steps;
 }
 
-Result<io::Marker> ReadCommittedStep(const std::string& root, std::optional<int64_t> step) {
-  if (!io::PathExists(root)) return NotFound(fmt::format("no checkpoint root '{}'", root));
+Result<io::Marker> ReadCommittedStep(io::RootStore& store, std::optional<int64_t> step) {
+  const std::string& root = store.root();
   if (!step) {
-    MHCKPT_ASSIGN_OR_RETURN(std::vector<int64_t> committed, io::CommittedSteps(root));
+    MHCKPT_ASSIGN_OR_RETURN(std::vector<int64_t> committed, store.CommittedSteps());
     if (committed.empty()) return NotFound(fmt::format("no committed step in '{}'", root));
     step = committed.back();
   }
-  Result<io::Marker> m = io::ReadMarker(io::MarkerPath(root, *step));
+  Result<io::Marker> m = store.ReadMarker(*step);
   if (!m.ok() && m.status().code() == StatusCode::kNotFound) {
     return NotFound(
         fmt::format("step {} is not committed in '{}' (no commit marker)", *step, root));

@@ -16,13 +16,13 @@
 
 #include <fmt/format.h>
 
+#include "base/comm.h"
 #include "cli/progress.h"
+#include "cli/step_info.h"
 #include "cli/text_format.h"
 #include "coordinator/agree.h"
 #include "coordinator/checkpoint_manager.h"
-#include "coordinator/comm.h"
-#include "io/catalog.h"
-#include "io/posix_file.h"
+#include "io/root_store.h"
 
 namespace mhckpt::cli {
 
@@ -33,13 +33,12 @@ namespace {
 // Rank 0: the steps to verify, and problems found in the listing.
 Status ChooseSteps(const VerifyArgs& args, std::vector<int64_t>* steps,
                    std::vector<std::string>* problems) {
-  if (!io::PathExists(args.root))
-    return NotFound(fmt::format("no checkpoint root '{}'", args.root));
+  MHCKPT_ASSIGN_OR_RETURN(std::unique_ptr<io::RootStore> store, OpenRoot(args.root));
   if (args.step) {
     steps->push_back(*args.step);
     return OkStatus();
   }
-  MHCKPT_ASSIGN_OR_RETURN(std::vector<io::StepEntry> entries, io::ListSteps(args.root));
+  MHCKPT_ASSIGN_OR_RETURN(std::vector<io::StepEntry> entries, store->ListSteps());
   std::optional<int64_t> latest;
   for (const io::StepEntry& e : entries) {
     if (e.committed) {

@@ -2,8 +2,8 @@
 // ranks leave it with the same Status and none returns early.
 #pragma once
 
+#include "base/comm.h"
 #include "base/status.h"
-#include "coordinator/comm.h"
 
 namespace mhckpt::internal {
 

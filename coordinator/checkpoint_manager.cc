@@ -1,13 +1,9 @@
 #include "coordinator/checkpoint_manager.h"
 
-#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
-#include <cstring>
-#include <filesystem>
 #include <future>
 #include <thread>
 
@@ -20,11 +16,8 @@
 #include "coordinator/committed_step.h"
 #include "coordinator/input_checks.h"
 #include "coordinator/manager_impl.h"
-#include "io/catalog.h"
-#include "io/layout.h"
 #include "io/marker.h"
-#include "io/posix_file.h"
-#include "io/root_lock.h"
+#include "io/root_store.h"
 #include "worker/copy.h"
 
 namespace mhckpt {
@@ -44,28 +37,27 @@ using internal::Watchdog;
 
 namespace {
 
+// "rank 0: " before a status's message.
+Status OnRank0(const Status& s) {
+  return s.ok() ? s : Status(s.code(), fmt::format("rank 0: {}", s.message()));
+}
+
 // Rank 0's part of Open: create the root and check that it is a directory,
-// take ownership of it (the lock and lease of io/root_lock.h), then remove
-// steps without a marker — only once the root is ours, so that a job still
-// saving never loses its step.
-Status PrepareRoot(const std::string& root, const Options& options,
-                   std::unique_ptr<io::RootLock>* lock) {
+// take ownership of it (the root store's lock and lease, io/root_store.h),
+// then remove steps without a marker — only once the root is ours, so that a
+// job still saving never loses its step.
+Status PrepareRoot(io::RootStore& store, const Options& options,
+                   std::unique_ptr<io::RootOwnership>* lock) {
   if (options.own_root && !(options.root_lease_seconds > 0)) {
     return InvalidArgument(fmt::format("Options::root_lease_seconds is {}; it must be positive",
                                        options.root_lease_seconds));
   }
-  std::error_code ec;
-  if (std::filesystem::exists(root, ec) && !std::filesystem::is_directory(root, ec)) {
-    return InvalidArgument(fmt::format("rank 0: the root '{}' is not a directory", root));
-  }
-  MHCKPT_RETURN_IF_ERROR(io::MakeDirs(root));
+  const std::string& root = store.root();
+  MHCKPT_RETURN_IF_ERROR(OnRank0(store.Create()));
   if (!options.own_root) return OkStatus();
-  if (::access(root.c_str(), W_OK | X_OK) != 0) {
-    return IoError(
-        fmt::format("rank 0: the root '{}' is not writable: {}", root, std::strerror(errno)));
-  }
-  MHCKPT_ASSIGN_OR_RETURN(
-      *lock, io::RootLock::Acquire(root, {options.root_lease_seconds, options.root_wait_seconds}));
+  MHCKPT_RETURN_IF_ERROR(OnRank0(store.CheckWritable()));
+  MHCKPT_ASSIGN_OR_RETURN(*lock,
+                          store.Acquire({options.root_lease_seconds, options.root_wait_seconds}));
   if (const auto& before = (*lock)->taken_over()) {
     const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
                             std::chrono::system_clock::now().time_since_epoch())
@@ -74,40 +66,28 @@ Status PrepareRoot(const std::string& root, const Options& options,
                  root, io::DescribeHolder(*before, now));
   }
   if (!options.remove_uncommitted_on_open) return OkStatus();
-  MHCKPT_ASSIGN_OR_RETURN(std::vector<std::string> names, io::ListDir(root));
-  bool removed = false;
-  for (const std::string& name : names) {
-    auto step = io::ParseStepDirName(name);
-    if (!step || io::PathExists(io::MarkerPath(root, *step))) continue;
-    spdlog::info("mhckpt: removing uncommitted step {} in {}", *step, root);
-    MHCKPT_RETURN_IF_ERROR(io::RemoveAll(io::StepDir(root, *step)));
-    removed = true;
+  MHCKPT_ASSIGN_OR_RETURN(std::vector<int64_t> garbage, store.StepsWithoutMarker());
+  for (int64_t step : garbage) {
+    spdlog::info("mhckpt: removing uncommitted step {} in {}", step, root);
+    MHCKPT_RETURN_IF_ERROR(store.RemoveStep(step));
   }
   // Retired steps whose removal a previous job did not finish.
-  MHCKPT_ASSIGN_OR_RETURN(std::vector<std::string> retired, io::RetiredDirs(root));
+  MHCKPT_ASSIGN_OR_RETURN(std::vector<std::string> retired, store.RetiredSteps());
   for (const std::string& dir : retired) {
     spdlog::info("mhckpt: removing {}, retired by a previous job", dir);
-    MHCKPT_RETURN_IF_ERROR(io::RemoveAll(dir));
-    removed = true;
+    MHCKPT_RETURN_IF_ERROR(store.RemoveRetired(dir));
   }
-  return removed ? io::FsyncDir(root) : OkStatus();
+  return OkStatus();
 }
 
-constexpr size_t kMaxLeaseBytes = 64 * 1024;
-
-std::string LeasePath(const std::string& root) {
-  return root + "/" + std::string(io::kLeaseFileName);
-}
-
-// Why this rank does not see, at `root`, the directory that rank 0 opened
+// Why this rank does not see, in `store`, the root that rank 0 opened
 // (whose lease text is `lease_text`; empty without ownership), or "".
-std::string RootNotShared(const std::string& root, const std::string& lease_text) {
-  std::error_code ec;
-  if (!std::filesystem::is_directory(root, ec)) return "it does not exist here";
+std::string RootNotShared(io::RootStore& store, const std::string& lease_text) {
+  if (!store.Exists()) return "it does not exist here";
   if (lease_text.empty()) return "";
   const Result<io::Lease> theirs = io::ParseLease(lease_text);
   if (!theirs.ok()) return "";  // rank 0 could not read its own lease back: nothing to compare
-  const Result<std::string> text = io::ReadSmallFile(LeasePath(root), kMaxLeaseBytes);
+  const Result<std::string> text = store.LeaseText();
   const Result<io::Lease> here =
       text.ok() ? io::ParseLease(*text) : Result<io::Lease>(text.status());
   if (!here.ok()) return fmt::format("rank 0's lease is not there ({})", here.status().message());
@@ -124,17 +104,18 @@ std::string RootNotShared(const std::string& root, const std::string& lease_text
 // directories, and collective file calls wait forever. With ownership, rank
 // 0's lease — just written, naming its host, pid and start time — is the
 // token every rank must find there. Collective; agreed.
-Status AgreeRootIsShared(const std::string& root, bool own_root, const Comm& comm) {
+Status AgreeRootIsShared(io::RootStore& store, bool own_root, const Comm& comm) {
+  const std::string& root = store.root();
   std::string lease_text;
   if (comm.rank() == 0 && own_root) {
-    Result<std::string> text = io::ReadSmallFile(LeasePath(root), kMaxLeaseBytes);
+    Result<std::string> text = store.LeaseText();
     if (text.ok()) lease_text = std::move(text).value();
   }
   comm.BroadcastBytes(&lease_text, 0);
   Status s;
   if (comm.rank() != 0) {
     s = Guarded(fmt::format("rank {}: open", comm.rank()), [&] {
-      const std::string why = RootNotShared(root, lease_text);
+      const std::string why = RootNotShared(store, lease_text);
       if (why.empty()) return OkStatus();
       return FailedPrecondition(fmt::format(
           "rank {} on host '{}' does not see the root '{}' that rank 0 opened: {}; the root "
@@ -271,9 +252,10 @@ Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(MPI_Comm comm
   if (s.ok()) s = CheckRootPath(root, dup.rank());
   MHCKPT_RETURN_IF_ERROR(AgreeAll(s, dup));
   MHCKPT_RETURN_IF_ERROR(AgreeOnSharedInputs(root, options, dup));
-  std::unique_ptr<io::RootLock> lock;
+  std::unique_ptr<io::RootStore> store = io::MakeRootStore(root);
+  std::unique_ptr<io::RootOwnership> lock;
   if (dup.rank() == 0) {
-    s = Guarded("rank 0: open", [&] { return PrepareRoot(root, options, &lock); });
+    s = Guarded("rank 0: open", [&] { return PrepareRoot(*store, options, &lock); });
     if (options.async && !async) {
       spdlog::warn(
           "mhckpt: MPI was not initialised with MPI_THREAD_MULTIPLE; saves commit "
@@ -282,7 +264,7 @@ Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(MPI_Comm comm
   }
   // Why: only rank 0 touched the directory; every rank must see its outcome.
   MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, dup));
-  MHCKPT_RETURN_IF_ERROR(AgreeRootIsShared(root, options.own_root, dup));
+  MHCKPT_RETURN_IF_ERROR(AgreeRootIsShared(*store, options.own_root, dup));
   // Why a second duplicate: collectives on one communicator must not run on
   // two threads at once, and the I/O thread owns the first.
   Comm caller = Comm::Duplicate(comm);
@@ -293,6 +275,7 @@ Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(MPI_Comm comm
     impl = std::make_unique<internal::ManagerImpl>(std::move(dup), std::move(root), options, async);
   });
   MHCKPT_RETURN_IF_ERROR(AgreeAll(s, caller));
+  impl->store_ = std::move(store);
   impl->root_lock_ = std::move(lock);
   impl->caller_comm_ = std::move(caller);
   return std::unique_ptr<CheckpointManager>(new CheckpointManager(std::move(impl)));
@@ -380,7 +363,7 @@ Result<std::vector<int64_t>> CheckpointManager::CommittedSteps() const {
     std::unique_lock<std::mutex> lock(impl_->mu_);
     impl_->saves_cv_.wait(lock, [this] { return !impl_->retention_pending_; });
   }
-  return io::CommittedSteps(impl_->root_);
+  return impl_->store_->CommittedSteps();
 }
 
 Result<std::optional<int64_t>> CheckpointManager::LatestStep() const {
@@ -390,12 +373,12 @@ Result<std::optional<int64_t>> CheckpointManager::LatestStep() const {
 }
 
 Result<StepDescription> CheckpointManager::Describe(int64_t step) const {
-  Result<io::Marker> m = io::ReadMarker(io::MarkerPath(impl_->root_, step));
+  Result<io::Marker> m = impl_->store_->ReadMarker(step);
   if (!m.ok()) {
     if (m.status().code() != StatusCode::kNotFound) return m.status();
     return NotFound(fmt::format("step {} is not committed in '{}'", step, impl_->root_));
   }
-  MHCKPT_RETURN_IF_ERROR(internal::CheckMarkerStep(*m, impl_->root_, step));
+  MHCKPT_RETURN_IF_ERROR(internal::CheckMarkerStep(*m, *impl_->store_, step));
   return DescribeMarker(*m);
 }
 

@@ -6,20 +6,18 @@
 
 #include "base/checksum.h"
 #include "coordinator/agree.h"
-#include "io/layout.h"
-#include "io/posix_file.h"
 
 namespace mhckpt::internal {
 
-Result<io::Marker> ReadMarkerEverywhere(const Comm& comm, const std::string& root, int64_t step) {
+Result<io::Marker> ReadMarkerEverywhere(const Comm& comm, io::RootStore& store, int64_t step) {
   Status s;
   std::string text;
   if (comm.rank() == 0) {
-    Result<std::string> r = io::ReadSmallFile(io::MarkerPath(root, step), io::kMaxMarkerBytes);
+    Result<std::string> r = store.GetMarker(step);
     if (r.ok()) {
       text = std::move(r).value();
     } else if (r.status().code() == StatusCode::kNotFound) {
-      s = NotFound(fmt::format("step {} is not committed in '{}'", step, root));
+      s = NotFound(fmt::format("step {} is not committed in '{}'", step, store.root()));
     } else {
       s = Status(r.status().code(), fmt::format("rank 0: read the commit marker of step {}: {}",
                                                 step, r.status().message()));
@@ -27,15 +25,15 @@ Result<io::Marker> ReadMarkerEverywhere(const Comm& comm, const std::string& roo
   }
   MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, comm));
   comm.BroadcastBytes(&text, 0);
-  MHCKPT_ASSIGN_OR_RETURN(io::Marker m, io::ParseMarker(text, io::MarkerPath(root, step)));
-  MHCKPT_RETURN_IF_ERROR(CheckMarkerStep(m, root, step));
+  MHCKPT_ASSIGN_OR_RETURN(io::Marker m, io::ParseMarker(text, store.MarkerLocation(step)));
+  MHCKPT_RETURN_IF_ERROR(CheckMarkerStep(m, store, step));
   return m;
 }
 
-Status CheckMarkerStep(const io::Marker& m, const std::string& root, int64_t step) {
+Status CheckMarkerStep(const io::Marker& m, const io::RootStore& store, int64_t step) {
   if (m.step == step) return OkStatus();
   return DataLoss(
-      fmt::format("commit marker '{}' says step {}", io::MarkerPath(root, step), m.step));
+      fmt::format("commit marker '{}' says step {}", store.MarkerLocation(step), m.step));
 }
 
 io::ArraySpec StoredSpec(const io::MarkerArray& a) { return {a.name, a.dtype, a.shape, a.offset}; }

@@ -5,23 +5,24 @@
 #include <cstdint>
 #include <string>
 
+#include "base/comm.h"
 #include "base/status.h"
-#include "coordinator/comm.h"
 #include "io/marker.h"
+#include "io/root_store.h"
 #include "io/storage.h"
 
 namespace mhckpt::internal {
 
-/// Collective: rank 0 reads the commit marker of `step` under `root` and
+/// Collective: rank 0 reads the commit marker of `step` from `store` and
 /// broadcasts its bytes; every rank parses the same bytes, so the outcome is
 /// the same everywhere. NotFound if the step is not committed; IoError if
 /// the marker cannot be read; DataLoss if it does not parse or names another
 /// step.
-Result<io::Marker> ReadMarkerEverywhere(const Comm& comm, const std::string& root, int64_t step);
+Result<io::Marker> ReadMarkerEverywhere(const Comm& comm, io::RootStore& store, int64_t step);
 
-/// DataLoss unless marker `m`, read from step `step`'s directory, names that
+/// DataLoss unless marker `m`, read as step `step`'s from `store`, names that
 /// step (a marker copied from another step is not this step's).
-Status CheckMarkerStep(const io::Marker& m, const std::string& root, int64_t step);
+Status CheckMarkerStep(const io::Marker& m, const io::RootStore& store, int64_t step);
 
 /// How array `a` of a marker (or plan) is stored, with its recorded offset.
 io::ArraySpec StoredSpec(const io::MarkerArray& a);

@@ -10,8 +10,8 @@
 #include <memory>
 #include <string>
 
+#include "base/comm.h"
 #include "base/status.h"
-#include "coordinator/comm.h"
 
 namespace mhckpt::internal {
 

@@ -11,13 +11,13 @@
 #include <string_view>
 #include <vector>
 
+#include "base/comm.h"
 #include "coordinator/checkpoint_manager.h"
-#include "coordinator/comm.h"
 #include "coordinator/device_broadcast.h"
 #include "coordinator/io_thread.h"
 #include "coordinator/watchdog.h"
 #include "io/marker.h"
-#include "io/root_lock.h"
+#include "io/root_store.h"
 #include "io/storage.h"
 #include "worker/snapshot.h"
 #include "worker/staging_pool.h"
@@ -73,6 +73,9 @@ class ManagerImpl {
   StagingPool pool_;
   Watchdog watchdog_;                   // bounds each collective phase of the I/O thread
   std::unique_ptr<io::Engine> engine_;  // where the arrays of every step are stored
+  // The root's markers, listing and ownership (set by Open); destroyed after
+  // the threads below that use it.
+  std::unique_ptr<io::RootStore> store_;
 
   mutable std::mutex mu_;
   Status first_error_;                // since the last WaitUntilFinished
@@ -94,7 +97,7 @@ class ManagerImpl {
 
   // Rank 0 with Options::own_root: the root's lock and lease, released after
   // the I/O thread (declared after it) has finished every job.
-  std::unique_ptr<io::RootLock> root_lock_;
+  std::unique_ptr<io::RootOwnership> root_lock_;
 
   // Rank 0: removes the directories that retention has retired (RunRetention),
   // off the I/O thread, so that freeing their blocks delays neither

@@ -556,7 +556,7 @@ Status ManagerImpl::RunRestore(int64_t step, std::span<const ArrayToRestore> arr
   const int rank = comm_.rank();
 
   // 1. The marker, from rank 0.
-  MHCKPT_ASSIGN_OR_RETURN(io::Marker m, ReadMarkerEverywhere(comm_, root_, step));
+  MHCKPT_ASSIGN_OR_RETURN(io::Marker m, ReadMarkerEverywhere(comm_, *store_, step));
 
   // 2. Check the requests; learn what everyone wants.
   const std::string where = fmt::format("rank {}: restore of step {}", rank, step);
@@ -582,7 +582,7 @@ Status ManagerImpl::RunRestore(int64_t step, std::span<const ArrayToRestore> arr
   how.by_offset = WantedReadableByOffset(m, flags);
   how.prefault = options.prefault;
   how.direct = options.direct_reads;
-  Result<std::unique_ptr<io::StepReader>> reader = engine_->Open(root_, step, comm_.get(), how);
+  Result<std::unique_ptr<io::StepReader>> reader = engine_->Open(root_, step, comm_, how);
   if (!reader.ok()) {
     local = DataLoss(fmt::format("rank {}: step {}: {}", rank, step, reader.status().message()));
   }

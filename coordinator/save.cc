@@ -31,15 +31,17 @@
 //      engine: H5Fflush(GLOBAL), which syncs through MPI-IO, then H5Fclose).
 //   5. Agree. One gather: every rank's outcome, and the checksums (XXH3) of
 //      the boxes it wrote, which go into the marker.
-//   6. Commit. Rank 0 fsyncs the step directory (the data files' names
-//      durable before the marker's), writes the marker (io::WriteFileAtomic:
-//      temp file, fsync, rename, fsync the directory), or on failure removes
-//      the step directory, and broadcasts the outcome; every rank returns it.
+//   6. Commit. Rank 0 makes the step's names durable before the marker's
+//      (io::RootStore::SyncStep: fsync the step directory), puts the marker
+//      (io::RootStore::PutMarker: temp file, fsync, rename, fsync the
+//      directory), or on failure removes the step (RemoveStep), and
+//      broadcasts the outcome; every rank returns it.
 //      (The reservation of step 3 is exact: nothing to give back.)
 //   7. Retention (ManagerImpl::RunRetention). After the outcome is recorded,
 //      so off the path to the commit, rank 0's I/O thread retires the steps
 //      the policy no longer keeps (marker first, then the directory renamed
-//      out of the listing: io::RetireStep) before it runs any later job;
+//      out of the listing: io::RootStore::RetireStep) before it runs any
+//      later job;
 //      its deleter thread frees their files in the background. A failure
 //      here is logged, not returned: the new step is committed either way.
 //
@@ -63,9 +65,7 @@
 #include "coordinator/plan.h"
 #include "coordinator/rank_report.h"
 #include "coordinator/retention.h"
-#include "io/catalog.h"
-#include "io/layout.h"
-#include "io/posix_file.h"
+#include "io/root_store.h"
 
 namespace mhckpt::internal {
 namespace {
@@ -76,28 +76,19 @@ double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// Rank 0: refuses a committed step, and creates its directory afresh (a
-// directory left by an earlier failed attempt at this step is garbage).
-Status PrepareStepDir(const std::string& root, int64_t step) {
-  if (io::PathExists(io::MarkerPath(root, step))) {
-    return AlreadyExists(fmt::format("step {} is already committed in '{}'", step, root));
-  }
-  MHCKPT_RETURN_IF_ERROR(io::RemoveAll(io::StepDir(root, step)));
-  MHCKPT_RETURN_IF_ERROR(io::MakeDirs(io::StepDir(root, step)));
-  return io::FsyncDir(root);
-}
-
 // Rank 0's part of the plan round: `encoded` holds the description of the
 // first rank of each layout (coordinator/layouts.h).
 // The plan uses rank 0's Options::replica_parallel_min_bytes and
 // checksum_chunk_bytes: the plan is made here and broadcast, so a different value on another rank
 // is ignored.
 Result<io::Marker> PlanOnRoot(const std::vector<std::string>& encoded, const LayoutGroups& groups,
-                              const std::string& root, int64_t step, const Options& options) {
+                              io::RootStore& store, int64_t step, const Options& options) {
   MHCKPT_ASSIGN_OR_RETURN(io::Marker plan,
                           PlanLayouts(encoded, groups, options.replica_parallel_min_bytes,
                                       options.checksum_chunk_bytes));
-  MHCKPT_RETURN_IF_ERROR(PrepareStepDir(root, step));
+  // Refuses a committed step, and creates it afresh (what an earlier failed
+  // attempt at this step left is garbage).
+  MHCKPT_RETURN_IF_ERROR(store.CreateStep(step));
   return plan;
 }
 
@@ -295,7 +286,7 @@ class SaveRun {
     const uint64_t hash = job_.local.ok() ? DescriptionHash(job_.snapshot) : 0;
     int64_t changed =
         impl_.last_plan_ && job_.local.ok() && hash == impl_.last_description_hash_ ? 0 : 1;
-    if (rank_ == 0 && !changed && !PrepareStepDir(impl_.root_, job_.step).ok()) changed = 1;
+    if (rank_ == 0 && !changed && !impl_.store_->CreateStep(job_.step).ok()) changed = 1;
     // Why one allreduce: it confirms that nobody's arrays changed and that all
     // ranks save the same step (max(step) == -max(-step)). A rank with an
     // error (perhaps a step of INT64_MIN, which has no negation) votes
@@ -339,7 +330,8 @@ class SaveRun {
       // Guarded: an exception here would leave every other rank waiting
       // for rank 0's outcome.
       s = Guarded("rank 0: plan", [&] {
-        Result<io::Marker> p = PlanOnRoot(encoded, groups, impl_.root_, job_.step, impl_.options_);
+        Result<io::Marker> p =
+            PlanOnRoot(encoded, groups, *impl_.store_, job_.step, impl_.options_);
         if (!p.ok()) return p.status();
         plan_ = std::move(p).value();
         plan_json = io::MarkerToJson(plan_, io::MarkerText::kPlan);
@@ -408,7 +400,7 @@ class SaveRun {
     auto t0 = Clock::now();
     t_.written_bytes = 0;
     Result<std::unique_ptr<io::StepWriter>> writer =
-        impl_.engine_->Create(impl_.root_, job_.step, comm_.get());
+        impl_.engine_->Create(impl_.root_, job_.step, comm_);
     // Why an agreement: creating the arrays is collective; a rank that could
     // not create the step must not leave the others alone in it.
     if (!AgreeAll(writer.status(), comm_).ok()) {
@@ -494,7 +486,7 @@ class SaveRun {
     // only the marker's rename and the fsync after it, a file system that does
     // not journal names in order may keep the marker and lose data.h5's name
     // (found by tests/crashstate, docs/RELIABILITY.md "Crash states").
-    if (s.ok()) s = io::FsyncDir(io::StepDir(impl_.root_, job_.step));
+    if (s.ok()) s = impl_.store_->SyncStep(job_.step);
     if (s.ok()) s = fault::Hit("before_marker");
     if (s.ok()) {
       plan_.created_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -510,8 +502,7 @@ class SaveRun {
             "readers accept (too many arrays or boxes)",
             job_.step, text.size(), io::kMaxMarkerBytes));
       }
-      s = io::WriteFileAtomic(io::MarkerPath(impl_.root_, job_.step), text);
-      if (s.ok()) io::RememberValidMarker(impl_.root_, plan_, text);
+      s = impl_.store_->PutMarker(plan_, text);
       if (!s.ok()) s = Status(s.code(), fmt::format("rank 0: commit marker: {}", s.message()));
     }
     if (!s.ok()) RemoveStepDir();
@@ -531,7 +522,7 @@ class SaveRun {
         t_.snapshot, t_.plan, t_.plan_cached ? " cached" : "", t_.write, t_.flush, t_.commit);
   }
 
-  void RemoveStepDir() const { io::RemoveAll(io::StepDir(impl_.root_, job_.step)).IgnoreError(); }
+  void RemoveStepDir() const { impl_.store_->RemoveStep(job_.step).IgnoreError(); }
 
   ManagerImpl& impl_;
   const Comm& comm_;
@@ -557,9 +548,9 @@ void ManagerImpl::RunRetention(int64_t step) {
   auto t0 = Clock::now();
   // Guarded: RecordRetention must run whatever happens, or waiters hang.
   Status gc = Guarded("rank 0: retention", [&] {
-    MHCKPT_ASSIGN_OR_RETURN(std::vector<int64_t> committed, io::CommittedSteps(root_));
+    MHCKPT_ASSIGN_OR_RETURN(std::vector<int64_t> committed, store_->CommittedSteps());
     for (int64_t old : StepsToDelete(committed, options_.max_to_keep, options_.keep_period)) {
-      MHCKPT_ASSIGN_OR_RETURN(std::string retired, io::RetireStep(root_, old));
+      MHCKPT_ASSIGN_OR_RETURN(std::string retired, store_->RetireStep(old));
       if (!retired.empty()) RemoveInBackground(std::move(retired));
     }
     return OkStatus();
@@ -570,9 +561,8 @@ void ManagerImpl::RunRetention(int64_t step) {
 
 void ManagerImpl::RemoveInBackground(std::string dir) {
   if (!deleter_) deleter_ = std::make_unique<IoThread>();
-  deleter_->Submit([root = root_, dir = std::move(dir)] {
-    Status s = io::RemoveAll(dir, "remove_step");
-    if (s.ok()) s = io::FsyncDir(root);
+  deleter_->Submit([store = store_.get(), dir = std::move(dir)] {
+    Status s = store->RemoveRetired(dir);
     // Left behind, it is removed when the root is next opened.
     if (!s.ok()) spdlog::warn("mhckpt: removing retired '{}': {}", dir, s.ToString());
   });

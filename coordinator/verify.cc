@@ -159,9 +159,9 @@ Findings DecodeFindings(const std::string& bytes) {
 // The verify of one step on one rank: the steps of the protocol above.
 class StepVerifier {
  public:
-  StepVerifier(const Comm& comm, io::Engine& engine, const std::string& root, int64_t step,
+  StepVerifier(const Comm& comm, io::Engine& engine, io::RootStore& store, int64_t step,
                const VerifyOptions& options)
-      : comm_(comm), engine_(engine), root_(root), step_(step), options_(options) {}
+      : comm_(comm), engine_(engine), store_(store), step_(step), options_(options) {}
 
   Status Run(VerifyReport* report) {
     Result<io::Marker> m = ReadMarker();
@@ -180,7 +180,7 @@ class StepVerifier {
                                 [](const io::MarkerArray& a) { return ReadableByOffset(a); });
     how.check_metadata = true;
     how.direct = options_.direct_reads;
-    Result<std::unique_ptr<io::StepReader>> reader = engine_.Open(root_, step_, comm_.get(), how);
+    Result<std::unique_ptr<io::StepReader>> reader = engine_.Open(store_.root(), step_, comm_, how);
     Status opened = AgreeAll(reader.status(), comm_);
     if (!opened.ok()) {
       Note(fmt::format("data file: {}", opened.ToString()));
@@ -199,7 +199,7 @@ class StepVerifier {
  private:
   // 1. The marker, the same on every rank.
   Result<io::Marker> ReadMarker() {
-    Result<io::Marker> m = ReadMarkerEverywhere(comm_, root_, step_);
+    Result<io::Marker> m = ReadMarkerEverywhere(comm_, store_, step_);
     if (!m.ok() && m.status().code() == StatusCode::kDataLoss) {
       return DataLoss(fmt::format("step {}: {}", step_, m.status().message()));
     }
@@ -409,7 +409,7 @@ class StepVerifier {
 
   const Comm& comm_;
   io::Engine& engine_;
-  const std::string& root_;
+  io::RootStore& store_;
   const int64_t step_;
   const VerifyOptions& options_;
   Findings mine_;
@@ -423,7 +423,7 @@ class StepVerifier {
 
 Status ManagerImpl::RunVerify(int64_t step, const VerifyOptions& options, VerifyReport* report) {
   *report = VerifyReport();
-  return StepVerifier(comm_, *engine_, root_, step, options).Run(report);
+  return StepVerifier(comm_, *engine_, *store_, step, options).Run(report);
 }
 
 }  // namespace mhckpt::internal

@@ -1,5 +1,6 @@
-// The steps in a checkpoint root: which exist, which are committed, and how
-// one is deleted. Shared by CheckpointManager and the mhckpt CLI.
+// The steps in a POSIX checkpoint root: which exist, which are committed, and
+// how one is deleted. The POSIX root store's listing (io/posix_root_store.h);
+// code above io/ reaches it through io/root_store.h.
 #pragma once
 
 #include <cstdint>
@@ -9,14 +10,9 @@
 
 #include "base/status.h"
 #include "io/marker.h"
+#include "io/root_store.h"
 
 namespace mhckpt::io {
-
-struct StepEntry {
-  int64_t step = 0;
-  bool committed = false;  ///< the marker exists and is valid
-  Status marker;           ///< why not, when a marker exists but is invalid
-};
 
 /// Every step directory under `root`, ascending by step.
 Result<std::vector<StepEntry>> ListSteps(const std::string& root);
@@ -43,7 +39,8 @@ Result<std::vector<int64_t>> CommittedSteps(const std::string& root);
 /// Returns the retired directory's path. Nothing of the data is freed yet:
 /// that is RemoveAll of the returned path, which can take long (an unlink of
 /// a multi-GiB file on a file system mounted with `discard`, ~0.3 s per GiB
-/// here) and can run in the background (coordinator/deleter.h).
+/// here) and can run in the background (the manager's deleter thread,
+/// coordinator/manager_impl.h).
 Result<std::string> RetireStep(const std::string& root, int64_t step);
 
 /// A retired directory's name starts with this; the rest is the step

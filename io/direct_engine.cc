@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "base/comm.h"
 #include "base/fault.h"
 #include "io/box_runs.h"
 #include "io/h5_engine.h"
@@ -167,8 +168,8 @@ class Skeleton {
 // (10,000 small arrays: docs/PERFORMANCE.md, "Part 7").
 class DirectStepWriter final : public StepWriter {
  public:
-  DirectStepWriter(std::optional<H5File> file, std::string path, RawWriterPool& pool, MPI_Comm comm,
-                   Skeleton* skeleton)
+  DirectStepWriter(std::optional<H5File> file, std::string path, RawWriterPool& pool,
+                   const Comm& comm, Skeleton* skeleton)
       : file_(std::move(file)),
         path_(std::move(path)),
         pool_(pool),
@@ -193,7 +194,7 @@ class DirectStepWriter final : public StepWriter {
       s = Layout(arrays, layout);
       layout[0] = s.ok() ? 1 : 0;
     }
-    MPI_Bcast(layout.data(), static_cast<int>(layout.size()), MPI_INT64_T, 0, comm_);
+    comm_.BroadcastValues(&layout, 0);
     if (!file_ && layout[0] != 1) {
       s = IoError(fmt::format("rank 0 could not create the arrays of '{}'", path_));
     }
@@ -301,7 +302,7 @@ class DirectStepWriter final : public StepWriter {
   std::optional<H5File> file_;  // rank 0, until CreateArrays closes it
   std::string path_;
   RawWriterPool& pool_;
-  MPI_Comm comm_;
+  const Comm& comm_;             // the caller's, which outlives this writer
   Skeleton* skeleton_;           // the engine's
   std::vector<RawRun> pending_;  // written by Write, not yet given to the threads
   size_t pending_bytes_ = 0;
@@ -317,10 +318,9 @@ class DirectEngine final : public Engine {
       : pool_(threads), direct_(direct), reader_(MakeH5Engine(Transfer::kIndependent)) {}
 
   Result<std::unique_ptr<StepWriter>> Create(const std::string& root, int64_t step,
-                                             MPI_Comm comm) override {
+                                             const Comm& comm) override {
     std::string path = DataPath(root, step);
-    int rank = 0;
-    MPI_Comm_rank(comm, &rank);
+    const int rank = comm.rank();
     std::optional<H5File> file;
     Status s;
     if (rank == 0) {
@@ -329,9 +329,9 @@ class DirectEngine final : public Engine {
       if (s.ok()) file = std::move(created).value();
     }
     // The others open the file for their pwrites only once it exists.
-    int ok = s.ok() ? 1 : 0;
-    MPI_Bcast(&ok, 1, MPI_INT, 0, comm);
-    if (rank != 0 && ok != 1) s = IoError(fmt::format("rank 0 could not create '{}'", path));
+    std::vector<int64_t> ok{s.ok() ? 1 : 0};
+    comm.BroadcastValues(&ok, 0);
+    if (rank != 0 && ok[0] != 1) s = IoError(fmt::format("rank 0 could not create '{}'", path));
     MHCKPT_RETURN_IF_ERROR(s);
     auto writer = std::make_unique<DirectStepWriter>(std::move(file), std::move(path), pool_, comm,
                                                      &skeleton_);
@@ -339,7 +339,7 @@ class DirectEngine final : public Engine {
     return std::unique_ptr<StepWriter>(std::move(writer));
   }
 
-  Result<std::unique_ptr<StepReader>> Open(const std::string& root, int64_t step, MPI_Comm comm,
+  Result<std::unique_ptr<StepReader>> Open(const std::string& root, int64_t step, const Comm& comm,
                                            const ReadOptions& options) override {
     return reader_->Open(root, step, comm, options);
   }

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/fault.h"
 #include "io/layout.h"
 #include "io/posix_file.h"
 
@@ -177,6 +178,8 @@ Result<std::unique_ptr<RootLock>> RootLock::Acquire(const std::string& root,
         std::chrono::steady_clock::now() >= deadline) {
       return taken.status();
     }
+    // In use, and waiting for the holder to leave: a test's gate.
+    MHCKPT_RETURN_IF_ERROR(fault::Hit("root_busy"));
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
 }

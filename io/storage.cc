@@ -60,12 +60,12 @@ class CountingEngine final : public Engine {
  public:
   explicit CountingEngine(std::unique_ptr<Engine> inner) : inner_(std::move(inner)) {}
   Result<std::unique_ptr<StepWriter>> Create(const std::string& root, int64_t step,
-                                             MPI_Comm comm) override {
+                                             const Comm& comm) override {
     return inner_->Create(root, step, comm);
   }
   // Both engines store a step as one data file with every array contiguous
   // at its FileOffset (storage.h), so reads by offset serve either.
-  Result<std::unique_ptr<StepReader>> Open(const std::string& root, int64_t step, MPI_Comm comm,
+  Result<std::unique_ptr<StepReader>> Open(const std::string& root, int64_t step, const Comm& comm,
                                            const ReadOptions& options) override {
     std::unique_ptr<StepReader> reader;
     if (!options.by_offset || options.check_metadata) {

@@ -1,20 +1,23 @@
-// The storage seam: how the coordinator writes and reads the arrays of one
+// The data seam: how the coordinator writes and reads the arrays of one
 // step, whatever engine holds them (ADIOS2's word for a storage backend).
-// Parallel HDF5 is the engine mhckpt has (io/h5_engine.h, one global dataset
-// per array); another engine — a direct-I/O data path, an object store —
-// implements these three classes and is chosen in MakeEngine. Nothing above
-// io/ includes an engine's own header.
+// Two engines implement these three classes (Engine, StepWriter,
+// StepReader) and MakeEngine chooses between them: parallel HDF5
+// (io/h5_engine.h, one global dataset per array, written as hyperslabs) and
+// the direct engine (io/direct_engine.h: HDF5 lays the same file out, the
+// array bytes are pwritten at the datasets' offsets). A further engine (an
+// object store, say) implements the same three. Nothing above io/ includes
+// an engine's own header.
 //
 // A step as an engine sees it: a set of named arrays (name, dtype, global
 // shape), each written and read as boxes of row-major bytes. The commit
-// marker, the step directories and their listing are not the engine's: they
-// live in io/marker.h, io/layout.h and io/catalog.h.
+// marker, the steps of a root and their listing, the root's lock, and
+// retirement are not the engine's: they are the root store's (the other seam
+// of io/, io/root_store.h), which creates a step before the engine writes
+// into it and commits it after.
 //
 // Every call happens on the I/O thread. Calls marked collective are made by
 // every rank of the communicator the step was opened on, in the same order.
 #pragma once
-
-#include <mpi.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -23,10 +26,13 @@
 #include <string>
 #include <vector>
 
+#include "base/comm.h"
 #include "base/status.h"
 #include "base/types.h"
 
 namespace mhckpt::io {
+
+using internal::Comm;  // base/comm.h
 
 /// How ranks move array bytes: each rank on its own, or in collective rounds
 /// in which the engine may combine them (MPI-IO two-phase I/O). An engine
@@ -150,12 +156,13 @@ class Engine {
   /// Collective over `comm`. Starts writing step `step` under `root`, whose
   /// step directory exists, replacing whatever an earlier attempt left.
   virtual Result<std::unique_ptr<StepWriter>> Create(const std::string& root, int64_t step,
-                                                     MPI_Comm comm) = 0;
+                                                     const Comm& comm) = 0;
   /// Collective over `comm`. Opens the arrays of step `step` under `root`
   /// (with `options.by_offset` and without `check_metadata`, local: only
   /// the data file, read-only).
   virtual Result<std::unique_ptr<StepReader>> Open(const std::string& root, int64_t step,
-                                                   MPI_Comm comm, const ReadOptions& options) = 0;
+                                                   const Comm& comm,
+                                                   const ReadOptions& options) = 0;
 };
 
 /// The engine for `options`: the direct engine (HDF5 layout, pwritten data)

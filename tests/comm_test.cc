@@ -1,11 +1,11 @@
 // Comm::GatherBytes in many rounds: a round limit of a few bytes makes the
 // gather of uneven, empty and large descriptions take the same path that
-// descriptions past 2 GiB take (coordinator/gather_rounds.h).
+// descriptions past 2 GiB take (base/gather_rounds.h).
 #include <mpi.h>
 
 #include <gtest/gtest.h>
 
-#include "coordinator/comm.h"
+#include "base/comm.h"
 
 namespace mhckpt::internal {
 namespace {

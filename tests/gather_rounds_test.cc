@@ -1,7 +1,7 @@
 // The round arithmetic of Comm::GatherBytes across the 2^31 boundary, without
 // the memory: every count and displacement fits an int, and the pieces put
 // every rank's bytes together exactly once.
-#include "coordinator/gather_rounds.h"
+#include "base/gather_rounds.h"
 
 #include <gtest/gtest.h>
 

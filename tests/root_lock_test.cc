@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "base/fault.h"
 #include "coordinator/checkpoint_manager.h"
 #include "io/layout.h"
 #include "io/posix_file.h"
@@ -177,6 +178,8 @@ TEST(RootLock, LeaseOfThisMachineIsDecidedByTheLock) {
   EXPECT_FALSE(std::filesystem::exists(io::StepDir(dir, 9)));
 }
 
+// The heartbeat rewrites the lease every quarter of the lease time: polled
+// until it has advanced, with a deadline far beyond the period.
 TEST(RootLock, HeartbeatAdvances) {
   const std::string dir = FreshDir();
   Options o;
@@ -188,8 +191,16 @@ TEST(RootLock, HeartbeatAdvances) {
       return io::ParseLease(io::ReadSmallFile(LeasePath(dir), 4096).value()).value();
     };
     const io::Lease before = read();
-    std::this_thread::sleep_for(std::chrono::milliseconds(400));
-    const io::Lease after = read();
+    io::Lease after = before;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (after.heartbeat_unix_ms == before.heartbeat_unix_ms &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      Result<std::string> text = io::ReadSmallFile(LeasePath(dir), 4096);
+      // The lease is replaced by rename: a read sees the old or the new one.
+      ASSERT_TRUE(text.ok()) << text.status().ToString();
+      after = io::ParseLease(*text).value();
+    }
     EXPECT_GT(after.heartbeat_unix_ms, before.heartbeat_unix_ms);
     EXPECT_EQ(after.started_unix_ms, before.started_unix_ms);
     EXPECT_EQ(after.pid, ::getpid());
@@ -205,24 +216,43 @@ TEST(RootLock, LeaseTimeMustBePositive) {
   EXPECT_TRUE(SameOnAllRanks(opened.status()));
 }
 
+// The second Open waits; rank 0 releases the root only once that Open has
+// found it in use (the fault gate `root_busy`, base/fault.h, which makes the
+// waiting Open create GATE.reached and wait for GATE), so the test does not
+// depend on timing.
 TEST(RootLock, WaitsForTheHolderToLeave) {
   const std::string dir = FreshDir();
+  const std::string gate = dir + "/gate";
   auto first = OpenForTest(dir);
   ASSERT_TRUE(first);
-  // Rank 0 releases the root 0.3 s from now, on another thread, while the
-  // second Open waits for up to 30 s.
+  ASSERT_TRUE(
+      fault::Configure(fmt::format("rank=0,point=root_busy,action=wait,times=1,file={}", gate))
+          .ok());
   std::thread release;
+  bool reached = false;
   if (Rank() == 0) {
     release = std::thread([&] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (!std::filesystem::exists(gate + ".reached") &&
+             std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));  // polling, with a deadline
+      }
+      reached = std::filesystem::exists(gate + ".reached");
       first.reset();
+      std::ofstream(gate) << "go";
     });
   }
   Options o;
-  o.root_wait_seconds = 30;
+  o.root_wait_seconds = 60;
   auto second = OpenAgreed(dir, o);
   if (release.joinable()) release.join();
+  const int64_t fired = fault::Fired();
+  ASSERT_TRUE(fault::Configure("").ok());
   EXPECT_TRUE(second.ok()) << second.status().ToString();
+  if (Rank() == 0) {
+    EXPECT_TRUE(reached) << "the second Open never found the root in use";
+    EXPECT_EQ(fired, 1);
+  }
   first.reset();
 }
 

@@ -1,4 +1,4 @@
-#include "coordinator/gather_rounds.h"
+#include "base/gather_rounds.h"
 
 #include <algorithm>
 #include <climits>

@@ -1,6 +1,6 @@
-#include "coordinator/comm.h"
+#include "base/comm.h"
 
-#include "coordinator/gather_rounds.h"
+#include "base/gather_rounds.h"
 
 #include <algorithm>
 #include <climits>
@@ -41,7 +41,7 @@ Comm::~Comm() {
 std::vector<std::string> Comm::GatherBytes(const std::string& mine, int root,
                                            int64_t round_limit) const {
   // Sizes as 64-bit values; the bytes in rounds whose int counts and
-  // displacements cannot overflow (coordinator/gather_rounds.h).
+  // displacements cannot overflow (base/gather_rounds.h).
   int64_t n = static_cast<int64_t>(mine.size());
   std::vector<int64_t> sizes(rank_ == root ? size_ : 0);
   MPI_Gather(&n, 1, MPI_INT64_T, sizes.data(), 1, MPI_INT64_T, root, comm_);

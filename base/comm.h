@@ -1,6 +1,8 @@
 // A narrow seam over MPI: a move-only communicator owning its own duplicate,
-// with typed helpers for the few collective patterns mhckpt uses. mpi.h is
-// included by the coordinator and io layers only.
+// with typed helpers for the few collective patterns mhckpt uses. It lives in
+// base/ so that both io/ and coordinator/ move bytes between ranks through
+// it, never through raw MPI calls; MPI types still appear where a library
+// needs them (the MPI-IO file access of parallel HDF5 takes get()).
 #pragma once
 
 #include <mpi.h>
@@ -10,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/gather_rounds.h"
+#include "base/gather_rounds.h"
 
 namespace mhckpt::internal {
 
