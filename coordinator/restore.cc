@@ -309,10 +309,6 @@ std::vector<int> WantedFlags(const io::Marker& m,
   return flags;
 }
 
-size_t BoxBytes(const Box& box, DType dtype) {
-  return static_cast<size_t>(Volume(box.count).value_or(0)) * DTypeSize(dtype);
-}
-
 // Step 3 for a box that several ranks want and that no whole-array broadcast
 // serves (e.g. a tensor-parallel shard held by every data-parallel copy): one
 // of them reads it from storage, checked like every read, and sends it to
