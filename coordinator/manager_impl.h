@@ -4,17 +4,15 @@
 #pragma once
 
 #include <condition_variable>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "coordinator/checkpoint_manager.h"
 #include "coordinator/comm.h"
-#include "coordinator/device_broadcast.h"
 #include "coordinator/io_thread.h"
+#include "coordinator/read_once.h"
 #include "coordinator/watchdog.h"
 #include "io/marker.h"
 #include "io/root_lock.h"
@@ -42,11 +40,6 @@ class ManagerImpl {
   /// Collective, on the I/O thread.
   Status RunRestore(int64_t step, std::span<const ArrayToRestore> arrays,
                     const RestoreOptions& options);
-
-  /// Collective, on the I/O thread (restore.cc).
-  DeviceBroadcaster* DeviceBroadcasterFor(
-      const io::Marker& m, const std::vector<int>& flags,
-      const std::map<std::string_view, const ArrayToRestore*>& mine);
 
   /// Collective, on the I/O thread.
   Status RunVerify(int64_t step, const VerifyOptions& options, VerifyReport* report);
@@ -87,10 +80,8 @@ class ManagerImpl {
   uint64_t last_description_hash_ = 0;
 
   // GPU-to-GPU broadcasts for restore (I/O thread only), made on the first
-  // restore that can use them; `device_broadcast_why_` says why there is none.
-  std::unique_ptr<DeviceBroadcaster> device_broadcast_;
-  bool device_broadcast_tried_ = false;
-  std::string device_broadcast_why_;
+  // restore that can use them.
+  DeviceBroadcasts device_broadcasts_;
 
   // Rank 0 with Options::own_root: the root's lock and lease, released after
   // the I/O thread (declared after it) has finished every job.
