@@ -1,11 +1,15 @@
-// Internal: the state behind CheckpointManager, shared by the save protocol
-// (save.cc), restore (restore.cc), verify (verify.cc) and the façade
-// (checkpoint_manager.cc).
+// Internal: the state behind CheckpointManager. Its public part is what the
+// façade (checkpoint_manager.cc) calls on the caller's thread; the protocols
+// it runs on its I/O thread — save (save.cc), restore (restore.cc), verify
+// (verify.cc) — are its private members.
 #pragma once
 
 #include <condition_variable>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -35,12 +39,46 @@ class ManagerImpl {
  public:
   ManagerImpl(Comm comm, std::string root, Options options, bool async);
 
+  /// After Open's last agreement: the root's lock and lease (rank 0 with
+  /// Options::own_root, else null) and the caller thread's communicator.
+  void Adopt(std::unique_ptr<io::RootLock> root_lock, Comm caller_comm);
+
+  // The caller's side of CheckpointManager.
+
+  /// Runs `job` (the save protocol, save.cc) on the I/O thread, or inline
+  /// when synchronous, records its outcome, then (rank 0) retention; `where`
+  /// names the rank and step in an exception's message.
+  void SubmitSave(std::shared_ptr<SaveJob> job, std::string where);
+  /// Waits until every submitted save is recorded and its retention done;
+  /// the first error since the last call, after a barrier of every rank.
+  Status WaitUntilFinished();
+  /// Waits until the retention of the last recorded save has run (rank 0).
+  void WaitForRetention();
+  /// Collective, on the I/O thread after pending saves (restore.cc).
+  Status Restore(int64_t step, std::span<const ArrayToRestore> arrays,
+                 const RestoreOptions& options);
+  /// Collective, on the I/O thread after pending saves (verify.cc).
+  Status Verify(int64_t step, const VerifyOptions& options, VerifyReport* report);
+  /// Collective on the caller's communicator: AgreeAll.
+  Status Agree(const Status& local) const;
+  /// Runs every job already handed to the I/O thread.
+  void Drain();
+
+  [[nodiscard]] int rank() const { return comm_.rank(); }
+  [[nodiscard]] const std::string& root() const { return root_; }
+  [[nodiscard]] const Options& options() const { return options_; }
+  [[nodiscard]] bool async() const { return async_; }
+  [[nodiscard]] StagingPool& pool() { return pool_; }
+  [[nodiscard]] SaveTimings last_timings() const;
+
+ private:
+  class SaveRun;  // save.cc: one save, the steps of the save protocol
+
   /// Collective, on the I/O thread: plan, write, make durable, commit.
   Status RunSave(SaveJob& job);
   /// Collective, on the I/O thread.
   Status RunRestore(int64_t step, std::span<const ArrayToRestore> arrays,
                     const RestoreOptions& options);
-
   /// Collective, on the I/O thread.
   Status RunVerify(int64_t step, const VerifyOptions& options, VerifyReport* report);
 
