@@ -48,6 +48,10 @@ std::optional<int64_t> Volume(const std::vector<int64_t>& shape) {
   return zero ? 0 : v;
 }
 
+size_t BoxBytes(const Box& box, DType dtype) {
+  return static_cast<size_t>(Volume(box.count).value_or(0)) * DTypeSize(dtype);
+}
+
 std::pair<int64_t, int64_t> SplitRange(int64_t n, int parts, int part) {
   const int64_t base = n / parts, longer = n % parts;
   const int64_t begin = part * base + std::min<int64_t>(part, longer);

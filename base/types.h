@@ -36,6 +36,10 @@ std::string ShapeToString(const std::vector<int64_t>& shape);
 /// extent or an overflow past 2^62.
 std::optional<int64_t> Volume(const std::vector<int64_t>& shape);
 
+/// The bytes of `box` with elements of `dtype`; 0 for a box whose volume is
+/// invalid (Volume).
+size_t BoxBytes(const Box& box, DType dtype);
+
 /// Part `part` (0-based) of `n` rows cut into `parts` contiguous ranges of
 /// near-equal length, in order, the first `n % parts` one row longer:
 /// [begin, end). The one row split of the code base (sharding in tests, the

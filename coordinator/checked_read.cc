@@ -20,10 +20,6 @@ Box Intersection(const Box& a, const Box& b) {
   return r;
 }
 
-size_t BoxBytes(const Box& box, DType dtype) {
-  return static_cast<size_t>(Volume(box.count).value_or(0)) * DTypeSize(dtype);
-}
-
 // Rows [first * chunk_rows, last * chunk_rows) of stored box `b`, clipped.
 Box Chunks(const io::MarkerBox& b, int64_t first, int64_t last) {
   Box box = b.box;
@@ -44,23 +40,6 @@ Status CheckStoredBoxes(const io::MarkerArray& a, const Box& box, const std::byt
     } else if (auto run = RowRunBytes(box, b.box, bytes)) {
       MHCKPT_RETURN_IF_ERROR(CheckChecksum(a, b, Checksum(host + run->first, run->second)));
     }
-  }
-  return OkStatus();
-}
-
-// Checks chunks [first, last) of stored box `b` of `a`, read into `dst`
-// (`bytes` of them).
-Status CheckChunks(const io::MarkerArray& a, const io::MarkerBox& b, int64_t first, int64_t last,
-                   const std::byte* dst, size_t bytes) {
-  size_t chunk_bytes = bytes;
-  if (!b.box.count.empty()) {
-    const size_t row_bytes = BoxBytes(b.box, a.dtype) / static_cast<size_t>(b.box.count[0]);
-    chunk_bytes = static_cast<size_t>(b.chunk_rows) * row_bytes;
-  }
-  for (int64_t c = first; c < last; ++c) {
-    const size_t at = static_cast<size_t>(c - first) * chunk_bytes;
-    MHCKPT_RETURN_IF_ERROR(
-        CheckChunkChecksum(a, b, c, Checksum(dst + at, std::min(chunk_bytes, bytes - at))));
   }
   return OkStatus();
 }
@@ -91,7 +70,7 @@ Status ReadBatch::Add(size_t handle, const io::MarkerArray& a, const Box& want, 
 Status ReadBatch::AddStoredBox(size_t handle, const io::MarkerArray& a, const io::MarkerBox& b,
                                const Box& want, std::byte* out) {
   const size_t want_bytes = BoxBytes(want, a.dtype);
-  auto queue = [&](int64_t first, int64_t last, const Box& group, std::byte* dst) {
+  auto queue = [&](const Box& group, std::byte* dst) {
     const size_t group_bytes = BoxBytes(group, a.dtype);
     if (dst == nullptr && bounce_bytes_ > 0 && bounce_bytes_ + group_bytes > kBounceBytes) {
       MHCKPT_RETURN_IF_ERROR(Flush());
@@ -102,8 +81,6 @@ Status ReadBatch::AddStoredBox(size_t handle, const io::MarkerArray& a, const io
     it.a = &a;
     it.box = group;
     it.stored = &b;
-    it.first = first;
-    it.last = last;
     if (dst != nullptr) {
       it.dst = dst;
       return OkStatus();
@@ -115,7 +92,7 @@ Status ReadBatch::AddStoredBox(size_t handle, const io::MarkerArray& a, const io
     it.out = out;
     return OkStatus();
   };
-  if (b.box.count.empty()) return queue(0, 1, b.box, out);  // 0-d: one chunk, in place
+  if (b.box.count.empty()) return queue(b.box, out);  // 0-d: one chunk, in place
   const size_t row_bytes = BoxBytes(b.box, a.dtype) / static_cast<size_t>(b.box.count[0]);
   const int64_t r0 = std::max(want.start[0], b.box.start[0]) - b.box.start[0];
   const int64_t r1 =
@@ -136,7 +113,7 @@ Status ReadBatch::AddStoredBox(size_t handle, const io::MarkerArray& a, const io
     }
     const Box group = Chunks(b, c, e);
     MHCKPT_RETURN_IF_ERROR(
-        queue(c, e, group, in_place ? out + RowRunBytes(want, group, want_bytes)->first : nullptr));
+        queue(group, in_place ? out + RowRunBytes(want, group, want_bytes)->first : nullptr));
     c = e;
   }
   return OkStatus();
@@ -165,7 +142,7 @@ Status ReadBatch::Finish(const Item& item, std::byte* dst) {
   const size_t bytes = BoxBytes(item.box, a.dtype);
   if (item.whole_boxes) MHCKPT_RETURN_IF_ERROR(CheckStoredBoxes(a, item.box, dst, bytes));
   if (item.stored == nullptr) return OkStatus();
-  MHCKPT_RETURN_IF_ERROR(CheckChunks(a, *item.stored, item.first, item.last, dst, bytes));
+  MHCKPT_RETURN_IF_ERROR(CheckChunks(a, *item.stored, item.box, dst));
   if (stats_ != nullptr) {
     stats_->read += bytes;
     stats_->checked += bytes;

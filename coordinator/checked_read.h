@@ -61,9 +61,8 @@ class ReadBatch {
     Box box;                   // read into dst
     std::byte* dst = nullptr;  // or, if null, bounce_ + bounce_at
     size_t bounce_at = 0;
-    const io::MarkerBox* stored = nullptr;  // chunks [first, last) of it, to check
-    int64_t first = 0, last = 0;
-    bool bounced = false;  // copy the part in `want` to `out`
+    const io::MarkerBox* stored = nullptr;  // `box` is a run of its chunks, to check
+    bool bounced = false;                   // copy the part in `want` to `out`
     Box want;
     std::byte* out = nullptr;
     bool whole_boxes = false;  // version 1: check the stored boxes it covers

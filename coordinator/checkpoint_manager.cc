@@ -30,10 +30,8 @@ using internal::CheckStep;
 using internal::CheckUserMetadata;
 using internal::Comm;
 using internal::SaveJob;
-using internal::Snapshot;
 using internal::SnapshotOptions;
 using internal::TakeSnapshot;
-using internal::Watchdog;
 
 namespace {
 
@@ -195,7 +193,8 @@ ManagerImpl::ManagerImpl(Comm comm, std::string root, Options options, bool asyn
       async_(async),
       pool_(options.staging_budget_bytes),
       watchdog_(comm_.get(), comm_.rank(), options.collective_timeout_seconds),
-      engine_(io::MakeEngine(StorageFor(options))) {
+      engine_(io::MakeEngine(StorageFor(options))),
+      device_broadcasts_(options.collective_timeout_seconds) {
   if (CudaAvailable()) {
     // Pinned once per buffer; buffers are reused, so pinning is not per save.
     pool_.SetHooks(PinHostMemory, UnpinHostMemory);
@@ -230,14 +229,89 @@ void ManagerImpl::RecordRetention(double seconds) {
   saves_cv_.notify_all();
 }
 
+void ManagerImpl::Adopt(std::unique_ptr<io::RootStore> store,
+                        std::unique_ptr<io::RootOwnership> root_lock, Comm caller_comm) {
+  store_ = std::move(store);
+  root_lock_ = std::move(root_lock);
+  caller_comm_ = std::move(caller_comm);
+}
+
+void ManagerImpl::SubmitSave(std::shared_ptr<SaveJob> job, std::string where) {
+  // From here on no caller buffer is read again. The job always runs, even
+  // with a local error: the other ranks are waiting for this rank's plan.
+  // Retention (rank 0) runs after the outcome is recorded, off the path to
+  // the commit that WaitUntilFinished waits for; later jobs run after it.
+  auto run = [this, job = std::move(job), where = std::move(where)] {
+    Status s = Guarded(where, [&] { return RunSave(*job); });
+    job->snapshot = Snapshot();  // release staging memory before reporting
+    const bool retain = s.ok() && comm_.rank() == 0 && options_.max_to_keep > 0;
+    RecordSave(s, job->timings, retain);
+    if (retain) RunRetention(job->step);
+  };
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++saves_in_flight_;
+  }
+  if (async_)
+    thread_->Submit(std::move(run));
+  else
+    run();
+}
+
+Status ManagerImpl::WaitUntilFinished() {
+  Status s;
+  {
+    // Every save recorded and its retention done (rank 0): a step committed
+    // before the call is listed, a step retention deletes is not.
+    std::unique_lock<std::mutex> lock(mu_);
+    saves_cv_.wait(lock, [this] { return saves_in_flight_ == 0 && !retention_pending_; });
+    s = first_error_;
+    first_error_ = OkStatus();
+  }
+  // Why a barrier: rank 0's retention ends after the others' saves are
+  // recorded; listings after this call must agree on every rank.
+  caller_comm_.Barrier();
+  return s;
+}
+
+void ManagerImpl::WaitForRetention() {
+  std::unique_lock<std::mutex> lock(mu_);
+  saves_cv_.wait(lock, [this] { return !retention_pending_; });
+}
+
+Status ManagerImpl::Restore(int64_t step, std::span<const ArrayToRestore> arrays,
+                            const RestoreOptions& options) {
+  // FIFO on the I/O thread: pending saves finish first.
+  return RunOnIoThread([&] {
+    Watchdog::Guard phase(watchdog_, "restore", step);
+    return RunRestore(step, arrays, options);
+  });
+}
+
+Status ManagerImpl::Verify(int64_t step, const VerifyOptions& options, VerifyReport* report) {
+  return RunOnIoThread([&] {
+    Watchdog::Guard phase(watchdog_, "verify", step);
+    return RunVerify(step, options, report);
+  });
+}
+
+Status ManagerImpl::Agree(const Status& local) const { return AgreeAll(local, caller_comm_); }
+
+void ManagerImpl::Drain() {
+  if (async_) thread_->Drain();
+}
+
+SaveTimings ManagerImpl::last_timings() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_timings_;
+}
+
 }  // namespace internal
 
 CheckpointManager::CheckpointManager(std::unique_ptr<internal::ManagerImpl> impl)
     : impl_(std::move(impl)) {}
 
-CheckpointManager::~CheckpointManager() {
-  if (impl_->async_) impl_->thread_->Drain();
-}
+CheckpointManager::~CheckpointManager() { impl_->Drain(); }
 
 Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(MPI_Comm comm, std::string root,
                                                                    Options options) {
@@ -275,9 +349,7 @@ Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(MPI_Comm comm
     impl = std::make_unique<internal::ManagerImpl>(std::move(dup), std::move(root), options, async);
   });
   MHCKPT_RETURN_IF_ERROR(AgreeAll(s, caller));
-  impl->store_ = std::move(store);
-  impl->root_lock_ = std::move(lock);
-  impl->caller_comm_ = std::move(caller);
+  impl->Adopt(std::move(store), std::move(lock), std::move(caller));
   return std::unique_ptr<CheckpointManager>(new CheckpointManager(std::move(impl)));
 }
 
@@ -287,16 +359,16 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
   auto t0 = std::chrono::steady_clock::now();
   job->step = step;
   SnapshotOptions so;
-  so.rank = impl_->comm_.rank();
-  so.threads = impl_->options_.snapshot_threads > 0
-                   ? impl_->options_.snapshot_threads
+  so.rank = impl_->rank();
+  so.threads = impl_->options().snapshot_threads > 0
+                   ? impl_->options().snapshot_threads
                    : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
-  const int rank = impl_->comm_.rank();
+  const int rank = impl_->rank();
   const std::string where = fmt::format("rank {}: save of step {}", rank, step);
   // Nothing may throw out of Save: this rank must still hand its job to the
   // I/O thread, or the other ranks would wait for it in the plan round.
   job->local =
-      Guarded(where, [&] { return TakeSnapshot(arrays, so, impl_->pool_, &job->snapshot); });
+      Guarded(where, [&] { return TakeSnapshot(arrays, so, impl_->pool(), &job->snapshot); });
   if (job->local.ok()) job->local = CheckStep(step, rank);
   if (job->local.ok() && rank == 0) {
     job->local = Guarded(where, [&] {
@@ -305,10 +377,10 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
       return OkStatus();
     });
   }
-  if (job->local.ok() && !impl_->options_.own_root) {
+  if (job->local.ok() && !impl_->options().own_root) {
     job->local = FailedPrecondition(fmt::format(
         "rank {}: '{}' was opened without ownership (Options::own_root is false): it cannot save",
-        impl_->comm_.rank(), impl_->root_));
+        rank, impl_->root()));
   }
   job->timings.budget_wait = job->snapshot.budget_wait_seconds;
   job->timings.snapshot =
@@ -318,52 +390,16 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
   fault::SetStep(step);
   if (job->local.ok()) job->local = fault::Hit("after_snapshot");
   Status local = job->local;
-  // From here on no caller buffer is read again. The job always runs, even
-  // with a local error: the other ranks are waiting for this rank's plan.
-  // Retention (rank 0) runs after the outcome is recorded, off the path to
-  // the commit that WaitUntilFinished waits for; later jobs run after it.
-  auto run = [impl = impl_.get(), job, where] {
-    Status s = Guarded(where, [&] { return impl->RunSave(*job); });
-    job->snapshot = Snapshot();  // release staging memory before reporting
-    const bool retain = s.ok() && impl->comm_.rank() == 0 && impl->options_.max_to_keep > 0;
-    impl->RecordSave(s, job->timings, retain);
-    if (retain) impl->RunRetention(job->step);
-  };
-  {
-    std::lock_guard<std::mutex> lock(impl_->mu_);
-    ++impl_->saves_in_flight_;
-  }
-  if (impl_->async_)
-    impl_->thread_->Submit(std::move(run));
-  else
-    run();
+  impl_->SubmitSave(std::move(job), where);
   return local;
 }
 
-Status CheckpointManager::WaitUntilFinished() {
-  Status s;
-  {
-    // Every save recorded and its retention done (rank 0): a step committed
-    // before the call is listed, a step retention deletes is not.
-    std::unique_lock<std::mutex> lock(impl_->mu_);
-    impl_->saves_cv_.wait(
-        lock, [this] { return impl_->saves_in_flight_ == 0 && !impl_->retention_pending_; });
-    s = impl_->first_error_;
-    impl_->first_error_ = OkStatus();
-  }
-  // Why a barrier: rank 0's retention ends after the others' saves are
-  // recorded; listings after this call must agree on every rank.
-  impl_->caller_comm_.Barrier();
-  return s;
-}
+Status CheckpointManager::WaitUntilFinished() { return impl_->WaitUntilFinished(); }
 
 Result<std::vector<int64_t>> CheckpointManager::CommittedSteps() const {
-  {
-    // A listing on rank 0 after WaitUntilFinished already reflects retention.
-    std::unique_lock<std::mutex> lock(impl_->mu_);
-    impl_->saves_cv_.wait(lock, [this] { return !impl_->retention_pending_; });
-  }
-  return impl_->store_->CommittedSteps();
+  // A listing on rank 0 after WaitUntilFinished already reflects retention.
+  impl_->WaitForRetention();
+  return impl_->store().CommittedSteps();
 }
 
 Result<std::optional<int64_t>> CheckpointManager::LatestStep() const {
@@ -373,30 +409,23 @@ Result<std::optional<int64_t>> CheckpointManager::LatestStep() const {
 }
 
 Result<StepDescription> CheckpointManager::Describe(int64_t step) const {
-  Result<io::Marker> m = impl_->store_->ReadMarker(step);
+  Result<io::Marker> m = impl_->store().ReadMarker(step);
   if (!m.ok()) {
     if (m.status().code() != StatusCode::kNotFound) return m.status();
-    return NotFound(fmt::format("step {} is not committed in '{}'", step, impl_->root_));
+    return NotFound(fmt::format("step {} is not committed in '{}'", step, impl_->root()));
   }
-  MHCKPT_RETURN_IF_ERROR(internal::CheckMarkerStep(*m, *impl_->store_, step));
+  MHCKPT_RETURN_IF_ERROR(internal::CheckMarkerStep(*m, impl_->store(), step));
   return DescribeMarker(*m);
 }
 
 Status CheckpointManager::Restore(int64_t step, std::span<const ArrayToRestore> arrays,
                                   const RestoreOptions& options) {
-  // FIFO on the I/O thread: pending saves finish first.
-  return impl_->RunOnIoThread([&] {
-    Watchdog::Guard phase(impl_->watchdog_, "restore", step);
-    return impl_->RunRestore(step, arrays, options);
-  });
+  return impl_->Restore(step, arrays, options);
 }
 
 Status CheckpointManager::Verify(int64_t step, const VerifyOptions& options, VerifyReport* report) {
   VerifyReport unused;
-  return impl_->RunOnIoThread([&] {
-    Watchdog::Guard phase(impl_->watchdog_, "verify", step);
-    return impl_->RunVerify(step, options, report != nullptr ? report : &unused);
-  });
+  return impl_->Verify(step, options, report != nullptr ? report : &unused);
 }
 
 Status CheckpointManager::Verify(int64_t step, uint64_t* bytes_checked) {
@@ -406,18 +435,13 @@ Status CheckpointManager::Verify(int64_t step, uint64_t* bytes_checked) {
   return s;
 }
 
-Status CheckpointManager::Agree(const Status& local) {
-  return AgreeAll(local, impl_->caller_comm_);
-}
+Status CheckpointManager::Agree(const Status& local) { return impl_->Agree(local); }
 
-SaveTimings CheckpointManager::LastSaveTimings() const {
-  std::lock_guard<std::mutex> lock(impl_->mu_);
-  return impl_->last_timings_;
-}
+SaveTimings CheckpointManager::LastSaveTimings() const { return impl_->last_timings(); }
 
-size_t CheckpointManager::StagingBytes() const { return impl_->pool_.allocated_bytes(); }
+size_t CheckpointManager::StagingBytes() const { return impl_->pool().allocated_bytes(); }
 
-bool CheckpointManager::async() const { return impl_->async_; }
-const std::string& CheckpointManager::root() const { return impl_->root_; }
+bool CheckpointManager::async() const { return impl_->async(); }
+const std::string& CheckpointManager::root() const { return impl_->root(); }
 
 }  // namespace mhckpt

@@ -68,4 +68,21 @@ Status CheckChunkChecksum(const io::MarkerArray& a, const io::MarkerBox& b, int6
       b.writer));
 }
 
+Status CheckChunks(const io::MarkerArray& a, const io::MarkerBox& b, const Box& rows,
+                   const std::byte* data) {
+  const size_t bytes = BoxBytes(rows, a.dtype);
+  int64_t chunk = 0;
+  size_t chunk_bytes = bytes;
+  if (!b.box.count.empty()) {
+    chunk = (rows.start[0] - b.box.start[0]) / b.chunk_rows;
+    const size_t row_bytes = BoxBytes(b.box, a.dtype) / static_cast<size_t>(b.box.count[0]);
+    chunk_bytes = static_cast<size_t>(b.chunk_rows) * row_bytes;
+  }
+  for (size_t at = 0; at < bytes; at += chunk_bytes, ++chunk) {
+    MHCKPT_RETURN_IF_ERROR(
+        CheckChunkChecksum(a, b, chunk, Checksum(data + at, std::min(chunk_bytes, bytes - at))));
+  }
+  return OkStatus();
+}
+
 }  // namespace mhckpt::internal

@@ -2,11 +2,13 @@
 // shared, and what the marker says about the stored arrays.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
 #include "base/comm.h"
 #include "base/status.h"
+#include "base/types.h"
 #include "io/marker.h"
 #include "io/root_store.h"
 #include "io/storage.h"
@@ -40,5 +42,11 @@ Status CheckChecksum(const io::MarkerArray& a, const io::MarkerBox& b, uint64_t 
 /// the box, the chunk and its rows, and the rank that wrote it.
 Status CheckChunkChecksum(const io::MarkerArray& a, const io::MarkerBox& b, int64_t chunk,
                           uint64_t actual);
+
+/// CheckChunkChecksum for each chunk of box `b` of `a` in `rows`, a run of
+/// whole chunks of it (starting on a chunk; the box's last chunk may be
+/// shorter) whose bytes, row-major, are at `data`. The first mismatch.
+Status CheckChunks(const io::MarkerArray& a, const io::MarkerBox& b, const Box& rows,
+                   const std::byte* data);
 
 }  // namespace mhckpt::internal

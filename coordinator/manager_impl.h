@@ -1,20 +1,22 @@
-// Internal: the state behind CheckpointManager, shared by the save protocol
-// (save.cc), restore (restore.cc), verify (verify.cc) and the façade
-// (checkpoint_manager.cc).
+// Internal: the state behind CheckpointManager. Its public part is what the
+// façade (checkpoint_manager.cc) calls on the caller's thread; the protocols
+// it runs on its I/O thread — save (save.cc), restore (restore.cc), verify
+// (verify.cc) — are its private members.
 #pragma once
 
 #include <condition_variable>
-#include <map>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "base/comm.h"
 #include "coordinator/checkpoint_manager.h"
-#include "coordinator/device_broadcast.h"
 #include "coordinator/io_thread.h"
+#include "coordinator/read_once.h"
 #include "coordinator/watchdog.h"
 #include "io/marker.h"
 #include "io/root_store.h"
@@ -37,17 +39,48 @@ class ManagerImpl {
  public:
   ManagerImpl(Comm comm, std::string root, Options options, bool async);
 
+  /// After Open's last agreement: the root store, the root's lock and lease (rank 0 with
+  /// Options::own_root, else null) and the caller thread's communicator.
+  void Adopt(std::unique_ptr<io::RootStore> store, std::unique_ptr<io::RootOwnership> root_lock,
+             Comm caller_comm);
+
+  // The caller's side of CheckpointManager.
+
+  /// Runs `job` (the save protocol, save.cc) on the I/O thread, or inline
+  /// when synchronous, records its outcome, then (rank 0) retention; `where`
+  /// names the rank and step in an exception's message.
+  void SubmitSave(std::shared_ptr<SaveJob> job, std::string where);
+  /// Waits until every submitted save is recorded and its retention done;
+  /// the first error since the last call, after a barrier of every rank.
+  Status WaitUntilFinished();
+  /// Waits until the retention of the last recorded save has run (rank 0).
+  void WaitForRetention();
+  /// Collective, on the I/O thread after pending saves (restore.cc).
+  Status Restore(int64_t step, std::span<const ArrayToRestore> arrays,
+                 const RestoreOptions& options);
+  /// Collective, on the I/O thread after pending saves (verify.cc).
+  Status Verify(int64_t step, const VerifyOptions& options, VerifyReport* report);
+  /// Collective on the caller's communicator: AgreeAll.
+  Status Agree(const Status& local) const;
+  /// Runs every job already handed to the I/O thread.
+  void Drain();
+
+  [[nodiscard]] int rank() const { return comm_.rank(); }
+  [[nodiscard]] const std::string& root() const { return root_; }
+  [[nodiscard]] io::RootStore& store() const { return *store_; }
+  [[nodiscard]] const Options& options() const { return options_; }
+  [[nodiscard]] bool async() const { return async_; }
+  [[nodiscard]] StagingPool& pool() { return pool_; }
+  [[nodiscard]] SaveTimings last_timings() const;
+
+ private:
+  class SaveRun;  // save.cc: one save, the steps of the save protocol
+
   /// Collective, on the I/O thread: plan, write, make durable, commit.
   Status RunSave(SaveJob& job);
   /// Collective, on the I/O thread.
   Status RunRestore(int64_t step, std::span<const ArrayToRestore> arrays,
                     const RestoreOptions& options);
-
-  /// Collective, on the I/O thread (restore.cc).
-  DeviceBroadcaster* DeviceBroadcasterFor(
-      const io::Marker& m, const std::vector<int>& flags,
-      const std::map<std::string_view, const ArrayToRestore*>& mine);
-
   /// Collective, on the I/O thread.
   Status RunVerify(int64_t step, const VerifyOptions& options, VerifyReport* report);
 
@@ -90,10 +123,8 @@ class ManagerImpl {
   uint64_t last_description_hash_ = 0;
 
   // GPU-to-GPU broadcasts for restore (I/O thread only), made on the first
-  // restore that can use them; `device_broadcast_why_` says why there is none.
-  std::unique_ptr<DeviceBroadcaster> device_broadcast_;
-  bool device_broadcast_tried_ = false;
-  std::string device_broadcast_why_;
+  // restore that can use them.
+  DeviceBroadcasts device_broadcasts_;
 
   // Rank 0 with Options::own_root: the root's lock and lease, released after
   // the I/O thread (declared after it) has finished every job.

@@ -16,7 +16,8 @@
 //      file offset and joined across small arrays (ReadBatch), so any
 //      sharding on any world size is a plain read. A replicated array that
 //      every rank wants whole is read once by rank 0 and broadcast; small
-//      ones go together, up to 64 MiB per broadcast (PacketBroadcast).
+//      ones go together, up to 64 MiB per broadcast (PacketBroadcast;
+//      coordinator/read_once.h).
 //      Any other box that several ranks want exactly (the same array, start
 //      and count: a tensor-parallel shard held by every data-parallel copy)
 //      is read once too: before the reads, each rank sends its keys (array,
@@ -37,14 +38,14 @@
 //      step only a read that covers a whole stored box (the box itself, or
 //      a slice of whole rows of it) can be checked; parts of boxes are not.
 //   4. Close; one agreement.
-#include <algorithm>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
 #include "base/guard.h"
 #include "coordinator/agree.h"
@@ -52,6 +53,7 @@
 #include "coordinator/committed_step.h"
 #include "coordinator/manager_impl.h"
 #include "coordinator/plan.h"
+#include "coordinator/read_once.h"
 #include "io/marker.h"
 #include "worker/copy.h"
 
@@ -113,135 +115,6 @@ Status CheckRequests(const io::Marker& m, std::span<const ArrayToRestore> arrays
   return OkStatus();
 }
 
-// Where the bytes of one destination land first: the destination itself for
-// host memory; for device memory, pinned host memory shared by the
-// destinations of one restore (then copied over, on the destination's device,
-// in order with its stream).
-class Landing {
- public:
-  Landing(const Destination& d, DType dtype, PinnedBuffer& bounce)
-      : d_(d), bytes_(static_cast<size_t>(Volume(d.box.count).value_or(0)) * DTypeSize(dtype)) {
-    if (d.memory != Memory::kCuda) return;
-    if (bounce.size() < bytes_) bounce = PinnedBuffer(bytes_, d.device);
-    bounce_ = bounce.data();
-  }
-  [[nodiscard]] void* host() const { return bounce_ != nullptr ? bounce_ : d_.data; }
-  [[nodiscard]] size_t bytes() const { return bytes_; }
-  /// Moves the bytes to the device, if the destination lives there.
-  [[nodiscard]] Status Finish() const {
-    if (bounce_ == nullptr) return OkStatus();
-    CopyTask t{d_.data, bounce_, bytes_, d_.device, d_.stream};
-    return CopyHostToDevice({&t, 1});
-  }
-
- private:
-  const Destination& d_;
-  size_t bytes_;
-  std::byte* bounce_ = nullptr;
-};
-
-// Step 3 for an array every rank wants whole: rank 0 reads it once and
-// broadcasts it. `local` is this rank's error so far.
-Status ReadAndBroadcast(ReadBatch& batch, size_t handle, const io::MarkerArray& a,
-                        const Destination& whole, const Comm& comm, PinnedBuffer& bounce,
-                        Status local) {
-  Landing land(whole, a.dtype, bounce);
-  if (comm.rank() == 0 && local.ok()) {
-    local = Guarded("restore", [&] {  // the rank is named with every local error
-      MHCKPT_RETURN_IF_ERROR(batch.Add(handle, a, whole.box, static_cast<std::byte*>(land.host())));
-      return batch.Flush();
-    });
-  }
-  comm.BroadcastBuffer(land.host(), land.bytes(), 0);
-  if (local.ok()) local = land.Finish();
-  return local;
-}
-
-// Step 3 for an array every rank wants whole into device memory, with NCCL:
-// rank 0 reads it into its GPU, NCCL copies it to the others' GPUs.
-Status ReadAndBroadcastOnDevices(ReadBatch& batch, size_t handle, const io::MarkerArray& a,
-                                 const Destination& whole, int rank, DeviceBroadcaster& nccl,
-                                 PinnedBuffer& bounce, Status local) {
-  if (rank == 0 && local.ok()) {
-    local = Guarded("restore", [&] {
-      Landing land(whole, a.dtype, bounce);  // only the root reads: only it pins memory
-      MHCKPT_RETURN_IF_ERROR(batch.Add(handle, a, whole.box, static_cast<std::byte*>(land.host())));
-      MHCKPT_RETURN_IF_ERROR(batch.Flush());
-      return land.Finish();
-    });
-  }
-  const size_t bytes =
-      static_cast<size_t>(Volume(whole.box.count).value_or(0)) * DTypeSize(a.dtype);
-  Status sent = nccl.Broadcast(whole.data, bytes, 0, whole.stream);
-  return local.ok() ? sent : local;
-}
-
-// Step 3 for small replicated arrays that every rank wants whole and that
-// go through MPI: rank 0 reads a packet of them (one batch: sorted, joined
-// reads) and broadcasts it once; every rank copies its arrays out. Every
-// rank adds the same arrays in the same order (the marker and the flags are
-// agreed), so every rank sends the same packets.
-class PacketBroadcast {
- public:
-  /// Arrays up to this size are packed; larger ones are broadcast alone.
-  static constexpr size_t kMaxArrayBytes = size_t{4} << 20;
-  /// A packet holds at most this many bytes.
-  static constexpr size_t kPacketBytes = size_t{64} << 20;
-
-  PacketBroadcast(ReadBatch& batch, const Comm& comm, PinnedBuffer& bounce)
-      : batch_(batch), comm_(comm), bounce_(bounce) {}
-
-  /// Packs array `a` (opened as `handle`; `whole` this rank's destination);
-  /// collective when that sends the full packet first.
-  void Add(size_t handle, const io::MarkerArray& a, const Destination& whole, Status& local) {
-    const size_t bytes = static_cast<size_t>(Volume(a.shape).value_or(0)) * DTypeSize(a.dtype);
-    if (bytes_ + bytes > kPacketBytes) Send(local);
-    entries_.push_back({handle, &a, &whole, bytes_, bytes});
-    bytes_ += bytes;
-  }
-
-  /// Collective: reads (rank 0), broadcasts and unpacks the packet.
-  void Send(Status& local) {
-    if (entries_.empty()) return;
-    if (buffer_.size() < bytes_) buffer_.resize(bytes_);
-    if (comm_.rank() == 0 && local.ok()) {
-      local = Guarded("restore", [&] {  // the rank is named with every local error
-        for (const Entry& e : entries_) {
-          MHCKPT_RETURN_IF_ERROR(
-              batch_.Add(e.handle, *e.a, FullBox(e.a->shape), buffer_.data() + e.at));
-        }
-        return batch_.Flush();
-      });
-    }
-    // Why a broadcast: every rank wants these arrays whole; one read serves all.
-    comm_.BroadcastBuffer(buffer_.data(), bytes_, 0);
-    for (size_t i = 0; local.ok() && i < entries_.size(); ++i) {
-      const Entry& e = entries_[i];
-      Landing land(*e.whole, e.a->dtype, bounce_);
-      if (e.bytes > 0) std::memcpy(land.host(), buffer_.data() + e.at, e.bytes);
-      local = land.Finish();
-    }
-    entries_.clear();
-    bytes_ = 0;
-  }
-
- private:
-  struct Entry {
-    size_t handle;
-    const io::MarkerArray* a;
-    const Destination* whole;
-    size_t at;
-    size_t bytes;
-  };
-
-  ReadBatch& batch_;
-  const Comm& comm_;
-  PinnedBuffer& bounce_;
-  std::vector<Entry> entries_;
-  size_t bytes_ = 0;
-  std::vector<std::byte> buffer_;
-};
-
 // Step 3 for the boxes this rank asked for of array `a`, but those in
 // `shared` (read once for several ranks, SharedRead): host destinations are
 // queued in `batch` (read when it is flushed), device ones read at once.
@@ -275,10 +148,6 @@ bool WantedReadableByOffset(const io::Marker& m, const std::vector<int>& flags) 
   return true;
 }
 
-size_t ArrayBytes(const io::MarkerArray& a) {
-  return static_cast<size_t>(Volume(a.shape).value_or(0)) * DTypeSize(a.dtype);
-}
-
 // This rank's device for a destination in device memory, or -1.
 int DeviceOf(const Destination& d) {
   if (d.memory != Memory::kCuda) return -1;
@@ -287,10 +156,12 @@ int DeviceOf(const Destination& d) {
   return device.ok() ? *device : -1;
 }
 
+// This rank's requests, by name.
+using Requests = std::map<std::string_view, const ArrayToRestore*>;
+
 // This rank's flags (step 2), and the device of its first whole-array device
 // destination in `*first_device` (-1 if none).
-std::vector<int> WantedFlags(const io::Marker& m,
-                             const std::map<std::string_view, const ArrayToRestore*>& mine,
+std::vector<int> WantedFlags(const io::Marker& m, const Requests& mine,
                              int* first_device = nullptr) {
   std::vector<int> flags(kFlags * m.arrays.size(), 0);
   int first = -1;
@@ -311,360 +182,206 @@ std::vector<int> WantedFlags(const io::Marker& m,
   return flags;
 }
 
-size_t BoxBytes(const Box& box, DType dtype) {
-  return static_cast<size_t>(Volume(box.count).value_or(0)) * DTypeSize(dtype);
-}
+// One restore on one rank: the steps of the protocol above, in order.
+class RestoreRun {
+ public:
+  RestoreRun(const Comm& comm, io::Engine& engine, io::RootStore& store,
+             DeviceBroadcasts& device_broadcasts, int64_t step,
+             std::span<const ArrayToRestore> arrays, const RestoreOptions& options)
+      : comm_(comm),
+        engine_(engine),
+        store_(store),
+        device_broadcasts_(device_broadcasts),
+        step_(step),
+        arrays_(arrays),
+        options_(options),
+        rank_(comm.rank()) {}
 
-// Step 3 for a box that several ranks want and that no whole-array broadcast
-// serves (e.g. a tensor-parallel shard held by every data-parallel copy): one
-// of them reads it from storage, checked like every read, and sends it to
-// the others.
-struct SharedRead {
-  std::vector<int64_t> key;  // KeyOf: the array's index in the marker, the box
-  size_t array = 0;          // index in the marker
-  const Destination* d = nullptr;
-  int reader = -1;              // the rank that reads it; -1: this rank alone wants it
-  std::vector<int> recipients;  // where this rank is the reader: the others
+  Status Run() {
+    // 1. The marker, from rank 0.
+    MHCKPT_ASSIGN_OR_RETURN(m_, ReadMarkerEverywhere(comm_, store_, step_));
+    MHCKPT_RETURN_IF_ERROR(LearnWants());
+    MHCKPT_RETURN_IF_ERROR(Open());
+    FindShared();
+    Read();
+    // 4. Close; agree.
+    Status closed = reader_->Close();
+    if (local_.ok()) local_ = closed;
+    if (!local_.ok()) {
+      local_ = Status(local_.code(), fmt::format("rank {}: {}", rank_, local_.message()));
+    }
+    return AgreeAll(local_, comm_);
+  }
+
+ private:
+  // 2. Check the requests; learn what everyone wants.
+  Status LearnWants() {
+    const std::string where = fmt::format("rank {}: restore of step {}", rank_, step_);
+    MHCKPT_RETURN_IF_ERROR(AgreeAll(
+        Guarded(where, [&] { return CheckRequests(m_, arrays_, options_, rank_); }), comm_));
+    for (const ArrayToRestore& a : arrays_) mine_[a.name] = &a;
+    flags_ = WantedFlags(m_, mine_);
+    flags_.push_back(options_.read_once ? 0 : 1);  // agreed with the flags: off if off anywhere
+    comm_.AllreduceMax(&flags_);
+    read_once_ = flags_.back() == 0;
+    flags_.pop_back();
+    nccl_ = read_once_ ? DeviceBroadcasterFor() : nullptr;
+    return OkStatus();
+  }
+
+  // 2, collective: the NCCL broadcaster if some replicated array goes whole
+  // into device memory on every rank and NCCL can serve these ranks on their
+  // devices; nullptr otherwise (MPI through pinned host memory).
+  DeviceBroadcaster* DeviceBroadcasterFor() {
+    bool any = false;
+    for (size_t i = 0; i < m_.arrays.size(); ++i) {
+      const int* f = &flags_[kFlags * i];
+      any = any || (m_.arrays[i].replicated && f[kWanted] && !f[kPartly] && !f[kOnHost]);
+    }
+    if (!any) return nullptr;  // the same on every rank: `flags_` are agreed
+    int device = -1;
+    (void)WantedFlags(m_, mine_, &device);
+    return device_broadcasts_.For(comm_, device);
+  }
+
+  // 2: array i is one that every rank wants whole, read once and broadcast.
+  [[nodiscard]] bool IsBroadcast(size_t i) const {
+    return read_once_ && comm_.size() > 1 && m_.arrays[i].replicated &&
+           !flags_[kFlags * i + kPartly];
+  }
+
+  // 3. Open the step: by offset if the marker places every wanted array.
+  Status Open() {
+    io::ReadOptions how;
+    how.by_offset = WantedReadableByOffset(m_, flags_);
+    how.prefault = options_.prefault;
+    how.direct = options_.direct_reads;
+    Result<std::unique_ptr<io::StepReader>> reader = engine_.Open(store_.root(), step_, comm_, how);
+    if (!reader.ok()) {
+      local_ =
+          DataLoss(fmt::format("rank {}: step {}: {}", rank_, step_, reader.status().message()));
+    } else {
+      reader_ = std::move(reader).value();
+    }
+    // Why an agreement: the dataset opens below are collective; a rank that
+    // could not open the file must not leave the others alone in them.
+    return AgreeAll(local_, comm_);
+  }
+
+  // 3, before the reads: boxes that several ranks want, of the arrays no
+  // broadcast serves: each read once, by one of them, and sent to the
+  // others. Skipped when no such array is wanted (the same on every rank:
+  // the flags are agreed).
+  void FindShared() {
+    bool any_unbroadcast = false;
+    for (size_t i = 0; i < m_.arrays.size(); ++i) {
+      any_unbroadcast = any_unbroadcast || (flags_[kFlags * i + kWanted] && !IsBroadcast(i));
+    }
+    if (read_once_ && comm_.size() > 1 && any_unbroadcast) {
+      std::vector<SharedRead> keys;
+      std::set<std::vector<int64_t>> seen;  // a box asked for twice here is shared once
+      for (size_t i = 0; i < m_.arrays.size(); ++i) {
+        auto it = mine_.find(m_.arrays[i].name);
+        if (it == mine_.end() || IsBroadcast(i)) continue;
+        for (const Destination& d : it->second->shards) {
+          if (Volume(d.box.count).value_or(0) == 0) continue;
+          std::vector<int64_t> key = KeyOf(i, d.box);
+          if (seen.insert(key).second) keys.push_back({std::move(key), i, &d, -1, {}});
+        }
+      }
+      shared_ = FindSharedReads(m_, std::move(keys), comm_);
+      for (const SharedRead& sr : shared_) shared_dests_.insert(sr.d);
+    }
+    // shared_[first_shared_[i], first_shared_[i + 1]) are array i's (key
+    // order starts with the array): no walk over every shared box per array.
+    first_shared_.assign(m_.arrays.size() + 1, 0);
+    for (const SharedRead& sr : shared_) ++first_shared_[sr.array + 1];
+    for (size_t i = 0; i < m_.arrays.size(); ++i) first_shared_[i + 1] += first_shared_[i];
+  }
+
+  // 3, the reads: every wanted array in one batch, the broadcasts, then the
+  // shared boxes sent.
+  void Read() {
+    ReadBatch batch(*reader_, m_.format_version, options_.verify_checksums);
+    PacketBroadcast packets(batch, comm_, bounce_);
+    handles_.assign(m_.arrays.size(), 0);
+    for (size_t i = 0; i < m_.arrays.size(); ++i) {
+      if (flags_[kFlags * i + kWanted]) ReadArray(i, batch, packets);
+    }
+    packets.Send(local_);
+    if (local_.ok()) {
+      local_ = Guarded(fmt::format("restore of step {}", step_), [&] { return batch.Flush(); });
+    }
+    // Why point-to-point messages: only the ranks that want a box wait for it.
+    local_ = SharedTransfers(shared_, m_, handles_, batch, comm_, local_);
+  }
+
+  // 3, one wanted array: opened (collectively), then broadcast or queued.
+  void ReadArray(size_t i, ReadBatch& batch, PacketBroadcast& packets) {
+    const io::MarkerArray& a = m_.arrays[i];
+    Result<size_t> handle = reader_->OpenArray(StoredSpec(a));
+    if (!handle.ok() && local_.ok()) local_ = handle.status();
+    const size_t h = handles_[i] = handle.ok() ? *handle : 0;
+    auto it = mine_.find(a.name);
+    const int* f = &flags_[kFlags * i];
+    // Why a broadcast: every rank wants the whole array; one read serves all.
+    // Every rank takes part, even one that failed to open it.
+    if (IsBroadcast(i) && nccl_ != nullptr && !f[kOnHost] && !f[kOtherDevice]) {
+      local_ = ReadAndBroadcastOnDevices(batch, h, a, it->second->shards[0], rank_, *nccl_, bounce_,
+                                         local_);
+    } else if (IsBroadcast(i) && PacketBroadcast::Packs(a)) {
+      packets.Add(h, a, it->second->shards[0], local_);
+    } else if (IsBroadcast(i)) {
+      local_ = ReadAndBroadcast(batch, h, a, it->second->shards[0], comm_, bounce_, local_);
+    } else if (it != mine_.end() && local_.ok()) {
+      // (The rank is named in step 4, with every local error.)
+      local_ = Guarded(fmt::format("restore of step {}", step_),
+                       [&] { return QueueMine(i, h, *it->second, batch); });
+    }
+  }
+
+  // 3, array i (opened as `h`) that no broadcast serves: this rank's boxes,
+  // and the shared boxes it reads for others into host memory, with the
+  // rest of the batch (device ones: SharedTransfers).
+  Status QueueMine(size_t i, size_t h, const ArrayToRestore& request, ReadBatch& batch) {
+    const io::MarkerArray& a = m_.arrays[i];
+    MHCKPT_RETURN_IF_ERROR(ReadShards(batch, h, a, request, bounce_, shared_dests_));
+    for (size_t k = first_shared_[i]; k < first_shared_[i + 1]; ++k) {
+      const SharedRead& sr = shared_[k];
+      if (sr.reader != rank_ || sr.d->memory == Memory::kCuda) continue;
+      MHCKPT_RETURN_IF_ERROR(batch.Add(h, a, sr.d->box, static_cast<std::byte*>(sr.d->data)));
+    }
+    return OkStatus();
+  }
+
+  const Comm& comm_;
+  io::Engine& engine_;
+  io::RootStore& store_;
+  DeviceBroadcasts& device_broadcasts_;
+  const int64_t step_;
+  const std::span<const ArrayToRestore> arrays_;
+  const RestoreOptions& options_;
+  const int rank_;
+
+  io::Marker m_;                               // step 1
+  Requests mine_;                              // from step 2 on
+  std::vector<int> flags_;                     // agreed, kFlags per array
+  bool read_once_ = false;                     // agreed
+  DeviceBroadcaster* nccl_ = nullptr;          // the same on every rank
+  std::unique_ptr<io::StepReader> reader_;     // from step 3 on
+  Status local_;                               // this rank's first error from step 3 on
+  PinnedBuffer bounce_;                        // grown to the largest device destination
+  std::vector<SharedRead> shared_;             // key order
+  std::set<const Destination*> shared_dests_;  // the destinations in shared_
+  std::vector<size_t> first_shared_;           // per array, where its shared_ start
+  std::vector<size_t> handles_;                // per array, as the reader opened it
 };
-
-// One (array, box) as words: index, rank of the box, start, count. The
-// order of keys (lexicographic) is the order of the transfers.
-std::vector<int64_t> KeyOf(size_t array, const Box& box) {
-  std::vector<int64_t> key{static_cast<int64_t>(array), static_cast<int64_t>(box.start.size())};
-  key.insert(key.end(), box.start.begin(), box.start.end());
-  key.insert(key.end(), box.count.begin(), box.count.end());
-  return key;
-}
-
-// The rank that groups `key` (its "home"): a hash of every word, so that
-// the keys, and the work of grouping them, spread over the ranks.
-int HomeOf(const std::vector<int64_t>& key, int size) {
-  uint64_t h = 0x6d68636b7074ULL;
-  for (int64_t w : key) {  // splitmix64 steps
-    h += static_cast<uint64_t>(w) + 0x9e3779b97f4a7c15ULL;
-    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    h = (h ^ (h >> 27)) * 0x94d049bb133111ebULL;
-    h ^= h >> 31;
-  }
-  return static_cast<int>(h % static_cast<uint64_t>(size));
-}
-
-// Collective. Finds which of `mine` (this rank's keys, each once) other
-// ranks want too, without gathering every request anywhere: each key goes
-// to its home rank (one all-to-all), the home groups identical keys — the
-// whole key compared, not its hash — and picks one reader per group of two
-// or more ranks, the member it has given the fewest bytes to read so far
-// (ties: the first member at or after the home rank), so reads spread over
-// the ranks. It replies (a
-// second all-to-all): to each member the reader, to the reader the other
-// members. Deterministic: every home walks its groups in key order. Returns
-// the keys shared with other ranks, in key order.
-std::vector<SharedRead> FindSharedReads(const io::Marker& m, std::vector<SharedRead> mine,
-                                        const Comm& comm) {
-  const int size = comm.size();
-  std::vector<std::vector<int64_t>> to_home(size);
-  std::vector<std::vector<size_t>> sent(size);  // indices into `mine`, in the order sent
-  for (size_t k = 0; k < mine.size(); ++k) {
-    const int home = HomeOf(mine[k].key, size);
-    to_home[home].insert(to_home[home].end(), mine[k].key.begin(), mine[k].key.end());
-    sent[home].push_back(k);
-  }
-  const std::vector<std::vector<int64_t>> got = comm.AllToAllValues(to_home);
-
-  // At the home: the members of each key, each with the position of the key
-  // in what that member sent.
-  struct Member {
-    int rank;
-    size_t position;
-  };
-  std::map<std::vector<int64_t>, std::vector<Member>> groups;
-  std::vector<size_t> received(size, 0);  // keys received from each rank
-  for (int r = 0; r < size; ++r) {        // ascending: members come sorted by rank
-    const std::vector<int64_t>& words = got[r];
-    for (size_t at = 0; at + 2 <= words.size(); ++received[r]) {
-      const size_t n = 2 + 2 * static_cast<size_t>(words[at + 1]);
-      groups[std::vector<int64_t>(words.begin() + static_cast<ptrdiff_t>(at),
-                                  words.begin() + static_cast<ptrdiff_t>(at + n))]
-          .push_back({r, received[r]});
-      at += n;
-    }
-  }
-  // The reply to each rank, per key in the order it sent them:
-  // [reader (-1: nobody else wants it), n, n recipients].
-  std::vector<std::vector<std::vector<int64_t>>> reply(size);
-  for (int r = 0; r < size; ++r) reply[r].resize(received[r]);
-  std::map<int, uint64_t> assigned;  // bytes this home has given each rank to read
-  for (const auto& [key, members] : groups) {
-    if (members.size() < 2) {
-      reply[members[0].rank][members[0].position] = {-1, 0};
-      continue;
-    }
-    // Ties go to the first member at or after this home, cyclically: homes
-    // are spread by the hash, so the first reads of different homes are too.
-    auto after_home = [&](int r) { return (r - comm.rank() + size) % size; };
-    int reader = members[0].rank;
-    for (const Member& mb : members) {
-      if (std::pair(assigned[mb.rank], after_home(mb.rank)) <
-          std::pair(assigned[reader], after_home(reader))) {
-        reader = mb.rank;
-      }
-    }
-    const io::MarkerArray& a = m.arrays[static_cast<size_t>(key[0])];
-    const auto ndim = static_cast<size_t>(key[1]);
-    const std::vector<int64_t> count(key.begin() + 2 + static_cast<ptrdiff_t>(ndim), key.end());
-    assigned[reader] += static_cast<uint64_t>(Volume(count).value_or(0)) * DTypeSize(a.dtype);
-    std::vector<int64_t> to_reader{reader, static_cast<int64_t>(members.size() - 1)};
-    for (const Member& mb : members) {
-      if (mb.rank != reader) to_reader.push_back(mb.rank);
-    }
-    for (const Member& mb : members) {
-      reply[mb.rank][mb.position] = mb.rank == reader ? to_reader : std::vector<int64_t>{reader, 0};
-    }
-  }
-  std::vector<std::vector<int64_t>> flat(size);
-  for (int r = 0; r < size; ++r) {
-    for (const std::vector<int64_t>& words : reply[r]) {
-      flat[r].insert(flat[r].end(), words.begin(), words.end());
-    }
-  }
-  const std::vector<std::vector<int64_t>> back = comm.AllToAllValues(flat);
-
-  for (int home = 0; home < size; ++home) {
-    size_t at = 0;
-    for (size_t k : sent[home]) {
-      const std::vector<int64_t>& words = back[home];
-      SharedRead& s = mine[k];
-      s.reader = static_cast<int>(words[at]);
-      const auto n = static_cast<size_t>(words[at + 1]);
-      for (size_t i = 0; i < n; ++i) s.recipients.push_back(static_cast<int>(words[at + 2 + i]));
-      at += 2 + n;
-    }
-  }
-  std::erase_if(mine, [](const SharedRead& s) { return s.reader < 0; });
-  std::sort(mine.begin(), mine.end(),
-            [](const SharedRead& x, const SharedRead& y) { return x.key < y.key; });
-  return mine;
-}
-
-// Bytes of pinned host memory one round of SharedTransfers lands device
-// destinations in (a larger box goes alone).
-constexpr size_t kSharedRoundBytes = size_t{256} << 20;
-// The tag of every shared-read message; MPI's non-overtaking rule matches
-// them, since both sides post them in key order.
-constexpr int kSharedReadTag = 14;
-
-// Collective over the ranks that share reads. After the batch's reads (a
-// reader's host destinations are already filled): each reader sends its
-// boxes to their recipients, each recipient receives them straight into its
-// destination (host memory) or into pinned memory then copied up (device
-// memory; so is a reader's device destination, read here). In rounds, each
-// a run of `shared` (key order) whose device boxes fit kSharedRoundBytes; a
-// rank whose rounds are cut elsewhere cannot deadlock, since the smallest
-// unfinished transfer is in the current round of each of its two ends.
-// Every rank takes part in every transfer, even after an error (a reader
-// that failed sends meaningless bytes); `local` is this rank's error so far.
-Status SharedTransfers(const std::vector<SharedRead>& shared, const io::Marker& m,
-                       const std::vector<size_t>& handles, ReadBatch& batch, const Comm& comm,
-                       Status local) {
-  PinnedBuffer pinned;
-  std::vector<MPI_Request> requests;
-  std::vector<std::byte*> host;  // where each transfer of the round lands or leaves from
-  for (size_t begin = 0; begin < shared.size();) {
-    size_t end = begin, pinned_bytes = 0;
-    std::vector<size_t> at;
-    for (; end < shared.size(); ++end) {
-      const SharedRead& s = shared[end];
-      const size_t bytes =
-          s.d->memory == Memory::kCuda ? BoxBytes(s.d->box, m.arrays[s.array].dtype) : 0;
-      if (end > begin && pinned_bytes + bytes > kSharedRoundBytes) break;
-      at.push_back(pinned_bytes);
-      pinned_bytes += bytes;
-    }
-    if (pinned.size() < pinned_bytes) pinned = PinnedBuffer(pinned_bytes);
-    host.clear();
-    for (size_t k = begin; k < end; ++k) {
-      const Destination& d = *shared[k].d;
-      host.push_back(d.memory == Memory::kCuda ? pinned.data() + at[k - begin]
-                                               : static_cast<std::byte*>(d.data));
-    }
-    if (local.ok()) {
-      local = Guarded("restore", [&] {
-        for (size_t k = begin; k < end; ++k) {
-          const SharedRead& s = shared[k];
-          if (s.reader != comm.rank() || s.d->memory != Memory::kCuda) continue;
-          MHCKPT_RETURN_IF_ERROR(
-              batch.Add(handles[s.array], m.arrays[s.array], s.d->box, host[k - begin]));
-        }
-        return batch.Flush();
-      });
-    }
-    for (size_t k = begin; k < end; ++k) {
-      const SharedRead& s = shared[k];
-      const size_t bytes = BoxBytes(s.d->box, m.arrays[s.array].dtype);
-      if (s.reader == comm.rank()) {
-        for (int to : s.recipients) {
-          comm.PostSend(host[k - begin], bytes, to, kSharedReadTag, &requests);
-        }
-      } else {
-        comm.PostReceive(host[k - begin], bytes, s.reader, kSharedReadTag, &requests);
-      }
-    }
-    Comm::WaitAll(&requests);
-    for (size_t k = begin; local.ok() && k < end; ++k) {
-      const Destination& d = *shared[k].d;
-      if (d.memory != Memory::kCuda) continue;
-      CopyTask t{d.data, host[k - begin], BoxBytes(d.box, m.arrays[shared[k].array].dtype),
-                 d.device, d.stream};
-      local = CopyHostToDevice({&t, 1});
-    }
-    begin = end;
-  }
-  return local;
-}
 
 }  // namespace
 
-// Collective; `flags` agreed. The NCCL broadcaster if some replicated array
-// goes whole into device memory on every rank and NCCL can serve these ranks
-// on their devices; nullptr otherwise (MPI through pinned host memory).
-DeviceBroadcaster* ManagerImpl::DeviceBroadcasterFor(
-    const io::Marker& m, const std::vector<int>& flags,
-    const std::map<std::string_view, const ArrayToRestore*>& mine) {
-  bool any = false;
-  for (size_t i = 0; i < m.arrays.size(); ++i) {
-    const int* f = &flags[kFlags * i];
-    any = any || (m.arrays[i].replicated && f[kWanted] && !f[kPartly] && !f[kOnHost]);
-  }
-  if (!any) return nullptr;  // the same on every rank: `flags` are agreed
-  int device = -1;
-  (void)WantedFlags(m, mine, &device);
-  if (!device_broadcast_tried_) {
-    device_broadcast_tried_ = true;
-    device_broadcast_ = DeviceBroadcaster::Create(comm_, device, &device_broadcast_why_,
-                                                  options_.collective_timeout_seconds);
-    if (!device_broadcast_ && comm_.rank() == 0) {
-      spdlog::info("mhckpt: device broadcasts go through MPI: {}", device_broadcast_why_);
-    }
-  }
-  if (!device_broadcast_) return nullptr;
-  bool moved = comm_.AllreduceMax(device_broadcast_->device() != device ? 1 : 0) != 0;
-  return moved ? nullptr : device_broadcast_.get();
-}
-
 Status ManagerImpl::RunRestore(int64_t step, std::span<const ArrayToRestore> arrays,
                                const RestoreOptions& options) {
-  const int rank = comm_.rank();
-
-  // 1. The marker, from rank 0.
-  MHCKPT_ASSIGN_OR_RETURN(io::Marker m, ReadMarkerEverywhere(comm_, *store_, step));
-
-  // 2. Check the requests; learn what everyone wants.
-  const std::string where = fmt::format("rank {}: restore of step {}", rank, step);
-  MHCKPT_RETURN_IF_ERROR(
-      AgreeAll(Guarded(where, [&] { return CheckRequests(m, arrays, options, rank); }), comm_));
-  std::map<std::string_view, const ArrayToRestore*> mine;
-  for (const ArrayToRestore& a : arrays) mine[a.name] = &a;
-  std::vector<int> flags = WantedFlags(m, mine);
-  flags.push_back(options.read_once ? 0 : 1);  // agreed with the flags: off if off anywhere
-  comm_.AllreduceMax(&flags);
-  const bool read_once = flags.back() == 0;
-  flags.pop_back();
-  // Arrays every rank wants whole, read once and broadcast (below).
-  auto broadcast = [&](size_t i) {
-    return read_once && comm_.size() > 1 && m.arrays[i].replicated && !flags[kFlags * i + kPartly];
-  };
-  DeviceBroadcaster* nccl = read_once ? DeviceBroadcasterFor(m, flags, mine) : nullptr;
-
-  // 3. Read: by offset if the marker places every wanted array.
-  Status local;
-  PinnedBuffer bounce;  // grown to the largest device destination
-  io::ReadOptions how;
-  how.by_offset = WantedReadableByOffset(m, flags);
-  how.prefault = options.prefault;
-  how.direct = options.direct_reads;
-  Result<std::unique_ptr<io::StepReader>> reader = engine_->Open(root_, step, comm_, how);
-  if (!reader.ok()) {
-    local = DataLoss(fmt::format("rank {}: step {}: {}", rank, step, reader.status().message()));
-  }
-  // Why an agreement: the dataset opens below are collective; a rank that
-  // could not open the file must not leave the others alone in them.
-  MHCKPT_RETURN_IF_ERROR(AgreeAll(local, comm_));
-
-  // Boxes that several ranks want, of the arrays no broadcast serves: each
-  // read once, by one of them, and sent to the others. Skipped when no such
-  // array is wanted (the same on every rank: the flags are agreed).
-  std::vector<SharedRead> shared;
-  std::set<const Destination*> shared_dests;
-  bool any_unbroadcast = false;
-  for (size_t i = 0; i < m.arrays.size(); ++i) {
-    any_unbroadcast = any_unbroadcast || (flags[kFlags * i + kWanted] && !broadcast(i));
-  }
-  if (read_once && comm_.size() > 1 && any_unbroadcast) {
-    std::vector<SharedRead> keys;
-    std::set<std::vector<int64_t>> seen;  // a box asked for twice here is shared once
-    for (size_t i = 0; i < m.arrays.size(); ++i) {
-      auto it = mine.find(m.arrays[i].name);
-      if (it == mine.end() || broadcast(i)) continue;
-      for (const Destination& d : it->second->shards) {
-        if (Volume(d.box.count).value_or(0) == 0) continue;
-        std::vector<int64_t> key = KeyOf(i, d.box);
-        if (seen.insert(key).second) keys.push_back({std::move(key), i, &d, -1, {}});
-      }
-    }
-    shared = FindSharedReads(m, std::move(keys), comm_);
-    for (const SharedRead& sr : shared) shared_dests.insert(sr.d);
-  }
-  // shared[first_shared[i], first_shared[i + 1]) are array i's (key order
-  // starts with the array): no walk over every shared box per array.
-  std::vector<size_t> first_shared(m.arrays.size() + 1, 0);
-  for (const SharedRead& sr : shared) ++first_shared[sr.array + 1];
-  for (size_t i = 0; i < m.arrays.size(); ++i) first_shared[i + 1] += first_shared[i];
-
-  ReadBatch batch(**reader, m.format_version, options.verify_checksums);
-  PacketBroadcast packets(batch, comm_, bounce);
-  std::vector<size_t> handles(m.arrays.size(), 0);
-  for (size_t i = 0; i < m.arrays.size(); ++i) {
-    if (!flags[kFlags * i + kWanted]) continue;
-    const io::MarkerArray& a = m.arrays[i];
-    Result<size_t> handle = (*reader)->OpenArray(StoredSpec(a));
-    if (!handle.ok() && local.ok()) local = handle.status();
-    const size_t h = handles[i] = handle.ok() ? *handle : 0;
-    auto it = mine.find(a.name);
-    const int* f = &flags[kFlags * i];
-    // Why a broadcast: every rank wants the whole array; one read serves all.
-    // Every rank takes part, even one that failed to open it.
-    if (broadcast(i) && nccl != nullptr && !f[kOnHost] && !f[kOtherDevice]) {
-      local =
-          ReadAndBroadcastOnDevices(batch, h, a, it->second->shards[0], rank, *nccl, bounce, local);
-    } else if (broadcast(i) && ArrayBytes(a) <= PacketBroadcast::kMaxArrayBytes) {
-      packets.Add(h, a, it->second->shards[0], local);
-    } else if (broadcast(i)) {
-      local = ReadAndBroadcast(batch, h, a, it->second->shards[0], comm_, bounce, local);
-    } else if (it != mine.end() && local.ok()) {
-      // (The rank is named below, with every local error.)
-      local = Guarded(fmt::format("restore of step {}", step), [&] {
-        MHCKPT_RETURN_IF_ERROR(ReadShards(batch, h, a, *it->second, bounce, shared_dests));
-        // The shared boxes this rank reads for others into host memory go
-        // with the rest of the batch (device ones: SharedTransfers).
-        for (size_t k = first_shared[i]; k < first_shared[i + 1]; ++k) {
-          const SharedRead& sr = shared[k];
-          if (sr.reader != rank || sr.d->memory == Memory::kCuda) continue;
-          MHCKPT_RETURN_IF_ERROR(batch.Add(h, a, sr.d->box, static_cast<std::byte*>(sr.d->data)));
-        }
-        return OkStatus();
-      });
-    }
-  }
-  packets.Send(local);
-  if (local.ok())
-    local = Guarded(fmt::format("restore of step {}", step), [&] { return batch.Flush(); });
-  // Why point-to-point messages: only the ranks that want a box wait for it.
-  local = SharedTransfers(shared, m, handles, batch, comm_, local);
-  Status closed = (*reader)->Close();
-  if (local.ok()) local = closed;
-  if (!local.ok()) local = Status(local.code(), fmt::format("rank {}: {}", rank, local.message()));
-  // 4. Agree.
-  return AgreeAll(local, comm_);
+  return RestoreRun(comm_, *engine_, *store_, device_broadcasts_, step, arrays, options).Run();
 }
 
 }  // namespace mhckpt::internal

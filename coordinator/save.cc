@@ -248,8 +248,10 @@ Status WriteBoxes(io::StepWriter& writer, Writes& w) {
   return local;
 }
 
+}  // namespace
+
 // One save on one rank: the steps of the protocol above, in order.
-class SaveRun {
+class ManagerImpl::SaveRun {
  public:
   SaveRun(ManagerImpl& impl, SaveJob& job)
       : impl_(impl), comm_(impl.comm_), job_(job), t_(job.timings), rank_(impl.comm_.rank()) {}
@@ -534,8 +536,6 @@ class SaveRun {
   Status local_;                            // this rank's first error from step 3 on
   std::vector<BoxSum> sums_;                // of the boxes this rank wrote
 };
-
-}  // namespace
 
 Status ManagerImpl::RunSave(SaveJob& job) { return SaveRun(*this, job).Run(); }
 

@@ -299,11 +299,8 @@ class StepVerifier {
     const io::MarkerArray& a = m.arrays[read.array];
     const io::MarkerBox& box = a.boxes[read.box];
     const auto bytes = static_cast<size_t>(read.bytes);
-    if (!box.chunks.empty() && !CheckChunks(a, box, read.slabs[0], data, bytes)) return;
-    if (Status s = CheckChecksum(a, box, Checksum(data, bytes)); !s.ok()) {
-      Problem(s.message());
-      return;
-    }
+    if (!box.chunks.empty() && !Noted(CheckChunks(a, box, read.slabs[0], data))) return;
+    if (!Noted(CheckChecksum(a, box, Checksum(data, bytes)))) return;
     mine_.bytes += read.bytes;
   }
 
@@ -324,34 +321,10 @@ class StepVerifier {
         return;
       }
       checksum.Update(buffer.data(), static_cast<size_t>(bytes));
-      if (!box.chunks.empty() && !CheckChunks(a, box, slab, buffer.data(), bytes)) return;
+      if (!box.chunks.empty() && !Noted(CheckChunks(a, box, slab, buffer.data()))) return;
     }
-    if (Status s = CheckChecksum(a, box, checksum.Digest()); !s.ok()) {
-      Problem(s.message());
-      return;
-    }
+    if (!Noted(CheckChecksum(a, box, checksum.Digest()))) return;
     mine_.bytes += read.bytes;
-  }
-
-  // 3, one slab of a version-2 box: the checksum of each chunk in it (the
-  // slab starts on a chunk). False after noting a mismatch.
-  bool CheckChunks(const io::MarkerArray& a, const io::MarkerBox& box, const Box& slab,
-                   const std::byte* bytes, uint64_t size) {
-    int64_t chunk = 0;
-    uint64_t chunk_bytes = size;
-    if (!box.box.count.empty()) {
-      chunk = (slab.start[0] - box.box.start[0]) / box.chunk_rows;
-      chunk_bytes =
-          size / static_cast<uint64_t>(slab.count[0]) * static_cast<uint64_t>(box.chunk_rows);
-    }
-    for (uint64_t at = 0; at < size; at += chunk_bytes, ++chunk) {
-      const size_t n = static_cast<size_t>(std::min(chunk_bytes, size - at));
-      if (Status s = CheckChunkChecksum(a, box, chunk, Checksum(bytes + at, n)); !s.ok()) {
-        Problem(s.message());
-        return false;
-      }
-    }
-    return true;
   }
 
   // 4. Every rank's findings to rank 0, and the report back to every rank.
@@ -401,6 +374,11 @@ class StepVerifier {
   // A problem this rank found, named with the step.
   void Problem(const std::string& what) {
     mine_.problems.push_back(fmt::format("step {}: {}", step_, what));
+  }
+  // 3: a failed check of this rank's as a problem. False if it failed.
+  bool Noted(const Status& check) {
+    if (!check.ok()) Problem(check.message());
+    return check.ok();
   }
   // A problem every rank found alike: rank 0 notes it.
   void Note(const std::string& what) {
