@@ -12,7 +12,7 @@
 #include <thread>
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 
 #include "base/fault.h"
 #include "base/guard.h"
@@ -70,8 +70,8 @@ Status PrepareRoot(const std::string& root, const Options& options,
     const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
                             std::chrono::system_clock::now().time_since_epoch())
                             .count();
-    spdlog::warn("mhckpt: took over {}: its previous owner ({}) is gone or its lease is stale",
-                 root, io::DescribeHolder(*before, now));
+    Logger()->warn("mhckpt: took over {}: its previous owner ({}) is gone or its lease is stale",
+                   root, io::DescribeHolder(*before, now));
   }
   if (!options.remove_uncommitted_on_open) return OkStatus();
   MHCKPT_ASSIGN_OR_RETURN(std::vector<std::string> names, io::ListDir(root));
@@ -79,14 +79,14 @@ Status PrepareRoot(const std::string& root, const Options& options,
   for (const std::string& name : names) {
     auto step = io::ParseStepDirName(name);
     if (!step || io::PathExists(io::MarkerPath(root, *step))) continue;
-    spdlog::info("mhckpt: removing uncommitted step {} in {}", *step, root);
+    Logger()->info("mhckpt: removing uncommitted step {} in {}", *step, root);
     MHCKPT_RETURN_IF_ERROR(io::RemoveAll(io::StepDir(root, *step)));
     removed = true;
   }
   // Retired steps whose removal a previous job did not finish.
   MHCKPT_ASSIGN_OR_RETURN(std::vector<std::string> retired, io::RetiredDirs(root));
   for (const std::string& dir : retired) {
-    spdlog::info("mhckpt: removing {}, retired by a previous job", dir);
+    Logger()->info("mhckpt: removing {}, retired by a previous job", dir);
     MHCKPT_RETURN_IF_ERROR(io::RemoveAll(dir));
     removed = true;
   }
@@ -275,7 +275,7 @@ Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(MPI_Comm comm
   if (dup.rank() == 0) {
     s = Guarded("rank 0: open", [&] { return PrepareRoot(root, options, &lock); });
     if (options.async && !async) {
-      spdlog::warn(
+      Logger()->warn(
           "mhckpt: MPI was not initialised with MPI_THREAD_MULTIPLE; saves commit "
           "synchronously inside Save");
     }

@@ -33,6 +33,10 @@
 #include "base/types.h"
 #include "worker/array.h"
 
+namespace spdlog {
+class logger;
+}  // namespace spdlog
+
 namespace mhckpt {
 namespace internal {
 class ManagerImpl;  // coordinator/manager_impl.h
@@ -385,5 +389,15 @@ class CheckpointManager {
   explicit CheckpointManager(std::unique_ptr<internal::ManagerImpl> impl);
   std::unique_ptr<internal::ManagerImpl> impl_;
 };
+
+/// Local, thread-safe. Sends every log line of mhckpt (every manager of the
+/// process, from now on) to `logger`; nullptr restores the library's own
+/// logger, named "mhckpt", which writes to stderr. mhckpt never logs through
+/// spdlog's default logger, nor registers a logger with spdlog. mhckpt logs
+/// rank-local events only (a step committed, a root taken over, a fallback
+/// taken); errors are returned as Status, not only logged. The logger's
+/// level filters as usual. Needs the spdlog mhckpt was built with
+/// (find_package(mhckpt) finds it).
+void SetLogger(std::shared_ptr<spdlog::logger> logger);
 
 }  // namespace mhckpt

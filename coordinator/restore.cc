@@ -44,7 +44,7 @@
 #include <set>
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 
 #include "base/guard.h"
 #include "coordinator/agree.h"
@@ -540,7 +540,7 @@ DeviceBroadcaster* ManagerImpl::DeviceBroadcasterFor(
     device_broadcast_tried_ = true;
     device_broadcast_ = DeviceBroadcaster::Create(comm_, device, &device_broadcast_why_);
     if (!device_broadcast_ && comm_.rank() == 0) {
-      spdlog::info("mhckpt: device broadcasts go through MPI: {}", device_broadcast_why_);
+      Logger()->info("mhckpt: device broadcasts go through MPI: {}", device_broadcast_why_);
     }
   }
   if (!device_broadcast_) return nullptr;
