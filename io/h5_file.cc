@@ -411,4 +411,10 @@ Status H5File::Close() {
   return s;
 }
 
+H5Version H5LibraryVersion() {
+  H5Version v;
+  if (H5get_libversion(&v.major, &v.minor, &v.release) < 0) return {};
+  return v;
+}
+
 }  // namespace mhckpt::io

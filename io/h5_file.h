@@ -27,6 +27,12 @@ inline constexpr const char* kDTypeAttribute = "mhckpt_dtype";
 /// file and memory type so bytes are copied without conversion.
 int64_t H5TypeFor(DType dtype);
 
+/// The HDF5 library loaded at run time (H5get_libversion).
+struct H5Version {
+  unsigned major = 0, minor = 0, release = 0;
+};
+H5Version H5LibraryVersion();
+
 // Property lists and datatypes one file's datasets share (H5File::Shared in
 // h5_file.cc): made once per file, not once per dataset.
 struct H5Shared;
