@@ -21,6 +21,7 @@
 #include "io/box_runs.h"
 #include "io/h5_engine.h"
 #include "io/h5_file.h"
+#include "io/h5_lock.h"
 #include "io/layout.h"
 #include "io/posix_file.h"
 #include "io/raw_writer.h"
@@ -285,6 +286,9 @@ class DirectStepWriter final : public StepWriter {
   // order): HDF5 would write the same metadata at the same addresses, so the
   // kept bytes are written instead (Skeleton), over the empty file HDF5 made.
   Status Layout(std::span<const ArraySpec> arrays, std::vector<int64_t>& layout) {
+    // One sequence of HDF5 calls, waiting for no other process: held here
+    // whole, so another manager's HDF5 calls do not interleave with it.
+    H5LocalGuard guard;
     const bool replay = ReplayAllowedHere();
     if (replay && skeleton_->Fits(arrays)) {
       Status s = file_->Close();
