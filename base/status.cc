@@ -1,5 +1,8 @@
 #include "base/status.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 namespace mhckpt {
 
 const char* StatusCodeName(StatusCode code) {
@@ -42,4 +45,14 @@ Status Status::Deserialize(const std::string& bytes) {
   return {*code, bytes.substr(1)};
 }
 
+namespace internal {
+
+void DieOnValueOfError(const Status* status) {
+  const std::string text = status != nullptr ? status->ToString() : "(no status)";
+  std::fprintf(stderr, "mhckpt: Result::value() on an error: %s\n", text.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+}  // namespace internal
 }  // namespace mhckpt

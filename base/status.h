@@ -74,6 +74,11 @@ inline Status DataLoss(std::string m) { return {StatusCode::kDataLoss, std::move
 inline Status IoError(std::string m) { return {StatusCode::kIoError, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 
+namespace internal {
+/// Prints "Result::value() on an error: <status>" to stderr and aborts.
+[[noreturn]] void DieOnValueOfError(const Status* status);
+}  // namespace internal
+
 /// A value or the Status explaining why there is none.
 template <typename T>
 class [[nodiscard]] Result {
@@ -83,15 +88,29 @@ class [[nodiscard]] Result {
 
   [[nodiscard]] bool ok() const { return std::holds_alternative<T>(v_); }
   [[nodiscard]] Status status() const { return ok() ? Status() : std::get<Status>(v_); }
-  T& value() & { return std::get<T>(v_); }
-  const T& value() const& { return std::get<T>(v_); }
-  T&& value() && { return std::get<T>(std::move(v_)); }
+  /// The value. Check ok() first: on an error, value() (and *, ->) prints
+  /// the Status to stderr and aborts the process; it never throws.
+  T& value() & {
+    CheckOk();
+    return *std::get_if<T>(&v_);
+  }
+  const T& value() const& {
+    CheckOk();
+    return *std::get_if<T>(&v_);
+  }
+  T&& value() && {
+    CheckOk();
+    return std::move(*std::get_if<T>(&v_));
+  }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
 
  private:
+  void CheckOk() const {
+    if (!ok()) internal::DieOnValueOfError(std::get_if<Status>(&v_));
+  }
   std::variant<T, Status> v_;
 };
 

@@ -8,7 +8,7 @@
 #include <thread>
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 
 #include "base/fault.h"
 #include "base/guard.h"
@@ -60,19 +60,19 @@ Status PrepareRoot(io::RootStore& store, const Options& options,
     const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
                             std::chrono::system_clock::now().time_since_epoch())
                             .count();
-    spdlog::warn("mhckpt: took over {}: its previous owner ({}) is gone or its lease is stale",
-                 root, io::DescribeHolder(*before, now));
+    Logger()->warn("mhckpt: took over {}: its previous owner ({}) is gone or its lease is stale",
+                   root, io::DescribeHolder(*before, now));
   }
   if (!options.remove_uncommitted_on_open) return OkStatus();
   MHCKPT_ASSIGN_OR_RETURN(std::vector<int64_t> garbage, store.StepsWithoutMarker());
   for (int64_t step : garbage) {
-    spdlog::info("mhckpt: removing uncommitted step {} in {}", step, root);
+    Logger()->info("mhckpt: removing uncommitted step {} in {}", step, root);
     MHCKPT_RETURN_IF_ERROR(store.RemoveStep(step));
   }
   // Retired steps whose removal a previous job did not finish.
   MHCKPT_ASSIGN_OR_RETURN(std::vector<std::string> retired, store.RetiredSteps());
   for (const std::string& dir : retired) {
-    spdlog::info("mhckpt: removing {}, retired by a previous job", dir);
+    Logger()->info("mhckpt: removing {}, retired by a previous job", dir);
     MHCKPT_RETURN_IF_ERROR(store.RemoveRetired(dir));
   }
   return OkStatus();
@@ -331,7 +331,7 @@ Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(MPI_Comm comm
   if (dup.rank() == 0) {
     s = Guarded("rank 0: open", [&] { return PrepareRoot(*store, options, &lock); });
     if (options.async && !async) {
-      spdlog::warn(
+      Logger()->warn(
           "mhckpt: MPI was not initialised with MPI_THREAD_MULTIPLE; saves commit "
           "synchronously inside Save");
     }

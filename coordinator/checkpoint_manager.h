@@ -1,15 +1,19 @@
 // mhckpt: asynchronous, multi-host checkpoints of sharded and replicated
 // arrays, written with parallel HDF5 and committed atomically.
 //
-//   auto mgr = mhckpt::CheckpointManager::Open(MPI_COMM_WORLD, "/ckpt").value();
+//   auto opened = mhckpt::CheckpointManager::Open(MPI_COMM_WORLD, "/ckpt");
+//   if (!opened.ok()) ...               // opened.status(): the same on every rank
+//   auto mgr = std::move(opened).value();
 //   mgr->Save(step, arrays);            // returns once every box is copied
 //   ... keep training, overwrite or free the buffers ...
 //   mgr->WaitUntilFinished();           // the same Status on every rank
-//   mgr->Restore(*mgr->LatestStep().value(), requests);
+//   auto latest = mgr->LatestStep();    // check latest.ok() and *latest first
+//   mgr->Restore(**latest, requests);
 //
 // Every method is called by every rank of the communicator, in the same order,
 // unless it says "local". Errors are returned, never thrown; a collective
-// method returns the same Status on every rank.
+// method returns the same Status on every rank. Result::value() on an error
+// prints the Status and aborts (base/status.h): check ok() first.
 #pragma once
 
 #include <mpi.h>
@@ -28,6 +32,10 @@
 #include "base/status.h"
 #include "base/types.h"
 #include "worker/array.h"
+
+namespace spdlog {
+class logger;
+}  // namespace spdlog
 
 namespace mhckpt {
 namespace internal {
@@ -381,5 +389,15 @@ class CheckpointManager {
   explicit CheckpointManager(std::unique_ptr<internal::ManagerImpl> impl);
   std::unique_ptr<internal::ManagerImpl> impl_;
 };
+
+/// Local, thread-safe. Sends every log line of mhckpt (every manager of the
+/// process, from now on) to `logger`; nullptr restores the library's own
+/// logger, named "mhckpt", which writes to stderr. mhckpt never logs through
+/// spdlog's default logger, nor registers a logger with spdlog. mhckpt logs
+/// rank-local events only (a step committed, a root taken over, a fallback
+/// taken); errors are returned as Status, not only logged. The logger's
+/// level filters as usual. Needs the spdlog mhckpt was built with
+/// (find_package(mhckpt) finds it).
+void SetLogger(std::shared_ptr<spdlog::logger> logger);
 
 }  // namespace mhckpt

@@ -27,8 +27,8 @@
 #include <thread>
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
+#include "base/log.h"
 #include "coordinator/device_broadcast.h"
 #include "worker/copy.h"
 
@@ -262,8 +262,8 @@ std::unique_ptr<DeviceBroadcaster> DeviceBroadcaster::Create(const Comm& comm, i
     if (done != nullptr) (void)cudaEventDestroy(done);
     (void)cudaGetLastError();
     if (!local.ok()) {
-      spdlog::warn("mhckpt: rank {}: NCCL init on device {}: {}", comm.rank(), device,
-                   local.message());
+      Logger()->warn("mhckpt: rank {}: NCCL init on device {}: {}", comm.rank(), device,
+                     local.message());
     }
     *why = "NCCL init failed or timed out on a rank (its log says why)";
     return nullptr;

@@ -1,6 +1,6 @@
 #include "coordinator/io_thread.h"
 
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 
 #include "base/guard.h"
 
@@ -44,7 +44,7 @@ void IoThread::Loop() {
     // never end the thread (std::terminate) nor leave `busy_` set (Drain
     // would wait forever).
     Status escaped = Guarded("I/O thread", job);
-    if (!escaped.ok()) spdlog::error("mhckpt: {}", escaped.ToString());
+    if (!escaped.ok()) Logger()->error("mhckpt: {}", escaped.ToString());
     lock.lock();
     busy_ = false;
     cv_.notify_all();

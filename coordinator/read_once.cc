@@ -5,9 +5,8 @@
 #include <map>
 #include <utility>
 
-#include <spdlog/spdlog.h>
-
 #include "base/guard.h"
+#include "base/log.h"
 
 namespace mhckpt::internal {
 namespace {
@@ -116,7 +115,7 @@ DeviceBroadcaster* DeviceBroadcasts::For(const Comm& comm, int device) {
     tried_ = true;
     broadcaster_ = DeviceBroadcaster::Create(comm, device, &why_, timeout_seconds_);
     if (!broadcaster_ && comm.rank() == 0) {
-      spdlog::info("mhckpt: device broadcasts go through MPI: {}", why_);
+      Logger()->info("mhckpt: device broadcasts go through MPI: {}", why_);
     }
   }
   if (!broadcaster_) return nullptr;

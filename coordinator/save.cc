@@ -53,7 +53,7 @@
 #include <span>
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 
 #include "base/checksum.h"
 #include "base/fault.h"
@@ -513,10 +513,10 @@ class ManagerImpl::SaveRun {
 
   void Log(const Status& s) const {
     if (!s.ok()) {
-      spdlog::error("mhckpt: step {} failed: {}", job_.step, s.ToString());
+      Logger()->error("mhckpt: step {} failed: {}", job_.step, s.ToString());
       return;
     }
-    spdlog::info(
+    Logger()->info(
         "mhckpt: step {} committed: {:.1f} MiB in {:.3f} s (budget wait {:.3f}, snapshot {:.3f}, "
         "plan {:.3f}{}, write {:.3f}, flush {:.3f}, commit {:.3f})",
         job_.step, static_cast<double>(plan_.total_bytes) / (1 << 20),
@@ -555,7 +555,7 @@ void ManagerImpl::RunRetention(int64_t step) {
     }
     return OkStatus();
   });
-  if (!gc.ok()) spdlog::warn("mhckpt: retention after step {}: {}", step, gc.ToString());
+  if (!gc.ok()) Logger()->warn("mhckpt: retention after step {}: {}", step, gc.ToString());
   RecordRetention(Since(t0));
 }
 
@@ -564,7 +564,7 @@ void ManagerImpl::RemoveInBackground(std::string dir) {
   deleter_->Submit([store = store_.get(), dir = std::move(dir)] {
     Status s = store->RemoveRetired(dir);
     // Left behind, it is removed when the root is next opened.
-    if (!s.ok()) spdlog::warn("mhckpt: removing retired '{}': {}", dir, s.ToString());
+    if (!s.ok()) Logger()->warn("mhckpt: removing retired '{}': {}", dir, s.ToString());
   });
 }
 

@@ -1,6 +1,6 @@
 #include "coordinator/watchdog.h"
 
-#include <spdlog/spdlog.h>
+#include "base/log.h"
 
 namespace mhckpt::internal {
 
@@ -46,7 +46,7 @@ void Watchdog::Loop() {
     auto deadline = deadline_;
     if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && phase_ != nullptr &&
         deadline_ == deadline && !stop_) {
-      spdlog::critical(
+      Logger()->critical(
           "mhckpt: rank {}: phase '{}' of step {} did not finish within {:.0f} s; a peer is dead "
           "or stuck; aborting the job (Options::collective_timeout_seconds)",
           rank_, phase_, step_, timeout_.count());

@@ -18,9 +18,11 @@
 
 #include "base/comm.h"
 #include "base/fault.h"
+#include "base/log.h"
 #include "io/box_runs.h"
 #include "io/h5_engine.h"
 #include "io/h5_file.h"
+#include "io/h5_lock.h"
 #include "io/layout.h"
 #include "io/posix_file.h"
 #include "io/raw_writer.h"
@@ -29,6 +31,31 @@ namespace mhckpt::io {
 namespace {
 
 std::atomic<uint64_t> g_layout_replays{0};
+
+// The HDF5 release this file was compiled against (CMakeLists.txt), if known.
+#if defined(MHCKPT_HDF5_BUILD_MAJOR) && defined(MHCKPT_HDF5_BUILD_MINOR) && \
+    defined(MHCKPT_HDF5_BUILD_RELEASE)
+constexpr H5Version kBuiltWith{MHCKPT_HDF5_BUILD_MAJOR, MHCKPT_HDF5_BUILD_MINOR,
+                               MHCKPT_HDF5_BUILD_RELEASE};
+#else
+constexpr H5Version kBuiltWith{};
+#endif
+
+std::string VersionText(const H5Version& v) {
+  return fmt::format("{}.{}.{}", v.major, v.minor, v.release);
+}
+
+// Rank 0, at its first layout: whether to replay layouts, said once if not.
+bool ReplayAllowedHere() {
+  static const bool allowed = [] {
+    std::string why;
+    const bool ok = LayoutReplayEnabled(&why);
+    if (!ok)
+      Logger()->info("mhckpt: layout replay is off, every save lays out through HDF5: {}", why);
+    return ok;
+  }();
+  return allowed;
+}
 
 // The complement of the arrays' extents is HDF5's metadata; more than this
 // is not kept (a layout of ~10,000 arrays has a few MiB).
@@ -260,7 +287,11 @@ class DirectStepWriter final : public StepWriter {
   // order): HDF5 would write the same metadata at the same addresses, so the
   // kept bytes are written instead (Skeleton), over the empty file HDF5 made.
   Status Layout(std::span<const ArraySpec> arrays, std::vector<int64_t>& layout) {
-    if (skeleton_->Fits(arrays)) {
+    // One sequence of HDF5 calls, waiting for no other process: held here
+    // whole, so another manager's HDF5 calls do not interleave with it.
+    H5LocalGuard guard;
+    const bool replay = ReplayAllowedHere();
+    if (replay && skeleton_->Fits(arrays)) {
       Status s = file_->Close();
       if (s.ok()) s = skeleton_->WriteTo(path_);
       if (!s.ok()) {
@@ -289,7 +320,7 @@ class DirectStepWriter final : public StepWriter {
     layout[1] = static_cast<int64_t>(end);
     MHCKPT_RETURN_IF_ERROR(file_->Close());
     layout[0] = 1;  // as broadcast
-    skeleton_->Capture(path_, arrays, layout);
+    if (replay) skeleton_->Capture(path_, arrays, layout);
     return OkStatus();
   }
 
@@ -354,6 +385,22 @@ class DirectEngine final : public Engine {
 }  // namespace
 
 uint64_t LayoutReplays() { return g_layout_replays.load(std::memory_order_relaxed); }
+
+bool LayoutReplayEnabled(std::string* why_not) {
+  const H5Version running = H5LibraryVersion();
+  const std::string wanted =
+      fmt::format("{}.{}.{}", kReplayHdf5Major, kReplayHdf5Minor, kReplayHdf5Release);
+  std::string why;
+  if (!LayoutReplayFitsHdf5(kBuiltWith.major, kBuiltWith.minor, kBuiltWith.release)) {
+    why = fmt::format("mhckpt was compiled against HDF5 {}; replay is written for {}",
+                      VersionText(kBuiltWith), wanted);
+  } else if (!LayoutReplayFitsHdf5(running.major, running.minor, running.release)) {
+    why = fmt::format("the HDF5 loaded is {}; replay is written for {}", VersionText(running),
+                      wanted);
+  }
+  if (why_not != nullptr) *why_not = why;
+  return why.empty();
+}
 
 std::unique_ptr<Engine> MakeDirectEngine(int threads, bool direct) {
   return std::make_unique<DirectEngine>(threads, direct);

@@ -27,6 +27,14 @@
 // (docs/PERFORMANCE.md Part 9). Any array that differs lays out through HDF5
 // again; so does a new manager.
 //
+// The kept bytes are HDF5's private on-disk encoding (object headers, global
+// heap, superblock checksum), and "HDF5 would write the same bytes" has been
+// checked with one release only, 1.10.8 (Debian's). So replay runs only where
+// the HDF5 that mhckpt was compiled against (CMake reads its version into
+// MHCKPT_HDF5_BUILD_*) and the one loaded at run time (H5get_libversion) are
+// both that release; otherwise every save lays out through HDF5, and rank 0
+// says so once in the log.
+//
 // Why HDF5 never writes stale bytes over the pwritten ones: a dataset
 // created with H5D_FILL_TIME_NEVER is never written by HDF5 unless through
 // H5Dwrite, which this engine never calls; its metadata lives at other
@@ -44,6 +52,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "io/storage.h"
 
@@ -56,5 +65,20 @@ std::unique_ptr<Engine> MakeDirectEngine(int threads, bool direct);
 
 /// Layouts replayed in this process so far (for tests).
 uint64_t LayoutReplays();
+
+/// The HDF5 release that layout replay was written for and checked with.
+inline constexpr unsigned kReplayHdf5Major = 1, kReplayHdf5Minor = 10, kReplayHdf5Release = 8;
+
+/// Whether layout replay may run with HDF5 `major.minor.release`: only with
+/// the release it was written for (any other may encode its metadata
+/// differently).
+constexpr bool LayoutReplayFitsHdf5(unsigned major, unsigned minor, unsigned release) {
+  return major == kReplayHdf5Major && minor == kReplayHdf5Minor && release == kReplayHdf5Release;
+}
+
+/// Whether layout replay runs in this process: compiled against and running
+/// with the release of LayoutReplayFitsHdf5. `why_not`, if not null, gets
+/// the reason when it does not.
+bool LayoutReplayEnabled(std::string* why_not = nullptr);
 
 }  // namespace mhckpt::io

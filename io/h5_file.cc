@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "base/fault.h"
+#include "io/h5_lock.h"
 #include "io/posix_file.h"
 
 static_assert(sizeof(hid_t) == sizeof(int64_t), "HDF5 1.10+ has 64-bit hid_t");
@@ -20,7 +21,9 @@ namespace mhckpt::io {
 namespace {
 
 // HDF5 prints its error stack to stderr by default; we turn it off once and
-// read the stack into the Status message instead.
+// read the stack into the Status message instead. Every function below that
+// calls HDF5 is called under the HDF5 lock (io/h5_lock.h): the public ones
+// take an H5LocalGuard (recursive) or run inside a file's collective hold.
 void SilenceHdf5() {
   static std::once_flag once;
   std::call_once(once, [] { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); });
@@ -158,6 +161,7 @@ hid_t IeeeFloatLE(size_t size) {
 // (base/dtype.h) into an HDF5 type.
 int64_t H5TypeFor(DType dtype) {
   if (!IsValidDType(dtype)) return -1;
+  H5LocalGuard guard;
   const DTypeInfo& info = GetDTypeInfo(dtype);
   hid_t base = -1;
   switch (info.kind) {
@@ -180,6 +184,7 @@ int64_t H5TypeFor(DType dtype) {
 // Shared by a file and its datasets; closed when the last of them goes.
 struct H5Shared {
   explicit H5Shared(Transfer transfer) : dxpl(MakeDxpl(transfer)) {
+    // Members are made before this body runs: their callers hold the lock.
     types.fill(-1);
     H5Pset_create_intermediate_group(lcpl, 1);
     H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER);
@@ -188,6 +193,7 @@ struct H5Shared {
   H5Shared(const H5Shared&) = delete;
   H5Shared& operator=(const H5Shared&) = delete;
   ~H5Shared() {
+    H5LocalGuard guard;
     for (hid_t t : types) {
       if (t >= 0) H5Tclose(t);
     }
@@ -223,19 +229,25 @@ Dataset& Dataset::operator=(Dataset&& o) noexcept {
 }
 
 Dataset::~Dataset() {
-  if (id_ >= 0) H5Dclose(id_);
+  if (id_ < 0) return;
+  H5LocalGuard guard;
+  H5Dclose(id_);
 }
 
 Status Dataset::Write(const Box& box, const void* data) {
   MHCKPT_RETURN_IF_ERROR(fault::Hit("h5_write"));
+  H5LocalGuard guard;
   return Transfer(&box, const_cast<void*>(data), true);  // NOLINT: H5Dwrite reads only
 }
 uint64_t Dataset::EndInFile() const {
   std::optional<uint64_t> offset = OffsetInFile();
-  return offset ? *offset + H5Dget_storage_size(id_) : 0;
+  if (!offset) return 0;
+  H5LocalGuard guard;
+  return *offset + H5Dget_storage_size(id_);
 }
 
 std::optional<uint64_t> Dataset::OffsetInFile() const {
+  H5LocalGuard guard;
   haddr_t offset = H5Dget_offset(id_);
   if (offset == HADDR_UNDEF) {
     H5Eclear2(H5E_DEFAULT);
@@ -244,9 +256,13 @@ std::optional<uint64_t> Dataset::OffsetInFile() const {
   return static_cast<uint64_t>(offset);
 }
 
-Status Dataset::WriteNothing() { return Transfer(nullptr, nullptr, true); }
+Status Dataset::WriteNothing() {
+  H5LocalGuard guard;
+  return Transfer(nullptr, nullptr, true);
+}
 Status Dataset::Read(const Box& box, void* data) {
   MHCKPT_RETURN_IF_ERROR(fault::Hit("h5_read"));
+  H5LocalGuard guard;
   return Transfer(&box, data, false);
 }
 
@@ -288,14 +304,21 @@ H5File& H5File::operator=(H5File&& o) noexcept {
   std::swap(transfer_, o.transfer_);
   std::swap(shared_, o.shared_);
   std::swap(path_, o.path_);
+  std::swap(hold_, o.hold_);
   return *this;
 }
 
 H5File::~H5File() {
-  if (id_ >= 0) H5Fclose(id_);
+  if (id_ >= 0) {
+    H5LocalGuard guard;
+    H5Fclose(id_);
+  }
+  shared_.reset();  // closes the shared handles while hold_ still holds the lock
 }
 
 Result<H5File> H5File::Create(const std::string& path, MPI_Comm comm, io::Transfer transfer) {
+  H5CollectiveHold hold = H5CollectiveHold::Acquire(comm);  // H5Fcreate is collective
+  H5LocalGuard guard;
   SilenceHdf5();
   Handle fapl(MakeCreateFapl(comm));
   H5File f;
@@ -304,10 +327,12 @@ Result<H5File> H5File::Create(const std::string& path, MPI_Comm comm, io::Transf
   f.transfer_ = transfer;
   f.shared_ = std::make_shared<H5Shared>(transfer);
   f.path_ = path;
+  f.hold_ = std::move(hold);  // until the file is closed
   return f;
 }
 
 Result<H5File> H5File::CreateLocal(const std::string& path) {
+  H5LocalGuard guard;
   SilenceHdf5();
   Handle fapl(MakeLocalCreateFapl());
   H5File f;
@@ -320,6 +345,8 @@ Result<H5File> H5File::CreateLocal(const std::string& path) {
 }
 
 Result<H5File> H5File::OpenReadOnly(const std::string& path, MPI_Comm comm, io::Transfer transfer) {
+  H5CollectiveHold hold = H5CollectiveHold::Acquire(comm);  // H5Fopen is collective
+  H5LocalGuard guard;
   SilenceHdf5();
   Handle fapl(MakeFapl(comm));
   H5File f;
@@ -328,11 +355,13 @@ Result<H5File> H5File::OpenReadOnly(const std::string& path, MPI_Comm comm, io::
   f.transfer_ = transfer;
   f.shared_ = std::make_shared<H5Shared>(transfer);
   f.path_ = path;
+  f.hold_ = std::move(hold);  // until the file is closed
   return f;
 }
 
 Dataset H5File::NewDataset(const std::string& name, DType dtype,
                            const std::vector<int64_t>& shape) const {
+  H5LocalGuard guard;
   Dataset d;
   d.name_ = name;
   d.shape_ = shape;
@@ -344,6 +373,7 @@ Dataset H5File::NewDataset(const std::string& name, DType dtype,
 
 Result<Dataset> H5File::CreateDataset(const std::string& name, DType dtype,
                                       const std::vector<int64_t>& shape) {
+  H5LocalGuard guard;
   Dataset d = NewDataset(name, dtype, shape);
   Handle space(CreateSpace(shape));
   d.id_ = H5Dcreate2(id_, ("/" + name).c_str(), d.type_, space.get(), shared_->lcpl, shared_->dcpl,
@@ -365,6 +395,7 @@ Result<Dataset> H5File::CreateDataset(const std::string& name, DType dtype,
 
 Result<Dataset> H5File::OpenDataset(const std::string& name, DType dtype,
                                     const std::vector<int64_t>& shape) {
+  H5LocalGuard guard;
   Dataset d = NewDataset(name, dtype, shape);
   d.id_ = H5Dopen2(id_, ("/" + name).c_str(), H5P_DEFAULT);
   if (d.id_ < 0) {
@@ -388,6 +419,7 @@ Result<Dataset> H5File::OpenDataset(const std::string& name, DType dtype,
 }
 
 Status H5File::FlushAndClose() {
+  H5LocalGuard guard;
   Status s;
   if (H5Fflush(id_, H5F_SCOPE_GLOBAL) < 0) s = H5Error(fmt::format("flush '{}'", path_));
   // The data file's fsync (H5Fflush ends in MPI_File_sync) behind the fault
@@ -398,6 +430,8 @@ Status H5File::FlushAndClose() {
   }
   if (H5Fclose(id_) < 0 && s.ok()) s = H5Error(fmt::format("close '{}'", path_));
   id_ = -1;
+  shared_.reset();
+  hold_.Release();
   // Why again: closing rewrites the superblock (the end of the file) after
   // the flush's sync (found by tests/crashstate).
   if (s.ok()) s = FsyncFile(path_);
@@ -405,10 +439,20 @@ Status H5File::FlushAndClose() {
 }
 
 Status H5File::Close() {
+  H5LocalGuard guard;
   Status s;
   if (H5Fclose(id_) < 0) s = H5Error(fmt::format("close '{}'", path_));
   id_ = -1;
+  shared_.reset();
+  hold_.Release();
   return s;
+}
+
+H5Version H5LibraryVersion() {
+  H5LocalGuard guard;
+  H5Version v;
+  if (H5get_libversion(&v.major, &v.minor, &v.release) < 0) return {};
+  return v;
 }
 
 }  // namespace mhckpt::io

@@ -1,8 +1,12 @@
 // The parallel HDF5 file of one step: one global dataset per array, written
 // and read as hyperslabs. The HDF5 engine (io/h5_engine.h) is its one user
-// outside io/'s tests. Every function here is called from the I/O thread
-// only (HDF5 is not thread-safe); the ones marked collective must be called
-// by every rank of the communicator in the same order with the same arguments.
+// outside io/'s tests. HDF5 is not thread-safe: every function here runs
+// its HDF5 calls under the process's HDF5 lock (io/h5_lock.h), and a file
+// opened with MPI-IO (Create, OpenReadOnly) holds the lock on every rank
+// from its opening until it is closed, on the thread that opened it (which
+// must be the one that closes it). The ones marked collective must be
+// called by every rank of the communicator in the same order with the same
+// arguments.
 #pragma once
 
 #include <mpi.h>
@@ -15,6 +19,7 @@
 
 #include "base/status.h"
 #include "base/types.h"
+#include "io/h5_lock.h"
 #include "io/storage.h"
 
 namespace mhckpt::io {
@@ -26,6 +31,12 @@ inline constexpr const char* kDTypeAttribute = "mhckpt_dtype";
 /// A new HDF5 datatype handle for `dtype` (the caller closes it), used as both
 /// file and memory type so bytes are copied without conversion.
 int64_t H5TypeFor(DType dtype);
+
+/// The HDF5 library loaded at run time (H5get_libversion).
+struct H5Version {
+  unsigned major = 0, minor = 0, release = 0;
+};
+H5Version H5LibraryVersion();
 
 // Property lists and datatypes one file's datasets share (H5File::Shared in
 // h5_file.cc): made once per file, not once per dataset.
@@ -109,6 +120,7 @@ class H5File {
   std::shared_ptr<H5Shared> shared_;
   io::Transfer transfer_ = io::Transfer::kIndependent;
   std::string path_;
+  H5CollectiveHold hold_;  // files opened with MPI-IO, until closed
 };
 
 }  // namespace mhckpt::io

@@ -3,7 +3,8 @@
 # default suite. GPU tests report "skipped" without a device.
 #   1. scripts/bootstrap.sh (apt packages, configure, build into build/)
 #   2. the donation regression test under AddressSanitizer (build-address/)
-#      and ThreadSanitizer (build-thread/); the bad-input suite under ASan
+#      and ThreadSanitizer (build-thread/); the bad-input suite under ASan,
+#      two managers saving at once in one process (the HDF5 lock) under TSan
 #   3. python/setup_venv.sh: the Python venv (python/.venv; the first run
 #      downloads jax and torch) and `pip install .` of the mhckpt package, for
 #      the python.* tests; MHCKPT_PYTHON_TESTS=0 skips it and leaves those tests out
@@ -21,6 +22,8 @@ if [ "${MHCKPT_SKIP_SANITIZERS:-0}" != 1 ]; then
     # Under ASan also the bad-input suite: bad inputs must not read out of bounds.
     targets=(donation_test) tests='^donation\.'
     [ "$san" = address ] && targets+=(bad_input_test) tests='^(donation|bad_input)\.'
+    # Under TSan also two managers of one process saving at once (the HDF5 lock).
+    [ "$san" = thread ] && targets+=(two_managers_test) tests='^(donation|two_managers)\.'
     echo "== ${targets[*]} under -fsanitize=$san (build-$san/)"
     cmake -S . -B "build-$san" -DMHCKPT_SANITIZE=$san -DMHCKPT_WITH_CUDA=OFF >/dev/null
     cmake --build "build-$san" -j "$(nproc)" --target "${targets[@]}" >/dev/null

@@ -2,7 +2,11 @@
 """Reads a checkpoint written by known_values_save with h5py alone and checks
 every value, bfloat16 and float8 included (storage conventions: io/h5_file.cc).
 
-    /usr/bin/python3 h5py_read_test.py DIR WORLD_SIZE
+    /usr/bin/python3 h5py_read_test.py DIR WORLD_SIZE [--replayed]
+
+With --replayed: steps 41 to 45 of known_values_save --replay, whose files
+rank 0 wrote by layout replay after the first (DIR/layout_replays says how
+many times).
 """
 import json
 import math
@@ -112,9 +116,17 @@ def check_step(root, step, world_size):
 
 def main():
     root, world_size = sys.argv[1], int(sys.argv[2])
-    for step in (41, 42):
+    steps = (41, 42)
+    if sys.argv[3:] == ["--replayed"]:
+        # known_values_save --replay: steps 41 to 45, the last four written
+        # by layout replay (io/direct_engine.h), which it counted.
+        steps = (41, 42, 43, 44, 45)
+        with open(os.path.join(root, "layout_replays")) as f:
+            replays = int(f.read())
+        check(replays == len(steps) - 1, "layout replayed %d times, not %d" % (replays, len(steps) - 1))
+    for step in steps:
         check_step(root, step, world_size)
-    print("h5py read every array of steps 41 and 42 in %s: values match" % root)
+    print("h5py read every array of steps %s in %s: values match" % (", ".join(map(str, steps)), root))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,12 @@
 // h5py and numpy, tests/cli_test.py runs the mhckpt CLI on them.
 //
 //   mpiexec -n N known_values_save DIR
+//   mpiexec -n N known_values_save DIR --replay
+//
+// With --replay it saves steps 41 to 45 instead, of the same arrays, so that
+// rank 0 replays the layout of step 41 (io/direct_engine.h) four times; it
+// fails unless it did, writes the count to DIR/layout_replays, and exits 77
+// (skipped) where this build or the HDF5 loaded does not replay.
 //
 // The values are spelled out in h5py_read_test.py too; change both together.
 #include <mpi.h>
@@ -19,6 +25,7 @@
 #include <fmt/format.h>
 
 #include "coordinator/checkpoint_manager.h"
+#include "io/direct_engine.h"
 #include "tests/test_util.h"
 
 namespace mhckpt {
@@ -109,19 +116,46 @@ Arrays KnownValues(int64_t step, int ranks, int rank) {
   return a;
 }
 
-int Run(const std::string& dir, int ranks, int rank) {
+constexpr int kSkipped = 77;
+
+// Rank 0 with --replay: that `replays` layouts were replayed, into
+// DIR/layout_replays for h5py_read_test.py --replayed.
+int CheckReplays(const std::string& dir, uint64_t replays, uint64_t expected) {
+  if (replays != expected) {
+    return fmt::print(stderr, "layout replayed {} times, expected {}\n", replays, expected), 1;
+  }
+  std::FILE* f = std::fopen((dir + "/layout_replays").c_str(), "w");
+  if (f == nullptr) return fmt::print(stderr, "cannot write {}/layout_replays\n", dir), 1;
+  fmt::print(f, "{}\n", replays);
+  std::fclose(f);
+  fmt::print("layout replayed {} times\n", replays);
+  return 0;
+}
+
+int Run(const std::string& dir, int ranks, int rank, bool replay) {
+  std::string why_not;
+  if (replay && !io::LayoutReplayEnabled(&why_not)) {
+    if (rank == 0) fmt::print("no layout replay here: {}\n", why_not);
+    return kSkipped;
+  }
   if (rank == 0) std::filesystem::remove_all(dir);  // a fresh checkpoint every run
   MPI_Barrier(MPI_COMM_WORLD);
   auto mgr = OpenAgreed(dir);
   if (!mgr.ok()) return fmt::print(stderr, "open: {}\n", mgr.status().ToString()), 1;
-  for (int64_t step : {41, 42}) {
+  const std::vector<int64_t> steps =
+      replay ? std::vector<int64_t>{41, 42, 43, 44, 45} : std::vector<int64_t>{41, 42};
+  const uint64_t replays_before = io::LayoutReplays();
+  for (int64_t step : steps) {
     Arrays arrays = KnownValues(step, ranks, rank);
     Status s = (*mgr)->Save(step, arrays.arrays(),
                             {{"test", "known_values"}, {"step", std::to_string(step)}});
     if (s.ok()) s = (*mgr)->WaitUntilFinished();
     if (!s.ok()) return fmt::print(stderr, "rank {}: save {}: {}\n", rank, step, s.ToString()), 1;
   }
-  if (rank == 0) fmt::print("saved steps 41 and 42 at {} ranks in {}\n", ranks, dir);
+  if (rank == 0) fmt::print("saved steps 41 to {} at {} ranks in {}\n", steps.back(), ranks, dir);
+  if (replay && rank == 0) {
+    return CheckReplays(dir, io::LayoutReplays() - replays_before, steps.size() - 1);
+  }
   return 0;
 }
 
@@ -131,10 +165,11 @@ int Run(const std::string& dir, int ranks, int rank) {
 int main(int argc, char** argv) {
   return mhckpt::testing::RunJob(argc, argv, [](int argc, char** argv, int p, int r) {
     int rc = 2;
-    if (argc == 2) {
-      rc = mhckpt::Run(argv[1], p, r);
+    const bool replay = argc == 3 && std::string(argv[2]) == "--replay";
+    if (argc == 2 || replay) {
+      rc = mhckpt::Run(argv[1], p, r, replay);
     } else if (r == 0) {
-      std::fprintf(stderr, "usage: known_values_save DIR\n");
+      std::fprintf(stderr, "usage: known_values_save DIR [--replay]\n");
     }
     return rc;
   });

@@ -38,6 +38,24 @@ TEST(Status, DeserializeRefusesUnknownCodes) {
   EXPECT_EQ(Status::Deserialize("").code(), StatusCode::kInternal);
 }
 
+TEST(ResultDeathTest, ValueOfAnErrorAbortsWithTheStatus) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  Result<int> r = NotFound("no step 7 in '/ckpt'");
+  EXPECT_DEATH((void)r.value(), "Result::value\\(\\) on an error: NOT_FOUND: no step 7 in '/ckpt'");
+  EXPECT_DEATH((void)*r, "NOT_FOUND: no step 7");
+  EXPECT_DEATH((void)std::move(r).value(), "NOT_FOUND: no step 7");
+  const Result<std::string> c = DataLoss("array 'w'");
+  EXPECT_DEATH((void)c->size(), "DATA_LOSS: array 'w'");
+}
+
+TEST(Result, ValueOfAValue) {
+  Result<std::string> r = std::string("abc");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.value(), "abc");
+  EXPECT_EQ(r->size(), 3u);
+  EXPECT_EQ(std::move(r).value(), "abc");
+}
+
 TEST(Guarded, TurnsExceptionsIntoInternal) {
   EXPECT_EQ(Guarded("here", [] { return DataLoss("x"); }), DataLoss("x"));
   EXPECT_TRUE(Guarded("here", [] {}).ok());

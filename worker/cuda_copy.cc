@@ -36,8 +36,8 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
+#include "base/log.h"
 #include "worker/copy.h"
 
 namespace mhckpt::internal {
@@ -94,7 +94,7 @@ const DriverCalls& Driver() {
 
 // Logs `message` once per `flag` (a static of the caller).
 void WarnOnce(std::atomic<bool>& flag, const std::string& message) {
-  if (!flag.exchange(true)) spdlog::warn("mhckpt: {}", message);
+  if (!flag.exchange(true)) Logger()->warn("mhckpt: {}", message);
 }
 
 // The streams and events mhckpt copies with on one device, made once. The
