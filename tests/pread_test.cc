@@ -398,7 +398,6 @@ RowsStep SaveRowsStep(uint64_t seed) {
 TEST(PreadDirect, AlignedDestinationsReadStraightFromTheDisk) {
   RowsStep step = SaveRowsStep(31);
   ASSERT_TRUE(step.mgr);
-  const std::string& dir = step.dir;
   const std::string& data = step.data;
   CheckpointManager* mgr = step.mgr.get();
   const bool direct = step.refused.empty();
