@@ -13,8 +13,9 @@
 #      scale: 8-16 ranks and the 8,000-rank plan simulation, only with MHCKPT_SCALE_TESTS=1;
 #      long: the full-length forms of tests the default suite runs shorter (the
 #      crash phase matrix at every size, 20 random kills, the bad-input suite's
-#      largest forged markers at 3-4 ranks, the torch example's second resume
-#      in python.np1), only with MHCKPT_LONG_TESTS=1)
+#      largest forged markers at 3-4 ranks, pytest at 4 ranks beyond
+#      test_reshard.py, the torch example's second resume in python.np1),
+#      only with MHCKPT_LONG_TESTS=1)
 # Extra arguments go to the last ctest, e.g. scripts/test.sh -L unit
 set -euo pipefail
 cd "$(dirname "$0")/.."
