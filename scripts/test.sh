@@ -11,7 +11,12 @@
 #   4. ctest over build/ (unit, mpi at 1-4 ranks, reshard matrix, crash, crashstate, fuzz,
 #      python: pytest at 1-4 ranks and N -> M restores,
 #      slurm: a local Slurm cluster with a node failure; MHCKPT_SLURM_TESTS=0 skips it;
-#      scale: 8-16 ranks and the 8,000-rank plan simulation, only with MHCKPT_SCALE_TESTS=1)
+#      scale: 8-16 ranks and the 8,000-rank plan simulation, only with MHCKPT_SCALE_TESTS=1;
+#      long: the full-length forms of tests the default suite runs shorter (the
+#      crash phase matrix at every size, 20 random kills, the bad-input suite's
+#      largest forged markers at 3-4 ranks, pytest at 4 ranks beyond
+#      test_reshard.py, the torch example's second resume in python.np1),
+#      only with MHCKPT_LONG_TESTS=1)
 # Extra arguments go to the last ctest, e.g. scripts/test.sh -L unit
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +32,9 @@ if [ "${MHCKPT_SKIP_SANITIZERS:-0}" != 1 ]; then
     echo "== ${targets[*]} under -fsanitize=$san (build-$san/)"
     cmake -S . -B "build-$san" -DMHCKPT_SANITIZE=$san -DMHCKPT_WITH_CUDA=OFF >/dev/null
     cmake --build "build-$san" -j "$(nproc)" --target "${targets[@]}" >/dev/null
-    ctest --test-dir "build-$san" -R "$tests" --output-on-failure --timeout 300
+    long=(-LE '^long$')
+    [ "${MHCKPT_LONG_TESTS:-0}" = 1 ] && long=()
+    ctest --test-dir "build-$san" -R "$tests" "${long[@]}" --output-on-failure --timeout 300
   done
 fi
 
@@ -44,10 +51,13 @@ cd "${BUILD_DIR:-build}"
 # The slurm label brings up a local Slurm cluster (slurm/local-cluster.sh);
 # MHCKPT_SLURM_TESTS=0 leaves it out. The scale label (jobs of 8-16 ranks and
 # the 8,000-rank simulation, a few minutes; docs/SCALE.md) runs only with
-# MHCKPT_SCALE_TESTS=1; its quick part (label scale_quick) always runs.
+# MHCKPT_SCALE_TESTS=1; its quick part (label scale_quick) always runs. The
+# long label (the full forms of tests cut short by default) runs only with
+# MHCKPT_LONG_TESTS=1.
 left_out=()
 [ "${MHCKPT_SLURM_TESTS:-1}" = 0 ] && left_out+=(slurm)
 [ "${MHCKPT_SCALE_TESTS:-0}" = 1 ] || left_out+=(scale)
+[ "${MHCKPT_LONG_TESTS:-0}" = 1 ] || left_out+=(long)
 if [ ${#left_out[@]} -gt 0 ]; then
   exclude+=(-LE "^($(IFS='|'; echo "${left_out[*]}"))\$")
 fi

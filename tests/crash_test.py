@@ -4,6 +4,7 @@ fault point of the save protocol or at a random moment, and a later job at
 another world size checks what is on disk.
 
     crash_test.py phases --job BIN --work DIR --mpiexec "mpiexec --oversubscribe ..." [--np 2,3,4]
+                         [--share I/N]
     crash_test.py random --job BIN --work DIR --mpiexec "..." [--trials 20] [--seed S]
 
 phases: for every fault point x action (exit, kill) at each world size, job A
@@ -11,15 +12,18 @@ phases: for every fault point x action (exit, kill) at each world size, job A
   there, then `crash_job check` at a different world size must find step 2
   neither listed nor on disk after Open, and step 1 restoring bit-exactly and
   verifying (retention, with --max-to-keep 1: step 2 committed and intact,
-  step 1 gone). Control cases first show that the checks can fail: a flipped
+  step 1 gone). --share I/N runs every N-th case from the I-th (ctest's
+  default suite deals the 14 cases out over np 2, 3 and 4; label long runs
+  all of them at each size). Control cases first show that the checks can fail: a flipped
   data byte, a forged checksum and a truncated marker must each be caught.
 
 random: `crash_job loop` at a random world size in 2..4, SIGKILL of a random
-  rank (sometimes of every rank) after a random delay, then a check at another
-  world size that restores and verifies every step it has not verified yet,
-  the newest, and three older ones. Counts broken commits (a listed step that
-  does not restore or verify) and lost steps (seen committed, or acknowledged
-  to the job, and gone later, or a gap; retention is off). Both must be 0, no
+  rank (sometimes of every rank, in the last trial at the latest) after a
+  random delay, then a check at another world size that restores and
+  verifies every step it has not verified yet, the newest, and three older
+  ones. Counts broken commits (a listed step that does not restore or
+  verify) and lost steps (seen committed, or acknowledged to the job, and
+  gone later, or a gap; retention is off). Both must be 0, no
   job may hang (mpirun must exit within 60 s of the kill; a hung job's ranks
   are backtraced with gdb and killed). Every --fresh-root-every trials (or
   --max-steps-per-root committed steps), a check restores every committed step
@@ -359,34 +363,37 @@ def run_phases(args):
                 problems.append("expect_after_check accepted a lost step")
             fail("np%d control: truncated marker is not committed" % np, problems, cout)
 
-        for point, fixed_rank in POINTS.items():
-            for action in ACTIONS:
-                cases += 1
-                # Rank 0 and the last rank both get faults at the shared points.
-                rank = fixed_rank if fixed_rank is not None else (0 if action == "exit" else np - 1)
-                case = "np%d %s %s rank %d (check at np%d)" % (np, point, action, rank, check_np)
-                root = fresh_copy(template, os.path.join(base, "%s-%s" % (point, action)))
-                fault = "rank=%d,point=%s,action=%s,step=2" % (rank, point, action)
-                if point == "mid_write":
-                    fault += ",after_bytes=65536"
-                keep = ["--max-to-keep", 1] if point == "retention" else []
-                rc, out = runner.run(np, "save", root, 2, 2, *keep, fault=fault)
-                problems = []
-                if rc is None:
-                    problems.append("job B hung")
-                elif rc == 0:
-                    problems.append("job B succeeded although rank %d should have died" % rank)
-                word = "exit" if action == "exit" else "SIGKILL"
-                if "injected %s at %s on rank %d" % (word, point, rank) not in out:
-                    problems.append("the fault did not fire")
-                problems += debris_problems(point, on_disk(root))
-                if point == "retention":
-                    committed, gone = [2], [1]
-                else:
-                    committed, gone = [1], [2]
-                crc, report, cout = runner.check(check_np, root)
-                problems += expect_after_check(crc, report, committed, gone)
-                fail(case, problems, out + cout)
+        share, shares = args.share
+        for k, (point, action) in enumerate((p, a) for p in POINTS for a in ACTIONS):
+            if k % shares != share:
+                continue
+            fixed_rank = POINTS[point]
+            cases += 1
+            # Rank 0 and the last rank both get faults at the shared points.
+            rank = fixed_rank if fixed_rank is not None else (0 if action == "exit" else np - 1)
+            case = "np%d %s %s rank %d (check at np%d)" % (np, point, action, rank, check_np)
+            root = fresh_copy(template, os.path.join(base, "%s-%s" % (point, action)))
+            fault = "rank=%d,point=%s,action=%s,step=2" % (rank, point, action)
+            if point == "mid_write":
+                fault += ",after_bytes=65536"
+            keep = ["--max-to-keep", 1] if point == "retention" else []
+            rc, out = runner.run(np, "save", root, 2, 2, *keep, fault=fault)
+            problems = []
+            if rc is None:
+                problems.append("job B hung")
+            elif rc == 0:
+                problems.append("job B succeeded although rank %d should have died" % rank)
+            word = "exit" if action == "exit" else "SIGKILL"
+            if "injected %s at %s on rank %d" % (word, point, rank) not in out:
+                problems.append("the fault did not fire")
+            problems += debris_problems(point, on_disk(root))
+            if point == "retention":
+                committed, gone = [2], [1]
+            else:
+                committed, gone = [1], [2]
+            crc, report, cout = runner.check(check_np, root)
+            problems += expect_after_check(crc, report, committed, gone)
+            fail(case, problems, out + cout)
 
     print("\nphases: %d cases, %d failed, %d hung jobs" % (cases, len(failures), runner.hangs))
     return 1 if failures or runner.hangs else 0
@@ -487,6 +494,9 @@ def run_random(args):
         check_np = rng.choice([n for n in (1, 2, 3, 4) if n != np])
         delay = rng.uniform(args.min_delay, args.max_delay)
         kill_all = rng.random() < args.all_ranks_fraction
+        # Short runs too kill every rank at once at least once: the last trial
+        # does if no earlier one did.
+        kill_all = kill_all or (trial == args.trials > 1 and stats["kills_all_ranks"] == 0)
         shutil.rmtree(pid_dir, ignore_errors=True)
         job = runner.start(np, "loop", root, "--rows", rows)
         pids = wait_for_pids(pid_dir, np, job)
@@ -550,6 +560,13 @@ def run_random(args):
     return 1 if bad else 0
 
 
+def share_arg(text):
+    i, n = (int(x) for x in text.split("/"))
+    if not 0 <= i < n:
+        raise argparse.ArgumentTypeError("want I/N with 0 <= I < N: %s" % text)
+    return i, n
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("mode", choices=["phases", "random"])
@@ -560,6 +577,10 @@ def main():
     ap.add_argument("--np-flag", default="-n")
     ap.add_argument("--np", default="2,3,4", help="phases: world sizes of the crashing jobs")
     ap.add_argument("--no-controls", action="store_true", help="phases: skip the damage controls")
+    ap.add_argument("--share", type=share_arg, default=(0, 1), metavar="I/N",
+                    help="phases: of the point x action cases (in order), only those k with "
+                         "k %% N == I at every world size (default 0/1: all). ctest's default "
+                         "suite deals the cases out over np 2, 3, 4 (0/3, 1/3, 2/3)")
     ap.add_argument("--trials", type=int, default=20, help="random: trials")
     ap.add_argument("--seed", type=int, default=None, help="random: seed (default: from time)")
     ap.add_argument("--min-delay", type=float, default=0.3)

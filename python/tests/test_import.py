@@ -82,24 +82,31 @@ def run_child(path: str, mode: str):
     return json.loads(lines[-1])
 
 
-@pytest.mark.parametrize("mode", ["not_imported", "blocked"])
-def test_import_without_jax_and_torch(comm, shared_dir, mode):
-    path = os.path.join(shared_dir, f"import_{mode}")
+def child_saves(comm, path: str, mode: str):
+    """Rank 0's child saves (and restores) under `path`; its report, on
+    every rank."""
     result = run_child(path, mode) if comm.rank == 0 else None
     result = comm.bcast(result, root=0)
     assert "error" not in result, result.get("error")
+    return result
+
+
+@pytest.mark.parametrize("mode", ["not_imported", "blocked"])
+def test_import_without_jax_and_torch(comm, root, mode):
+    result = child_saves(comm, root, mode)
     assert result["loaded"] == [], f"imported without being used: {result['loaded']}"
     assert result["ok"] and result["names"] == NAMES, result
     assert result["verified"] > 0
 
 
-def test_saved_without_jax_restores_with_jax(comm, shared_dir, jax_dist):
-    # The child of the test above saved this with the built-in flattener.
+def test_saved_without_jax_restores_with_jax(comm, root, jax_dist):
+    # A child without jax saves with the built-in flattener, into this test's
+    # own root.
+    assert child_saves(comm, root, "not_imported")["loaded"] == []
     assert "jax" in sys.modules
     import mhckpt
 
-    path = os.path.join(shared_dir, "import_not_imported")
-    with mhckpt.CheckpointManager(path) as m:
+    with mhckpt.CheckpointManager(root) as m:
         target = {
             "w": None, "bf": None, "shard": None, "n": None,
             "seq": [None, (np.zeros(3, np.uint8), None)],
