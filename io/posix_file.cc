@@ -164,7 +164,9 @@ Status Preallocate(const std::string& path, uint64_t bytes) {
   if (int e = fault::Errno("fallocate")) {
     return IoError(fmt::format("reserve {} bytes for '{}': {}", bytes, path, std::strerror(e)));
   }
-  int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  // Read-write: where the file system has no fallocate, glibc emulates it by
+  // reading and writing every block, which fails on a write-only descriptor.
+  int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) return Errno("open", path, errno);
   int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
   ::close(fd);
