@@ -38,9 +38,8 @@
 //     calls go through the fault seam of io/posix_file.cc.
 //   MemoryRootStore (io/memory_root_store.h): in process memory, for unit
 //     tests of the rules above and of code above the seam; not durable.
-//   Next, the node-local tier (two tiers, one protocol): a root in memory or on local NVMe of each
-//   node, whose
-//     steps hold this node's boxes and a partner's copies. It implements
+//   Next, the node-local tier: a root in memory or on a local NVMe of each
+//     node, whose steps hold this node's boxes and a partner's copies. It implements
 //     this same interface for the node's own directory: each node's lowest
 //     rank puts the node's marker by rule 2 (the marker text says which
 //     ranks' boxes the node holds, so one Marker type can serve: a new format
