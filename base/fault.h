@@ -26,9 +26,8 @@
 //   data_fsync      the data file's flush to disk (HDF5: H5Fflush, which ends
 //                   in MPI_File_sync), in place of the flush (errno action)
 //   write, read, fsync (the marker's temp file), fsync_dir, rename, mkdir,
-//   fallocate, truncate and truncate_fsync (trimming the data file's
-//   reserve), unlink (a file: the marker in retention, the lease), remove (a
-//   directory tree), remove_step (the removal of a retired step's files: by
+//   fallocate (reserving the data file's space), unlink (a file: the marker in retention, the
+//   lease), remove (a directory tree), remove_step (the removal of a retired step's files: by
 //   retention, by Open, by gc),
 //   lock (the root's lock file), lease (writing the root's lease)
 //                   POSIX calls of io/posix_file.cc (errno actions; `write`

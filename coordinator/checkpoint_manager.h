@@ -183,17 +183,17 @@ struct RestoreOptions {
   /// Fault in the pages of the destinations on a second thread per rank,
   /// ahead of the reads into them, so that the kernel's work on new memory
   /// (a page fault and a cleared page every 4 KiB) runs beside the copy out
-  /// of the page cache instead of inside it (docs/PERFORMANCE.md Part 9).
-  /// Reads by offset (format-2 steps), batches of at least 4 MiB. False:
-  /// the reading thread faults the pages itself.
+  /// of the page cache instead of inside it (docs/PERFORMANCE.md, "Measurements behind the
+  /// defaults"). Reads by offset (format-2 steps), batches of at least 4 MiB. False: the reading
+  /// thread faults the pages itself.
   bool prefault = true;
   /// Read long runs with O_DIRECT straight into destinations that line up
   /// with the file (equal modulo the file system's direct-I/O alignment,
   /// 512 B or 4 KiB: page-aligned memory does whenever the array's rows
   /// do), several reads in flight, unless the page cache holds them
-  /// (docs/PERFORMANCE.md Part 11). Reads by offset; where the file system
-  /// has no O_DIRECT, or the destination does not line up, through the page
-  /// cache. False: every read goes through the page cache.
+  /// (docs/PERFORMANCE.md, "Measurements behind the defaults"). Reads by offset; where the file
+  /// system has no O_DIRECT, or the destination does not line up, through the page cache. False:
+  /// every read goes through the page cache.
   bool direct_reads = true;
 };
 

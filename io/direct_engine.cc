@@ -192,7 +192,7 @@ class Skeleton {
 // writes its metadata) and broadcasts where each dataset's bytes lie; then
 // every rank pwrites its boxes there. The other ranks never touch HDF5 while
 // saving, and nobody pays for MPI-IO and collective metadata per dataset
-// (10,000 small arrays: docs/PERFORMANCE.md, "Part 7").
+// (10,000 small arrays: docs/PERFORMANCE.md, "Many small arrays").
 class DirectStepWriter final : public StepWriter {
  public:
   DirectStepWriter(std::optional<H5File> file, std::string path, RawWriterPool& pool,

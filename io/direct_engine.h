@@ -24,8 +24,8 @@
 // addresses: nothing in it depends on the step. (The one difference: HDF5's
 // object timestamps are those of the first layout.) For 10,000 arrays this
 // takes the 0.4-0.6 s of dataset creation off every save after the first
-// (docs/PERFORMANCE.md Part 9). Any array that differs lays out through HDF5
-// again; so does a new manager.
+// (docs/PERFORMANCE.md, "Measurements behind the defaults"). Any array that differs lays out
+// through HDF5 again; so does a new manager.
 //
 // The kept bytes are HDF5's private on-disk encoding (object headers, global
 // heap, superblock checksum), and "HDF5 would write the same bytes" has been

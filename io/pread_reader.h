@@ -30,7 +30,7 @@
 // destinations, by up to kDirectReadThreads threads at once: the device
 // puts the bytes where they go, and the kernel neither fills the page cache
 // nor copies out of it (on the VM of docs/PERFORMANCE.md that copy and the
-// first touch of new pages were most of a cold restore, Part 11). A
+// first touch of new pages were most of a cold restore). A
 // piece of a batch is read directly when it is at least
 // kDirectReadMinBytes long after its unaligned head, its destination and
 // its file offset line up (equal modulo the file system's direct-I/O
@@ -45,7 +45,7 @@
 // aligned span of at most kBounceReadBytes into a bounce buffer of their own
 // and copy the pieces out. (Longer pieces that do not line up stay in the
 // page cache path: copying them out of a bounce buffer into new memory was
-// slower than the read-ahead thread's way, Part 11.) New memory from the
+// slower than the read-ahead thread's way.) New memory from the
 // library (numpy arrays it makes, pinned buffers) is page-aligned, so its
 // reads line up whenever the array's rows do.
 //
