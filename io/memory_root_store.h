@@ -24,9 +24,6 @@ class MemoryRootStore final : public RootStore {
   /// For tests, as the data engine (or a save that crashed) would leave it:
   /// adds `bytes` of data to step `step`, creating the step if needed.
   void AddData(int64_t step, uint64_t bytes);
-  /// For tests: replaces step `step`'s marker by `text` as is, without the
-  /// put protocol (a damaged or forged marker); creates the step if needed.
-  void ReplaceMarkerText(int64_t step, std::string text);
 
   [[nodiscard]] const std::string& root() const override;
   bool Exists() override;
@@ -38,6 +35,9 @@ class MemoryRootStore final : public RootStore {
   Result<std::vector<int64_t>> StepsWithoutMarker() override;
   Status CreateStep(int64_t step) override;
   Status SyncStep(int64_t step) override;
+  /// For tests: replaces step `step`'s marker by `text` as is, without the
+  /// put protocol (a damaged or forged marker); creates the step if needed.
+  void ReplaceMarkerText(int64_t step, std::string text);
   Status PutMarker(const Marker& marker, const std::string& text) override;
   Result<std::string> GetMarker(int64_t step) override;
   [[nodiscard]] std::string MarkerLocation(int64_t step) const override;
