@@ -23,10 +23,10 @@
 #include <string>
 #include <vector>
 
+#include "base/comm.h"
 #include "base/status.h"
 #include "base/types.h"
 #include "coordinator/checked_read.h"
-#include "base/comm.h"
 #include "coordinator/device_broadcast.h"
 #include "io/marker.h"
 #include "worker/array.h"
