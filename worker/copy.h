@@ -58,7 +58,7 @@ void SetWaitForCallerStreamsForTest(bool wait);
 class ScopedDevice {
  public:
   ScopedDevice();
-  ~ScopedDevice();
+  ~ScopedDevice();  // NOLINT(performance-trivially-destructible): not trivial with CUDA
   ScopedDevice(const ScopedDevice&) = delete;
   ScopedDevice& operator=(const ScopedDevice&) = delete;
   /// Makes `device` current (its primary context); IoError if CUDA refuses.
