@@ -38,6 +38,11 @@ int main(int argc, char** argv) {
     listeners.Append(new FailurePrinter(rank));
   }
   int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
+  // A filter that matches no test is a registration mistake, not a pass.
+  if (::testing::UnitTest::GetInstance()->test_to_run_count() == 0) {
+    if (rank == 0) std::fprintf(stderr, "no test matches the filter\n");
+    failed = 1;
+  }
   int any = 0;
   MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   if (any && rank == 0 && !failed) std::fprintf(stderr, "a test failed on another rank\n");
