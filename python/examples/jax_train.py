@@ -27,8 +27,10 @@ import functools
 import hashlib
 import json
 import os
+import sys
 import threading
 import time
+import traceback
 
 import jax
 import jax.numpy as jnp
@@ -158,7 +160,11 @@ class NaiveAsyncCheckpointer:
             try:
                 # A busy writer (a slow file system, earlier saves): by the time it
                 # gets to the replicated arrays, the training loop has donated them.
-                time.sleep(0.5)
+                # Waiting for that, not for a fixed time, makes it happen on every
+                # process however loaded the machine is.
+                deadline = time.monotonic() + 60
+                while not any(x.is_deleted() for x in lazy.values()) and time.monotonic() < deadline:
+                    time.sleep(0.01)
                 host = dict(eager)
                 host.update({name: np.asarray(x) for name, x in lazy.items()})  # "Array has been deleted"
                 path = os.path.join(self.root, f"naive_{step}_process{jax.process_index()}.npz")
@@ -265,4 +271,13 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except Exception:  # noqa: BLE001 -- any failure ends the whole job
+        # Exit at once: a normal exit runs jax.distributed's shutdown, which waits
+        # for processes that may still be in a collective with this one, and
+        # mpirun ends the job only when a process has exited.
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
