@@ -76,6 +76,37 @@ int Comm::ScatterInt(const std::vector<int>& values, int root) const {
   return mine;
 }
 
+std::vector<std::string> Comm::AllGatherBytes(const std::string& mine) const {
+  std::vector<std::string> all = GatherBytes(mine, 0);
+  std::vector<int64_t> sizes(static_cast<size_t>(size_));
+  std::string joined;
+  if (rank_ == 0) {
+    for (size_t r = 0; r < all.size(); ++r) {
+      sizes[r] = static_cast<int64_t>(all[r].size());
+      joined += all[r];
+    }
+  }
+  BroadcastValues(&sizes, 0);
+  BroadcastBytes(&joined, 0);
+  all.assign(static_cast<size_t>(size_), std::string());
+  size_t at = 0;
+  for (size_t r = 0; r < all.size(); ++r) {
+    const auto n = static_cast<size_t>(sizes[r]);
+    all[r] = joined.substr(at, n);
+    at += n;
+  }
+  return all;
+}
+
+int Comm::SharedMemoryLeader() const {
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+  int leader = rank_;
+  MPI_Allreduce(&rank_, &leader, 1, MPI_INT, MPI_MIN, node);
+  MPI_Comm_free(&node);
+  return leader;
+}
+
 void Comm::BroadcastBytes(std::string* bytes, int root) const {
   unsigned long long n = bytes->size();
   MPI_Bcast(&n, 1, MPI_UNSIGNED_LONG_LONG, root, comm_);

@@ -37,6 +37,12 @@ class Comm {
   /// rounds of at most `round_limit` bytes at the root (gather_rounds.h).
   [[nodiscard]] std::vector<std::string> GatherBytes(const std::string& mine, int root,
                                                      int64_t round_limit = kGatherRoundBytes) const;
+  /// Every rank's bytes on every rank (index = rank): GatherBytes to rank 0,
+  /// then one broadcast of them all.
+  [[nodiscard]] std::vector<std::string> AllGatherBytes(const std::string& mine) const;
+  /// The lowest rank of this communicator that shares memory with this one
+  /// (MPI_Comm_split_type with MPI_COMM_TYPE_SHARED: in practice, the node).
+  [[nodiscard]] int SharedMemoryLeader() const;
   /// Each rank's entry of `values` (significant at `root` only, index = rank).
   [[nodiscard]] int ScatterInt(const std::vector<int>& values, int root) const;
   /// `root`'s bytes everywhere.

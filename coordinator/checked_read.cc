@@ -10,16 +10,6 @@
 namespace mhckpt::internal {
 namespace {
 
-// The elements `a` and `b` share (they intersect).
-Box Intersection(const Box& a, const Box& b) {
-  Box r = a;
-  for (size_t d = 0; d < a.start.size(); ++d) {
-    r.start[d] = std::max(a.start[d], b.start[d]);
-    r.count[d] = std::min(a.start[d] + a.count[d], b.start[d] + b.count[d]) - r.start[d];
-  }
-  return r;
-}
-
 // Rows [first * chunk_rows, last * chunk_rows) of stored box `b`, clipped.
 Box Chunks(const io::MarkerBox& b, int64_t first, int64_t last) {
   Box box = b.box;
@@ -152,6 +142,15 @@ Status ReadBatch::Finish(const Item& item, std::byte* dst) {
                DTypeSize(a.dtype));
   }
   return OkStatus();
+}
+
+Box Intersection(const Box& a, const Box& b) {
+  Box r = a;
+  for (size_t d = 0; d < a.start.size(); ++d) {
+    r.start[d] = std::max(a.start[d], b.start[d]);
+    r.count[d] = std::min(a.start[d] + a.count[d], b.start[d] + b.count[d]) - r.start[d];
+  }
+  return r;
 }
 
 void CopyRegion(const std::byte* src, const Box& src_box, std::byte* dst, const Box& dst_box,

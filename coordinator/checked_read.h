@@ -81,6 +81,9 @@ class ReadBatch {
   std::vector<std::byte> bounce_;  // kept between flushes
 };
 
+/// The elements boxes `a` and `b` share (they intersect: BoxesIntersect).
+Box Intersection(const Box& a, const Box& b);
+
 /// Copies `region` (inside both boxes) from the row-major bytes of `src_box`
 /// at `src` to those of `dst_box` at `dst`; elements of `elem` bytes.
 void CopyRegion(const std::byte* src, const Box& src_box, std::byte* dst, const Box& dst_box,

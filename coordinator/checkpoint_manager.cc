@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <future>
+#include <iterator>
+#include <map>
 #include <thread>
 
 #include <fmt/format.h>
@@ -131,13 +133,22 @@ Status AgreeRootIsShared(io::RootStore& store, bool own_root, const Comm& comm) 
 Status AgreeOnSharedInputs(const std::string& root, const Options& o, const Comm& comm) {
   const int64_t transfer = static_cast<int64_t>(o.transfer), verify = o.verify_replicas ? 1 : 0;
   const auto root_hash = static_cast<int64_t>(XXH3_64bits(root.data(), root.size()) >> 2);
-  std::vector<int64_t> votes{transfer, -transfer, verify, -verify, root_hash, -root_hash};
+  // The local tier: on or off, and the options that decide its protocol.
+  const int64_t local = o.local_dir.empty() ? 0 : 1;
+  std::vector<int64_t> votes{transfer,    -transfer,    verify,
+                             -verify,     root_hash,    -root_hash,
+                             local,       -local,       o.persistent_every,
+                             -o.persistent_every,       o.local_copies,
+                             -o.local_copies,           o.local_max_to_keep,
+                             -o.local_max_to_keep};
   comm.AllreduceMax(&votes);  // max and -min of each
-  if (votes[0] != -votes[1]) return InvalidArgument("Options::transfer differs between ranks");
-  if (votes[2] != -votes[3]) {
-    return InvalidArgument("Options::verify_replicas differs between ranks");
+  const char* names[] = {"transfer",         "verify_replicas", "root path", "local_dir (set or not)",
+                         "persistent_every", "local_copies",    "local_max_to_keep"};
+  for (size_t i = 0; i < std::size(names); ++i) {
+    if (votes[2 * i] != -votes[2 * i + 1]) {
+      return InvalidArgument(fmt::format("Options::{} differs between ranks", names[i]));
+    }
   }
-  if (votes[4] != -votes[5]) return InvalidArgument("the root path differs between ranks");
   return OkStatus();
 }
 
@@ -295,6 +306,22 @@ Status ManagerImpl::Verify(int64_t step, const VerifyOptions& options, VerifyRep
   });
 }
 
+Status ManagerImpl::OpenLocalTier() {
+  return RunOnIoThread([&] {
+    Status s = Guarded(fmt::format("rank {}: local tier", comm_.rank()),
+                       [&] { local_ = std::make_unique<LocalTier>(options_); });
+    MHCKPT_RETURN_IF_ERROR(AgreeAll(s, comm_));
+    return local_->Open(comm_, options_);
+  });
+}
+
+bool ManagerImpl::NextSaveIsPersistent(SaveTier tier) {
+  const int64_t n = saves_++;
+  if (!local_ || tier == SaveTier::kPersistent) return true;
+  if (tier == SaveTier::kLocal) return false;
+  return n % std::max(options_.persistent_every, 1) == 0;
+}
+
 Status ManagerImpl::Agree(const Status& local) const { return AgreeAll(local, caller_comm_); }
 
 void ManagerImpl::Drain() {
@@ -324,6 +351,10 @@ Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(MPI_Comm comm
   // every rank, before rank 0 touches the file system.
   Status s = CheckOptions(options, dup.rank());
   if (s.ok()) s = CheckRootPath(root, dup.rank());
+  if (s.ok() && options.local_dir == root) {
+    s = InvalidArgument(fmt::format("rank {}: Options::local_dir is the root '{}' itself",
+                                    dup.rank(), root));
+  }
   MHCKPT_RETURN_IF_ERROR(AgreeAll(s, dup));
   MHCKPT_RETURN_IF_ERROR(AgreeOnSharedInputs(root, options, dup));
   std::unique_ptr<io::RootStore> store = io::MakeRootStore(root);
@@ -350,14 +381,16 @@ Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(MPI_Comm comm
   });
   MHCKPT_RETURN_IF_ERROR(AgreeAll(s, caller));
   impl->Adopt(std::move(store), std::move(lock), std::move(caller));
+  if (!options.local_dir.empty()) MHCKPT_RETURN_IF_ERROR(impl->OpenLocalTier());
   return std::unique_ptr<CheckpointManager>(new CheckpointManager(std::move(impl)));
 }
 
 Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays,
-                               const UserMetadata& metadata) {
+                               const UserMetadata& metadata, const SaveOptions& save_options) {
   auto job = std::make_shared<SaveJob>();
   auto t0 = std::chrono::steady_clock::now();
   job->step = step;
+  job->persistent = impl_->NextSaveIsPersistent(save_options.tier);
   SnapshotOptions so;
   so.rank = impl_->rank();
   so.threads = impl_->options().snapshot_threads > 0
@@ -396,10 +429,30 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
 
 Status CheckpointManager::WaitUntilFinished() { return impl_->WaitUntilFinished(); }
 
-Result<std::vector<int64_t>> CheckpointManager::CommittedSteps() const {
+Result<std::vector<CheckpointManager::StepTiers>> CheckpointManager::Steps() const {
   // A listing on rank 0 after WaitUntilFinished already reflects retention.
   impl_->WaitForRetention();
-  return impl_->store().CommittedSteps();
+  MHCKPT_ASSIGN_OR_RETURN(std::vector<int64_t> persistent, impl_->store().CommittedSteps());
+  std::map<int64_t, StepTiers> steps;
+  for (int64_t s : persistent) steps[s] = {s, true, false};
+  if (const internal::LocalTier* local = impl_->local_tier()) {
+    for (int64_t s : local->Steps()) {
+      steps[s].step = s;
+      steps[s].local = true;
+    }
+  }
+  std::vector<StepTiers> out;
+  out.reserve(steps.size());
+  for (const auto& [s, tiers] : steps) out.push_back(tiers);
+  return out;
+}
+
+Result<std::vector<int64_t>> CheckpointManager::CommittedSteps() const {
+  MHCKPT_ASSIGN_OR_RETURN(std::vector<StepTiers> steps, Steps());
+  std::vector<int64_t> out;
+  out.reserve(steps.size());
+  for (const StepTiers& s : steps) out.push_back(s.step);
+  return out;
 }
 
 Result<std::optional<int64_t>> CheckpointManager::LatestStep() const {
@@ -409,6 +462,11 @@ Result<std::optional<int64_t>> CheckpointManager::LatestStep() const {
 }
 
 Result<StepDescription> CheckpointManager::Describe(int64_t step) const {
+  if (const internal::LocalTier* local = impl_->local_tier()) {
+    if (std::shared_ptr<const internal::LocalStep> s = local->Find(step)) {
+      return DescribeMarker(s->marker);
+    }
+  }
   Result<io::Marker> m = impl_->store().ReadMarker(step);
   if (!m.ok()) {
     if (m.status().code() != StatusCode::kNotFound) return m.status();

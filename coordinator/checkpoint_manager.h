@@ -156,6 +156,53 @@ struct Options {
   /// The marker holds ~25 bytes per chunk, parsed by every rank at restore:
   /// for checkpoints of many TB, 16-64 MiB keeps it small (docs/SCALE.md).
   uint64_t checksum_chunk_bytes = 0;
+
+  // ---- The local tier (docs/ARCHITECTURE.md, "Two tiers") ----
+
+  /// A node-local directory (a tmpfs such as /dev/shm/NAME, or a local NVMe)
+  /// that turns on the local tier: every save is committed there first, each
+  /// node holding its own ranks' boxes and a copy of another node's, and the
+  /// shared root gets only every `persistent_every`th save. Each node sees its
+  /// own directory under this one path; the lowest rank of each node owns it
+  /// (a lock and lease, as for the root). "" (the default): one tier, every
+  /// save goes to the shared root. It may differ between ranks (a test that
+  /// simulates nodes on one machine gives each its own).
+  std::string local_dir;
+  /// With `local_dir`: saves 0, N, 2N, ... of this manager (counted from 1st
+  /// save after Open) also go to the shared root; the others stay in the
+  /// local tier. 1: every save goes to both tiers. SaveOptions overrides it
+  /// per save. Rank 0's value is used.
+  int persistent_every = 1;
+  /// Steps the local tier keeps on each node (node memory is small), newest
+  /// first; at least 1.
+  int local_max_to_keep = 2;
+  /// Copies of each rank's boxes on other nodes (the next nodes of a ring
+  /// over the nodes). A job on one node has no other node to copy to: its
+  /// local tier survives process crashes, not the node's loss, and it says
+  /// so once in the log. Rank 0's value is used.
+  int local_copies = 1;
+  /// Which node this rank is on, for tests that simulate nodes on one
+  /// machine: ranks with the same value are one node. -1 (the default): the
+  /// node is the shared-memory domain of MPI_Comm_split_type.
+  int node_id = -1;
+};
+
+/// Where a save goes, overriding Options::persistent_every for one save.
+enum class SaveTier : uint8_t {
+  kAuto,        ///< as Options::persistent_every says
+  kLocal,       ///< the local tier only
+  kPersistent,  ///< the local tier (if any) and the shared root
+};
+
+struct SaveOptions {
+  SaveTier tier = SaveTier::kAuto;
+};
+
+/// Which tier a restore reads.
+enum class RestoreSource : uint8_t {
+  kAny,         ///< the local tier if it holds the step everywhere, else the shared root
+  kLocal,       ///< the local tier only (NotFound if it cannot serve the step)
+  kPersistent,  ///< the shared root only
 };
 
 struct RestoreOptions {
@@ -195,6 +242,8 @@ struct RestoreOptions {
   /// system has no O_DIRECT, or the destination does not line up, through the page cache. False:
   /// every read goes through the page cache.
   bool direct_reads = true;
+  /// Which tier to read.
+  RestoreSource source = RestoreSource::kAny;
 };
 
 struct VerifyOptions {
@@ -271,6 +320,10 @@ struct SaveTimings {
   /// runs later, in the background, and is not counted. Filled in when the
   /// retiring ends (0 until then).
   double gc = 0;
+  /// With Options::local_dir: committing to the local tier (write, copies to
+  /// other nodes, marker), before the shared root's write.
+  double local = 0;
+  bool persistent = true;      ///< the save went to the shared root too
   bool plan_cached = false;    ///< same arrays and boxes as the previous save: no gather
   uint64_t local_bytes = 0;    ///< bytes this rank staged
   uint64_t written_bytes = 0;  ///< bytes this rank wrote
@@ -312,7 +365,10 @@ class CheckpointManager {
   /// `metadata` is taken from rank 0, which checks it (kMaxMetadataEntries and
   /// the limits beside it): a bad one is rank 0's InvalidArgument here and
   /// every rank's from WaitUntilFinished. Other ranks' metadata is ignored.
-  Status Save(int64_t step, std::span<const ArrayToSave> arrays, const UserMetadata& metadata = {});
+  /// `options` chooses the tier of this save (with Options::local_dir); every
+  /// rank must pass the same, or the save fails with InvalidArgument.
+  Status Save(int64_t step, std::span<const ArrayToSave> arrays, const UserMetadata& metadata = {},
+              const SaveOptions& options = {});
 
   /// Collective. Waits for every save started so far to commit or fail, and
   /// for the retention after it (max_to_keep, keep_period: the old steps are
@@ -326,10 +382,22 @@ class CheckpointManager {
   /// unexpected exception on the I/O thread, naming the rank).
   Status WaitUntilFinished();
 
-  /// Local. The committed steps in `root`, ascending. A step is committed if
-  /// and only if its commit marker exists and is valid. IoError if `root`
-  /// cannot be listed.
+  /// Local. The committed steps, ascending: those of `root` (a step is
+  /// committed there if and only if its commit marker exists and is valid)
+  /// and, with Options::local_dir, those the local tier can restore (as
+  /// Steps says). IoError if `root` cannot be listed.
   [[nodiscard]] Result<std::vector<int64_t>> CommittedSteps() const;
+  /// One committed step and the tiers that hold it.
+  struct StepTiers {
+    int64_t step = 0;
+    bool persistent = false;  ///< committed in the shared root
+    /// Committed in the local tier, with a copy of every rank's boxes on a
+    /// node of this job (the same answer on every rank: agreed at Open and
+    /// after each save).
+    bool local = false;
+  };
+  /// Local. CommittedSteps, with the tiers of each.
+  [[nodiscard]] Result<std::vector<StepTiers>> Steps() const;
   /// Local. The newest committed step, or nullopt if none. Errors as
   /// CommittedSteps.
   [[nodiscard]] Result<std::optional<int64_t>> LatestStep() const;

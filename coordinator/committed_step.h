@@ -4,11 +4,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "base/comm.h"
 #include "base/status.h"
 #include "base/types.h"
+#include "coordinator/checkpoint_manager.h"
 #include "io/marker.h"
 #include "io/root_store.h"
 #include "io/storage.h"
@@ -48,5 +50,12 @@ Status CheckChunkChecksum(const io::MarkerArray& a, const io::MarkerBox& b, int6
 /// shorter) whose bytes, row-major, are at `data`. The first mismatch.
 Status CheckChunks(const io::MarkerArray& a, const io::MarkerBox& b, const Box& rows,
                    const std::byte* data);
+
+/// Checks one rank's restore requests against the step's marker: names
+/// (known, not twice), dtypes, boxes inside shapes, buffers, memory kinds,
+/// and with `options.strict` that every stored array is asked for. The
+/// rank's error, naming the array, the rank and the box (restore.cc).
+Status CheckRequests(const io::Marker& m, std::span<const ArrayToRestore> arrays,
+                     const RestoreOptions& options, int rank);
 
 }  // namespace mhckpt::internal

@@ -17,6 +17,19 @@ constexpr size_t kLongestPathBelowRoot = 64;
 constexpr double kMaxTimeoutSeconds = 1e9;
 constexpr int kMaxSnapshotThreads = 256;
 
+// Why `path` cannot be a root (or local dir), or "".
+std::string CheckRootPathText(const std::string& path) {
+  if (path.empty()) return "is empty";
+  if (path.find('\0') != std::string::npos) {
+    return fmt::format("'{}' holds a NUL byte", QuoteForMessage(path));
+  }
+  if (path.size() + kLongestPathBelowRoot > PATH_MAX) {
+    return fmt::format("is {} bytes long, more than {}", path.size(),
+                       PATH_MAX - kLongestPathBelowRoot);
+  }
+  return "";
+}
+
 }  // namespace
 
 Status CheckOptions(const Options& o, int rank) {
@@ -37,18 +50,26 @@ Status CheckOptions(const Options& o, int rank) {
     return bad(fmt::format("snapshot_threads {} is outside 0 (automatic) to {}", o.snapshot_threads,
                            kMaxSnapshotThreads));
   }
+  if (!o.local_dir.empty()) {
+    if (!o.own_root) return bad("local_dir needs own_root: a reader keeps no local tier");
+    if (std::string why = CheckRootPathText(o.local_dir); !why.empty()) {
+      return bad(fmt::format("local_dir {}", why));
+    }
+  }
+  if (o.persistent_every < 1) {
+    return bad(fmt::format("persistent_every {} is less than 1", o.persistent_every));
+  }
+  if (o.local_max_to_keep < 1) {
+    return bad(fmt::format("local_max_to_keep {} is less than 1", o.local_max_to_keep));
+  }
+  if (o.local_copies < 0) return bad(fmt::format("local_copies {} is negative", o.local_copies));
+  if (o.node_id < -1) return bad(fmt::format("node_id {} is less than -1", o.node_id));
   return OkStatus();
 }
 
 Status CheckRootPath(const std::string& root, int rank) {
-  if (root.empty()) return InvalidArgument(fmt::format("rank {}: the root path is empty", rank));
-  if (root.find('\0') != std::string::npos) {
-    return InvalidArgument(
-        fmt::format("rank {}: the root path '{}' holds a NUL byte", rank, QuoteForMessage(root)));
-  }
-  if (root.size() + kLongestPathBelowRoot > PATH_MAX) {
-    return InvalidArgument(fmt::format("rank {}: the root path is {} bytes long, more than {}",
-                                       rank, root.size(), PATH_MAX - kLongestPathBelowRoot));
+  if (std::string why = CheckRootPathText(root); !why.empty()) {
+    return InvalidArgument(fmt::format("rank {}: the root path {}", rank, why));
   }
   return OkStatus();
 }

@@ -16,6 +16,7 @@
 #include "base/comm.h"
 #include "coordinator/checkpoint_manager.h"
 #include "coordinator/io_thread.h"
+#include "coordinator/local_tier.h"
 #include "coordinator/read_once.h"
 #include "coordinator/watchdog.h"
 #include "io/marker.h"
@@ -33,6 +34,8 @@ struct SaveJob {
   Snapshot snapshot;
   UserMetadata metadata;
   SaveTimings timings;
+  /// Also to the shared root (always, without a local tier).
+  bool persistent = true;
 };
 
 class ManagerImpl {
@@ -60,6 +63,14 @@ class ManagerImpl {
                  const RestoreOptions& options);
   /// Collective, on the I/O thread after pending saves (verify.cc).
   Status Verify(int64_t step, const VerifyOptions& options, VerifyReport* report);
+  /// Collective, after Adopt, with Options::local_dir: opens the local tier
+  /// and recovers what it holds (coordinator/local_tier.h).
+  Status OpenLocalTier();
+  /// The local tier, or null without Options::local_dir.
+  [[nodiscard]] const LocalTier* local_tier() const { return local_.get(); }
+  /// Caller thread: whether the next save goes to the shared root too
+  /// (Options::persistent_every, SaveOptions::tier), counting it.
+  bool NextSaveIsPersistent(SaveTier tier);
   /// Collective on the caller's communicator: AgreeAll.
   Status Agree(const Status& local) const;
   /// Runs every job already handed to the I/O thread.
@@ -125,6 +136,11 @@ class ManagerImpl {
   // GPU-to-GPU broadcasts for restore (I/O thread only), made on the first
   // restore that can use them.
   DeviceBroadcasts device_broadcasts_;
+
+  // With Options::local_dir: the node-local tier. Its view is read by the
+  // caller's thread (Steps) and changed by the I/O thread (under its mutex).
+  std::unique_ptr<LocalTier> local_;
+  int64_t saves_ = 0;  // caller thread: Save calls so far
 
   // Rank 0 with Options::own_root: the root's lock and lease, released after
   // the I/O thread (declared after it) has finished every job.

@@ -1,8 +1,11 @@
 #include "coordinator/rank_report.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/checksum.h"
 #include "coordinator/agree.h"
 
 namespace mhckpt::internal {
@@ -46,6 +49,20 @@ Status CollectReports(const std::vector<std::string>& reports,
     if (!s.ok() && failed++ == 0) first = s;
   }
   return WithFailedCount(first, failed);
+}
+
+BoxSum BoxChecksums(const io::MarkerArray& a, size_t ai, size_t bi,
+                    std::span<const std::byte> box) {
+  const io::MarkerBox& b = a.boxes[bi];
+  BoxSum sum{static_cast<uint32_t>(ai), static_cast<uint32_t>(bi), 0, {}};
+  size_t chunk_bytes = box.size();
+  if (!b.box.count.empty() && b.box.count[0] > 0) {
+    chunk_bytes = box.size() / static_cast<size_t>(b.box.count[0]) *
+                  static_cast<size_t>(std::max<int64_t>(b.chunk_rows, 1));
+  }
+  sum.chunks.reserve(b.chunks.size());
+  sum.sum = ChecksumChunks(box.data(), box.size(), std::max<size_t>(chunk_bytes, 1), &sum.chunks);
+  return sum;
 }
 
 }  // namespace mhckpt::internal

@@ -3,11 +3,14 @@
 // every box it holds, for the replica check).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "base/status.h"
+#include "io/marker.h"
 
 namespace mhckpt::internal {
 
@@ -20,6 +23,11 @@ struct BoxSum {
   uint64_t sum;
   std::vector<uint64_t> chunks;
 };
+
+/// The checksums of planned box `bi` of array `ai` of the plan, whose bytes
+/// are `box`: of the whole box and of each of its chunks
+/// (io::MarkerBox::chunks), in one pass while the writer has the bytes at hand.
+BoxSum BoxChecksums(const io::MarkerArray& a, size_t ai, size_t bi, std::span<const std::byte> box);
 
 std::string EncodeReport(const Status& s, const std::vector<BoxSum>& sums);
 

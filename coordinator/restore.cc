@@ -58,8 +58,6 @@
 #include "worker/copy.h"
 
 namespace mhckpt::internal {
-namespace {
-
 // Checks this rank's requests against the marker (step 2).
 Status CheckRequests(const io::Marker& m, std::span<const ArrayToRestore> arrays,
                      const RestoreOptions& options, int rank) {
@@ -114,6 +112,8 @@ Status CheckRequests(const io::Marker& m, std::span<const ArrayToRestore> arrays
   }
   return OkStatus();
 }
+
+namespace {
 
 // Step 3 for the boxes this rank asked for of array `a`, but those in
 // `shared` (read once for several ranks, SharedRead): host destinations are
@@ -381,6 +381,16 @@ class RestoreRun {
 
 Status ManagerImpl::RunRestore(int64_t step, std::span<const ArrayToRestore> arrays,
                                const RestoreOptions& options) {
+  // The local tier's view is the same on every rank: all take the same branch.
+  if (options.source != RestoreSource::kPersistent && local_) {
+    if (std::shared_ptr<const LocalStep> s = local_->Find(step)) {
+      return RestoreLocal(comm_, *local_, *s, arrays, options);
+    }
+  }
+  if (options.source == RestoreSource::kLocal) {
+    return NotFound(fmt::format("step {} is not in the local tier{}", step,
+                                local_ ? "" : " (Options::local_dir is not set)"));
+  }
   return RestoreRun(comm_, *engine_, *store_, device_broadcasts_, step, arrays, options).Run();
 }
 

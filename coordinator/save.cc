@@ -76,19 +76,33 @@ double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+// Rank 0: refuses a step committed in either tier; for a save to the shared
+// root, creates the step there afresh (what an earlier failed attempt at this
+// step left is garbage).
+Status PrepareStep(io::RootStore& store, const LocalTier* local, int64_t step, bool persistent) {
+  if (local != nullptr && local->Find(step) != nullptr) {
+    return AlreadyExists(fmt::format("step {} is committed in the local tier", step));
+  }
+  if (persistent) return store.CreateStep(step);
+  Result<std::string> marker = store.GetMarker(step);
+  if (marker.ok()) {
+    return AlreadyExists(fmt::format("step {} is committed in '{}'", step, store.root()));
+  }
+  return marker.status().code() == StatusCode::kNotFound ? OkStatus() : marker.status();
+}
+
 // Rank 0's part of the plan round: `encoded` holds the description of the
 // first rank of each layout (coordinator/layouts.h).
 // The plan uses rank 0's Options::replica_parallel_min_bytes and
 // checksum_chunk_bytes: the plan is made here and broadcast, so a different value on another rank
 // is ignored.
 Result<io::Marker> PlanOnRoot(const std::vector<std::string>& encoded, const LayoutGroups& groups,
-                              io::RootStore& store, int64_t step, const Options& options) {
+                              io::RootStore& store, const LocalTier* local, int64_t step,
+                              bool persistent, const Options& options) {
   MHCKPT_ASSIGN_OR_RETURN(io::Marker plan,
                           PlanLayouts(encoded, groups, options.replica_parallel_min_bytes,
                                       options.checksum_chunk_bytes));
-  // Refuses a committed step, and creates it afresh (what an earlier failed
-  // attempt at this step left is garbage).
-  MHCKPT_RETURN_IF_ERROR(store.CreateStep(step));
+  MHCKPT_RETURN_IF_ERROR(PrepareStep(store, local, step, persistent));
   return plan;
 }
 
@@ -124,6 +138,28 @@ Status CheckSumsInPlan(const io::Marker& plan, const std::vector<std::vector<Box
                         "the plan does not have",
                         r, b.box, b.array));
       }
+    }
+  }
+  return OkStatus();
+}
+
+int64_t NowUnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Rank 0: every rank's outcome, and the checksums of the boxes each wrote
+// into `plan` (steps 5 and 6, and the local tier's commit).
+Status FillChecksums(const std::vector<std::string>& reports, io::Marker* plan) {
+  std::vector<std::vector<BoxSum>> all;
+  MHCKPT_RETURN_IF_ERROR(CollectReports(reports, &all));
+  MHCKPT_RETURN_IF_ERROR(CheckSumsInPlan(*plan, all));
+  for (const std::vector<BoxSum>& sums : all) {
+    for (const BoxSum& b : sums) {
+      io::MarkerBox& box = plan->arrays[b.array].boxes[b.box];
+      box.checksum = b.sum;
+      box.chunks = b.chunks;
     }
   }
   return OkStatus();
@@ -185,23 +221,6 @@ struct Writes {
   uint64_t written = 0;
   std::vector<BoxSum> sums;
 };
-
-// The checksums of planned box `bi` of array `ai`, whose bytes are `box`: of
-// the whole box and of each of its chunks (io::MarkerBox::chunks), in one
-// pass while the writer has the bytes at hand.
-BoxSum BoxChecksums(const io::MarkerArray& a, size_t ai, size_t bi,
-                    std::span<const std::byte> box) {
-  const io::MarkerBox& b = a.boxes[bi];
-  BoxSum sum{static_cast<uint32_t>(ai), static_cast<uint32_t>(bi), 0, {}};
-  size_t chunk_bytes = box.size();
-  if (!b.box.count.empty() && b.box.count[0] > 0) {
-    chunk_bytes = box.size() / static_cast<size_t>(b.box.count[0]) *
-                  static_cast<size_t>(std::max<int64_t>(b.chunk_rows, 1));
-  }
-  sum.chunks.reserve(b.chunks.size());
-  sum.sum = ChecksumChunks(box.data(), box.size(), std::max<size_t>(chunk_bytes, 1), &sum.chunks);
-  return sum;
-}
 
 // Step 3, one array: the boxes of plan array `ai` that this rank writes.
 // Keeps making every collective call after a local error, which it returns.
@@ -265,6 +284,16 @@ class ManagerImpl::SaveRun {
     MHCKPT_RETURN_IF_ERROR(Plan());
     if (impl_.options_.verify_replicas) MHCKPT_RETURN_IF_ERROR(CheckReplicas());
     t_.plan = Since(t0);
+    t_.persistent = job_.persistent;
+    Status local_tier;
+    if (impl_.local_) {
+      impl_.watchdog_.Enter("local", job_.step);
+      t0 = Clock::now();
+      local_tier = SaveLocal();
+      t_.local = Since(t0);
+      if (rank_ == 0) LogLocal(local_tier);
+    }
+    if (!job_.persistent) return local_tier;
     Write();
     Flush();
     if (!local_.ok()) {
@@ -279,7 +308,9 @@ class ManagerImpl::SaveRun {
     s = BroadcastStatus(s, 0, comm_);
     t_.commit = Since(t0);
     if (rank_ == 0) Log(s);
-    return s;
+    // A save to both tiers reports the local tier's failure too (the step
+    // may then be committed in the shared root only: Steps says).
+    return s.ok() ? local_tier : s;
   }
 
  private:
@@ -288,14 +319,23 @@ class ManagerImpl::SaveRun {
     const uint64_t hash = job_.local.ok() ? DescriptionHash(job_.snapshot) : 0;
     int64_t changed =
         impl_.last_plan_ && job_.local.ok() && hash == impl_.last_description_hash_ ? 0 : 1;
-    if (rank_ == 0 && !changed && !impl_.store_->CreateStep(job_.step).ok()) changed = 1;
+    if (rank_ == 0 && !changed &&
+        !PrepareStep(*impl_.store_, impl_.local_.get(), job_.step, job_.persistent).ok()) {
+      changed = 1;  // the plan round reports why
+    }
     // Why one allreduce: it confirms that nobody's arrays changed and that all
     // ranks save the same step (max(step) == -max(-step)). A rank with an
     // error (perhaps a step of INT64_MIN, which has no negation) votes
     // "changed" with step 0: the plan round then reports its error.
     const int64_t step = job_.local.ok() ? job_.step : 0;
-    std::vector<int64_t> votes{changed, step, -step};
+    const int64_t persistent = job_.persistent ? 1 : 0;
+    std::vector<int64_t> votes{changed, step, -step, persistent, -persistent};
     comm_.AllreduceMax(&votes);
+    if (votes[3] != -votes[4]) {
+      if (rank_ == 0 && !changed) RemoveStepDir();
+      return InvalidArgument(
+          fmt::format("save of step {}: ranks disagree on its tier (SaveOptions::tier)", job_.step));
+    }
     t_.plan_cached = votes[0] == 0 && votes[1] == -votes[2];
     if (t_.plan_cached) {
       plan_ = *impl_.last_plan_;
@@ -333,7 +373,8 @@ class ManagerImpl::SaveRun {
       // for rank 0's outcome.
       s = Guarded("rank 0: plan", [&] {
         Result<io::Marker> p =
-            PlanOnRoot(encoded, groups, *impl_.store_, job_.step, impl_.options_);
+            PlanOnRoot(encoded, groups, *impl_.store_, impl_.local_.get(), job_.step,
+                       job_.persistent, impl_.options_);
         if (!p.ok()) return p.status();
         plan_ = std::move(p).value();
         plan_json = io::MarkerToJson(plan_, io::MarkerText::kPlan);
@@ -341,7 +382,10 @@ class ManagerImpl::SaveRun {
       });
       if (s.code() == StatusCode::kIoError)
         s = Status(s.code(), fmt::format("rank 0: {}", s.message()));
-      if (s.code() == StatusCode::kIoError || s.code() == StatusCode::kInternal) RemoveStepDir();
+      if ((s.code() == StatusCode::kIoError || s.code() == StatusCode::kInternal) &&
+          job_.persistent) {
+        RemoveStepDir();
+      }
       if (!s.ok()) plan_json.clear();
     }
     MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, comm_));
@@ -393,6 +437,62 @@ class ManagerImpl::SaveRun {
       if (!s.ok()) RemoveStepDir();
     }
     return BroadcastStatus(s, 0, comm_);
+  }
+
+  // The local tier (coordinator/local_tier.h): write and copy, then rank 0
+  // fills the marker from every rank's checksums and every node puts it.
+  Status SaveLocal() {
+    const auto staged = StagedByName(job_.snapshot);
+    std::vector<BoxSum> sums;
+    Status mine = impl_.local_->Write(
+        comm_, plan_,
+        [&](size_t ai, size_t bi) {
+          auto it = staged.find(plan_.arrays[ai].name);
+          return FindStaged(job_.snapshot, it == staged.end() ? nullptr : it->second,
+                            plan_.arrays[ai].boxes[bi].box);
+        },
+        &sums);
+    std::vector<std::string> reports = comm_.GatherBytes(EncodeReport(mine, sums), 0);
+    io::Marker marker;
+    std::string text;
+    Status s;
+    if (rank_ == 0) {
+      s = Guarded("rank 0: local commit", [&] {
+        marker = plan_;
+        MHCKPT_RETURN_IF_ERROR(FillChecksums(reports, &marker));
+        marker.created_unix_ms = NowUnixMs();
+        text = io::MarkerToJson(marker);
+        return OkStatus();
+      });
+    }
+    s = BroadcastStatus(s, 0, comm_);
+    if (s.ok()) {
+      comm_.BroadcastBytes(&text, 0);
+      Status parsed;
+      if (rank_ != 0) {
+        Result<io::Marker> m = io::ParseMarker(text, "rank 0's local marker");
+        if (m.ok()) {
+          marker = std::move(m).value();
+        } else {
+          parsed = Internal(fmt::format("rank {}: {}", rank_, m.status().message()));
+        }
+      }
+      s = AgreeAll(parsed, comm_);
+    }
+    if (!s.ok()) {
+      impl_.local_->Abandon(comm_, job_.step);
+      return s;
+    }
+    return impl_.local_->Commit(comm_, marker, text);
+  }
+
+  void LogLocal(const Status& s) const {
+    if (!s.ok()) {
+      Logger()->error("mhckpt: step {} failed in the local tier: {}", job_.step, s.ToString());
+    } else {
+      Logger()->info("mhckpt: step {} committed in the local tier in {:.3f} s{}", job_.step,
+                     t_.local, job_.persistent ? "" : " (local only)");
+    }
   }
 
   // 3. Write: create the step's arrays, reserve their space, write this
@@ -474,16 +574,7 @@ class ManagerImpl::SaveRun {
 
   // 6. Commit (rank 0): the marker if every rank succeeded, else clean up.
   Status Commit(const std::vector<std::string>& reports) {
-    std::vector<std::vector<BoxSum>> all;
-    Status s = CollectReports(reports, &all);
-    if (s.ok()) s = CheckSumsInPlan(plan_, all);
-    for (size_t r = 0; s.ok() && r < all.size(); ++r) {
-      for (const BoxSum& b : all[r]) {
-        io::MarkerBox& box = plan_.arrays[b.array].boxes[b.box];
-        box.checksum = b.sum;
-        box.chunks = b.chunks;
-      }
-    }
+    Status s = FillChecksums(reports, &plan_);
     // The names of the step's files durable before the marker's can be: with
     // only the marker's rename and the fsync after it, a file system that does
     // not journal names in order may keep the marker and lose data.h5's name
@@ -491,9 +582,7 @@ class ManagerImpl::SaveRun {
     if (s.ok()) s = impl_.store_->SyncStep(job_.step);
     if (s.ok()) s = fault::Hit("before_marker");
     if (s.ok()) {
-      plan_.created_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                                  std::chrono::system_clock::now().time_since_epoch())
-                                  .count();
+      plan_.created_unix_ms = NowUnixMs();
       const std::string text = io::MarkerToJson(plan_);
       // A marker larger than readers accept would commit a step that no
       // restore can open.

@@ -1,0 +1,164 @@
+// The local tier (Options::local_dir): steps committed in node-local storage,
+// each node holding its own ranks' boxes and copies of other nodes' boxes, so
+// that a job that lost a node restores from memory instead of the shared file
+// system.
+//
+// A local step of each node is a step directory of the node's local dir, as
+// in a shared root (io/layout.h), with its own commit marker — the same
+// marker as the shared root's, chunk checksums included — and, instead of
+// data.h5, one file per writer rank: w<R>.bin holds the boxes the plan gives
+// rank R, back to back in plan order (WriterFiles). A node holds the files of
+// its own ranks and of the ranks it keeps copies for (Nodes::CopyHolders).
+//
+// The save of a local step (collective, on the I/O thread, after the plan):
+//   1. Each node's lowest rank creates the step directory; one agreement.
+//   2. Each rank maps its own file (reserved in full first: a full tmpfs is
+//      an error here, not a SIGBUS later), copies its planned boxes into it
+//      and hashes them, and maps the files it receives; one agreement.
+//   3. Each rank sends its file to its copy holders, and receives the files
+//      it holds straight into their mappings (point to point).
+//   4. Rank 0 gathers every rank's outcome and checksums (as the shared
+//      root's commit does), fills the marker and broadcasts it; each node's
+//      lowest rank makes the step's names durable and puts the marker
+//      (io::RootStore::PutMarker); one agreement. The step is committed in
+//      the local tier once that agreement says every node put its marker.
+//      On a failure the nodes remove the step.
+//   5. Each node keeps its newest Options::local_max_to_keep steps.
+//
+// Recovery (Open, collective): each node's lowest rank takes ownership of
+// its local dir, removes steps without a marker, and reports its committed
+// steps with the writer files it holds whole (the expected size); rank 0
+// finds the steps whose every writer file survives on some node of this
+// job — at any world size — and broadcasts that view, with each such step's
+// marker. Nodes remove the local steps nobody can restore. The view is the
+// same on every rank, and each later local commit adds to it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/comm.h"
+#include "base/status.h"
+#include "coordinator/checkpoint_manager.h"
+#include "coordinator/rank_report.h"
+#include "io/marker.h"
+#include "io/root_store.h"
+
+namespace mhckpt::internal {
+
+/// Which node each rank of a communicator is on, and where the copies of
+/// each rank's boxes go: a ring over the nodes.
+class Nodes {
+ public:
+  /// Collective. `node_id` >= 0: this rank's node, as given (tests that
+  /// simulate nodes); -1: the shared-memory domain (MPI_Comm_split_type).
+  static Nodes Discover(const Comm& comm, int node_id);
+  /// From each rank's node key (equal keys: one node). Nodes are numbered
+  /// by their lowest rank.
+  explicit Nodes(const std::vector<int64_t>& key_of_rank);
+  Nodes() = default;
+
+  [[nodiscard]] int count() const { return static_cast<int>(ranks_.size()); }
+  [[nodiscard]] int node_of(int rank) const { return node_of_[static_cast<size_t>(rank)]; }
+  [[nodiscard]] const std::vector<int>& ranks_of(int node) const {
+    return ranks_[static_cast<size_t>(node)];
+  }
+  /// True for the lowest rank of its node, which runs the node's local dir.
+  [[nodiscard]] bool leads(int rank) const { return ranks_of(node_of(rank)).front() == rank; }
+  /// The ranks that keep a copy of `rank`'s boxes: on each of the next
+  /// `copies` nodes of the ring (fewer if there are fewer other nodes), the
+  /// rank at the same position within its node (modulo the node's size).
+  [[nodiscard]] std::vector<int> CopyHolders(int rank, int copies) const;
+  /// The ranks whose boxes `rank` keeps a copy of (the inverse).
+  [[nodiscard]] std::vector<int> CopiesHeldBy(int rank, int copies) const;
+
+ private:
+  std::vector<int> node_of_;
+  std::vector<std::vector<int>> ranks_;
+};
+
+/// Where each writer's boxes lie in its file of a local step.
+struct WriterFiles {
+  explicit WriterFiles(const io::Marker& m);
+  std::vector<uint64_t> bytes;                // per writer rank
+  std::vector<std::vector<uint64_t>> offset;  // per array, per box: in its writer's file
+};
+
+/// "w<rank>.bin": the file of a writer in a local step directory.
+std::string WriterFileName(int writer);
+
+/// A local step this job can restore: its marker, and for each rank that
+/// saved it the ranks of this job whose node holds that rank's file.
+struct LocalStep {
+  io::Marker marker;
+  std::vector<std::vector<int>> holders;
+};
+
+/// The staged bytes of planned box `box` of array `array`, or an empty span
+/// if this rank does not hold them.
+using StagedBoxFn = std::function<std::span<const std::byte>(size_t array, size_t box)>;
+
+class LocalTier {
+ public:
+  explicit LocalTier(const Options& options);
+  ~LocalTier();
+  LocalTier(const LocalTier&) = delete;
+  LocalTier& operator=(const LocalTier&) = delete;
+
+  /// Collective: finds the nodes, takes ownership of each node's local dir,
+  /// and recovers the view (the header's "Recovery"). Errors, on every
+  /// rank: IoError or FailedPrecondition naming the rank and the directory.
+  Status Open(const Comm& comm, const Options& options);
+
+  /// Collective, save steps 1-3 for `plan`: writes this rank's file from
+  /// `staged` and exchanges copies; `sums` gets the checksums of the boxes
+  /// this rank wrote. Returns this rank's error (not agreed: step 4 reports
+  /// it), after taking part in every exchange it can.
+  Status Write(const Comm& comm, const io::Marker& plan, const StagedBoxFn& staged,
+               std::vector<BoxSum>* sums);
+  /// Collective, save steps 4 (after rank 0 filled and broadcast `marker`)
+  /// and 5: the agreed outcome.
+  Status Commit(const Comm& comm, const io::Marker& marker, const std::string& text);
+  /// Collective: removes step `step` on every node (a failed save).
+  void Abandon(const Comm& comm, int64_t step);
+
+  /// The steps the local tier can restore, ascending (any thread).
+  [[nodiscard]] std::vector<int64_t> Steps() const;
+  /// The local step `step`, or null (any thread).
+  [[nodiscard]] std::shared_ptr<const LocalStep> Find(int64_t step) const;
+
+  [[nodiscard]] const Nodes& nodes() const { return nodes_; }
+  [[nodiscard]] const std::string& dir() const { return dir_; }
+  /// The path of writer `writer`'s file of step `step` on this node.
+  [[nodiscard]] std::string FilePath(int64_t step, int writer) const;
+
+ private:
+  void Keep(const Comm& comm);  // save step 5
+  void Add(int64_t step, std::shared_ptr<const LocalStep> s);
+
+  const std::string dir_;
+  const int copies_;
+  const int keep_;
+  Nodes nodes_;
+  std::unique_ptr<io::RootStore> store_;          // this node's dir (its lowest rank)
+  std::unique_ptr<io::RootOwnership> ownership_;  // its lock and lease (its lowest rank)
+
+  mutable std::mutex mu_;
+  std::map<int64_t, std::shared_ptr<const LocalStep>> view_;  // agreed
+};
+
+/// Collective: fills the destinations of `arrays` from local step `s`
+/// (coordinator/local_restore.cc). Every rank's requests go to every rank;
+/// each piece of a stored box that a rank asks for is served by the rank
+/// itself if its node holds the writer's file, otherwise by a holder of it,
+/// which checks the chunks it reads against the marker and sends the piece.
+/// Errors as CheckpointManager::Restore, on every rank.
+Status RestoreLocal(const Comm& comm, const LocalTier& tier, const LocalStep& s,
+                    std::span<const ArrayToRestore> arrays, const RestoreOptions& options);
+
+}  // namespace mhckpt::internal

@@ -1,0 +1,88 @@
+#include "io/mapped_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include <fmt/format.h>
+
+namespace mhckpt::io {
+namespace {
+
+Status Errno(const std::string& what, const std::string& path, int err) {
+  if (err == ENOENT) return NotFound(fmt::format("{} '{}': {}", what, path, std::strerror(err)));
+  return IoError(fmt::format("{} '{}': {}", what, path, std::strerror(err)));
+}
+
+}  // namespace
+
+Result<MappedFile> MappedFile::Create(const std::string& path, uint64_t bytes) {
+  MappedFile f;
+  f.path_ = path;
+  f.fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (f.fd_ < 0) return Errno("cannot create", path, errno);
+  if (bytes > 0) {
+    const int err = ::posix_fallocate(f.fd_, 0, static_cast<off_t>(bytes));
+    if (err != 0) return Errno(fmt::format("cannot reserve {} bytes for", bytes), path, err);
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd_, 0);
+    if (p == MAP_FAILED) return Errno("cannot map", path, errno);
+    f.data_ = static_cast<std::byte*>(p);
+  }
+  f.size_ = bytes;
+  return f;
+}
+
+Result<MappedFile> MappedFile::OpenForReading(const std::string& path) {
+  MappedFile f;
+  f.path_ = path;
+  f.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (f.fd_ < 0) return Errno("cannot open", path, errno);
+  struct stat st {};
+  if (::fstat(f.fd_, &st) != 0) return Errno("cannot stat", path, errno);
+  f.size_ = static_cast<uint64_t>(st.st_size);
+  if (f.size_ > 0) {
+    void* p = ::mmap(nullptr, f.size_, PROT_READ, MAP_SHARED, f.fd_, 0);
+    if (p == MAP_FAILED) return Errno("cannot map", path, errno);
+    f.data_ = static_cast<std::byte*>(p);
+  }
+  return f;
+}
+
+Result<uint64_t> MappedFile::Size(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return Errno("cannot stat", path, errno);
+  return static_cast<uint64_t>(st.st_size);
+}
+
+MappedFile::MappedFile(MappedFile&& o) noexcept
+    : path_(std::move(o.path_)),
+      fd_(std::exchange(o.fd_, -1)),
+      data_(std::exchange(o.data_, nullptr)),
+      size_(std::exchange(o.size_, 0)) {}
+
+MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
+  if (this != &o) {
+    Close().IgnoreError();
+    path_ = std::move(o.path_);
+    fd_ = std::exchange(o.fd_, -1);
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+  }
+  return *this;
+}
+
+MappedFile::~MappedFile() { Close().IgnoreError(); }
+
+Status MappedFile::Close() {
+  if (data_ != nullptr) ::munmap(data_, size_);
+  data_ = nullptr;
+  if (fd_ >= 0 && ::close(std::exchange(fd_, -1)) != 0) return Errno("cannot close", path_, errno);
+  return OkStatus();
+}
+
+}  // namespace mhckpt::io

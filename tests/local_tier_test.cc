@@ -1,0 +1,276 @@
+// The local tier (Options::local_dir): saves committed in node-local
+// directories with copies on other nodes, the shared root every
+// persistent_every-th save, and recovery after a node's local dir is gone.
+// Nodes are simulated on one machine: Options::node_id puts ranks on nodes
+// (2 ranks per node at 4 ranks, 1 otherwise) and each node gets its own
+// local dir, DIR/node<N>. A "lost node" is a node whose dir was removed (a
+// replacement node starts with an empty one).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "coordinator/checkpoint_manager.h"
+#include "io/layout.h"
+#include "tests/test_util.h"
+
+namespace mhckpt {
+namespace {
+
+using testing::Fill;
+using testing::FreshDir;
+using testing::Rank;
+using testing::SameOnAllRanks;
+using testing::Size;
+
+int RanksPerNode(int size) { return size == 4 ? 2 : 1; }
+int NodeOf(int rank, int size) { return rank / RanksPerNode(size); }
+int NodeCount(int size) { return (size + RanksPerNode(size) - 1) / RanksPerNode(size); }
+
+Options TwoTierOptions(const std::string& dir, int rank, int size) {
+  Options o;
+  o.local_dir = dir + "/node" + std::to_string(NodeOf(rank, size));
+  o.node_id = NodeOf(rank, size);
+  o.persistent_every = 2;
+  return o;
+}
+
+const std::vector<int64_t> kShape{37, 5};
+
+// Rows of kShape for `part` of `parts`.
+Box Rows(int parts, int part) {
+  auto [b, e] = SplitRange(kShape[0], parts, part);
+  return Box{{b, 0}, {e - b, kShape[1]}};
+}
+
+// What each rank saves at `step`: its rows of "w" and all of "r".
+struct Step {
+  std::vector<std::byte> w, r;
+  std::vector<ArrayToSave> arrays;
+  Step(int64_t step, int rank, int size) {
+    const auto seed = static_cast<uint64_t>(step);
+    w = Fill(DType::kFloat32, kShape, Rows(size, rank), seed);
+    r = Fill(DType::kInt64, {11}, FullBox({11}), seed + 100);
+    arrays.push_back({"w", DType::kFloat32, kShape, {Shard{Rows(size, rank), w.data()}}});
+    arrays.push_back({"r", DType::kInt64, {11}, {Shard{FullBox({11}), r.data()}}});
+  }
+};
+
+// Restores `step` with this rank's rows out of `parts` (of "w") and all of "r", and
+// checks every byte.
+Status RestoreAndCheck(CheckpointManager& m, int64_t step, int parts, int part,
+                       RestoreSource source = RestoreSource::kAny) {
+  const Box rows = Rows(parts, part);
+  std::vector<std::byte> w(BoxBytes(rows, DType::kFloat32)), r(11 * 8);
+  std::vector<ArrayToRestore> want{{"w", DType::kFloat32, {Destination{rows, w.data()}}},
+                                   {"r", DType::kInt64, {Destination{FullBox({11}), r.data()}}}};
+  RestoreOptions ro;
+  ro.source = source;
+  Status s = m.Restore(step, want, ro);
+  if (s.ok()) {
+    const auto seed = static_cast<uint64_t>(step);
+    EXPECT_TRUE(w == Fill(DType::kFloat32, kShape, rows, seed)) << "step " << step;
+    EXPECT_TRUE(r == Fill(DType::kInt64, {11}, FullBox({11}), seed + 100)) << "step " << step;
+  }
+  return s;
+}
+
+std::unique_ptr<CheckpointManager> OpenTwoTier(const std::string& dir, MPI_Comm comm = MPI_COMM_WORLD,
+                                               int world = Size()) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  auto m = CheckpointManager::Open(comm, dir + "/shared", TwoTierOptions(dir, rank, world));
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  return m.ok() ? std::move(m).value() : nullptr;
+}
+
+// Every step 0..4: the shared root gets 0, 2, 4; the local tier keeps 3, 4.
+TEST(TwoTiers, SavesGoWherePersistentEverySays) {
+  const std::string dir = FreshDir();
+  auto m = OpenTwoTier(dir);
+  ASSERT_TRUE(m);
+  for (int64_t step = 0; step < 5; ++step) {
+    Step s(step, Rank(), Size());
+    ASSERT_TRUE(m->Save(step, s.arrays).ok());
+    ASSERT_TRUE(m->WaitUntilFinished().ok());
+    EXPECT_EQ(m->LastSaveTimings().persistent, step % 2 == 0);
+  }
+  auto steps = m->Steps();
+  ASSERT_TRUE(steps.ok());
+  std::vector<std::tuple<int64_t, bool, bool>> got;
+  for (const auto& t : *steps) got.emplace_back(t.step, t.persistent, t.local);
+  const std::vector<std::tuple<int64_t, bool, bool>> want{
+      {0, true, false}, {2, true, false}, {3, false, true}, {4, true, true}};
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(m->LatestStep()->value_or(-1), 4);
+  EXPECT_TRUE(RestoreAndCheck(*m, 3, Size(), Rank()).ok());
+  EXPECT_TRUE(RestoreAndCheck(*m, 4, Size(), Rank(), RestoreSource::kLocal).ok());
+  EXPECT_TRUE(RestoreAndCheck(*m, 4, Size(), Rank(), RestoreSource::kPersistent).ok());
+  // Restored with another sharding: every rank all of "w".
+  EXPECT_TRUE(RestoreAndCheck(*m, 3, 1, 0).ok());
+  Status gone = RestoreAndCheck(*m, 1, Size(), Rank());
+  EXPECT_EQ(gone.code(), StatusCode::kNotFound) << gone.ToString();
+  Status not_local = RestoreAndCheck(*m, 2, Size(), Rank(), RestoreSource::kLocal);
+  EXPECT_EQ(not_local.code(), StatusCode::kNotFound) << not_local.ToString();
+  auto d = m->Describe(3);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->world_size, Size());
+  // A step committed in either tier is refused.
+  Step again(3, Rank(), Size());
+  ASSERT_TRUE(m->Save(3, again.arrays).ok());
+  Status refused = m->WaitUntilFinished();
+  EXPECT_EQ(refused.code(), StatusCode::kAlreadyExists) << refused.ToString();
+  EXPECT_TRUE(SameOnAllRanks(refused));
+}
+
+// A per-save override: a local-only save and a persistent one.
+TEST(TwoTiers, SaveOptionsChooseTheTier) {
+  const std::string dir = FreshDir();
+  auto m = OpenTwoTier(dir);
+  ASSERT_TRUE(m);
+  Step s0(0, Rank(), Size()), s1(1, Rank(), Size());
+  ASSERT_TRUE(m->Save(0, s0.arrays, {}, SaveOptions{SaveTier::kLocal}).ok());
+  ASSERT_TRUE(m->Save(1, s1.arrays, {}, SaveOptions{SaveTier::kPersistent}).ok());
+  ASSERT_TRUE(m->WaitUntilFinished().ok());
+  auto steps = m->Steps();
+  ASSERT_TRUE(steps.ok());
+  ASSERT_EQ(steps->size(), 2U);
+  EXPECT_TRUE((*steps)[0].local && !(*steps)[0].persistent);
+  EXPECT_TRUE((*steps)[1].local && (*steps)[1].persistent);
+  // Ranks that disagree on the tier: an agreed error, nothing committed.
+  Step s2(2, Rank(), Size());
+  ASSERT_TRUE(
+      m->Save(2, s2.arrays, {}, SaveOptions{Rank() == 0 ? SaveTier::kLocal : SaveTier::kPersistent})
+          .ok());
+  Status s = m->WaitUntilFinished();
+  if (Size() > 1) {
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+    EXPECT_TRUE(SameOnAllRanks(s));
+    EXPECT_EQ(m->LatestStep()->value_or(-1), 1);
+  }
+}
+
+// Saves step 0 to both tiers and step 1 to the local tier only, then closes.
+void SaveTwoSteps(const std::string& dir) {
+  auto m = OpenTwoTier(dir);
+  ASSERT_TRUE(m);
+  for (int64_t step = 0; step < 2; ++step) {
+    Step s(step, Rank(), Size());
+    ASSERT_TRUE(m->Save(step, s.arrays).ok());
+  }
+  ASSERT_TRUE(m->WaitUntilFinished().ok());
+}
+
+// Rank 0 removes the local dirs of `nodes` (the nodes are lost).
+void LoseNodes(const std::string& dir, const std::vector<int>& nodes) {
+  if (Rank() == 0) {
+    for (int n : nodes) std::filesystem::remove_all(dir + "/node" + std::to_string(n));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// One node lost, replaced by a fresh one: step 1 comes back from the
+// survivors' own files and copies, bit for bit.
+TEST(TwoTiers, RecoversAfterANodeIsReplaced) {
+  const std::string dir = FreshDir();
+  SaveTwoSteps(dir);
+  const int last = NodeCount(Size()) - 1;
+  LoseNodes(dir, {last});
+  auto m = OpenTwoTier(dir);
+  ASSERT_TRUE(m);
+  // One node: its loss took the only copy; the shared root's step 0 is left.
+  const int64_t expected = NodeCount(Size()) > 1 ? 1 : 0;
+  EXPECT_EQ(m->LatestStep()->value_or(-1), expected);
+  EXPECT_TRUE(RestoreAndCheck(*m, expected, Size(), Rank()).ok());
+  // The replacement takes part in the next save as any node.
+  Step s(2, Rank(), Size());
+  ASSERT_TRUE(m->Save(2, s.arrays).ok());
+  ASSERT_TRUE(m->WaitUntilFinished().ok());
+  EXPECT_TRUE(RestoreAndCheck(*m, 2, Size(), Rank(), RestoreSource::kLocal).ok());
+}
+
+// Both nodes of a pair lost (a rank's own file and its only copy): the
+// newest step of the shared root is used.
+TEST(TwoTiers, LosingAPartnerPairFallsBackToTheSharedRoot) {
+  if (NodeCount(Size()) < 2) GTEST_SKIP() << "needs two nodes";
+  const std::string dir = FreshDir();
+  SaveTwoSteps(dir);
+  LoseNodes(dir, {0, 1});
+  auto m = OpenTwoTier(dir);
+  ASSERT_TRUE(m);
+  auto steps = m->Steps();
+  ASSERT_TRUE(steps.ok());
+  ASSERT_EQ(steps->size(), 1U);
+  EXPECT_EQ((*steps)[0].step, 0);
+  EXPECT_FALSE((*steps)[0].local);
+  EXPECT_TRUE(RestoreAndCheck(*m, 0, Size(), Rank()).ok());
+}
+
+// The job comes back on fewer nodes: the first half of the ranks (their
+// nodes' dirs intact, the last node's gone) restore every byte of step 1.
+TEST(TwoTiers, ResumesOnFewerNodes) {
+  if (NodeCount(Size()) < 2) GTEST_SKIP() << "needs two nodes";
+  const std::string dir = FreshDir();
+  SaveTwoSteps(dir);
+  const int last = NodeCount(Size()) - 1;
+  LoseNodes(dir, {last});
+  const int survivors = last * RanksPerNode(Size());
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, Rank() < survivors ? 0 : MPI_UNDEFINED, Rank(), &comm);
+  if (comm != MPI_COMM_NULL) {
+    auto m = OpenTwoTier(dir, comm, Size());
+    ASSERT_TRUE(m);
+    EXPECT_EQ(m->LatestStep()->value_or(-1), 1);
+    auto steps = m->Steps();
+    ASSERT_TRUE(steps.ok());
+    EXPECT_TRUE(steps->back().local);
+    EXPECT_TRUE(RestoreAndCheck(*m, 1, survivors, Rank()).ok());
+    m.reset();
+    MPI_Comm_free(&comm);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// A flipped byte in a node's copy: an agreed DataLoss naming the array.
+TEST(TwoTiers, DamagedLocalBytesAreAnAgreedDataLoss) {
+  const std::string dir = FreshDir();
+  SaveTwoSteps(dir);
+  if (Rank() == 0) {
+    // Node 0 holds rank 0's own file, which serves rank 0's rows of "w".
+    std::fstream f(io::StepDir(dir + "/node0", 1) + "/w0.bin",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    char c = 0;
+    f.seekg(3);
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x10);
+    f.seekp(3);
+    f.write(&c, 1);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto m = OpenTwoTier(dir);
+  ASSERT_TRUE(m);
+  Status s = RestoreAndCheck(*m, 1, Size(), Rank(), RestoreSource::kLocal);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
+  EXPECT_TRUE(SameOnAllRanks(s));
+  EXPECT_NE(s.message().find("checksum"), std::string::npos) << s.ToString();
+}
+
+// A local dir that cannot be made: Open fails on every rank alike.
+TEST(TwoTiers, UnusableLocalDirFailsOpenEverywhere) {
+  const std::string dir = FreshDir();
+  if (Rank() == 0) {
+    for (int n = 0; n < NodeCount(Size()); ++n) {
+      std::ofstream(dir + "/node" + std::to_string(n)) << "a file, not a directory";
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto m = CheckpointManager::Open(MPI_COMM_WORLD, dir + "/shared",
+                                   TwoTierOptions(dir, Rank(), Size()));
+  ASSERT_FALSE(m.ok());
+  EXPECT_TRUE(SameOnAllRanks(m.status()));
+  EXPECT_NE(m.status().message().find("node0"), std::string::npos) << m.status().ToString();
+}
+
+}  // namespace
+}  // namespace mhckpt
