@@ -168,10 +168,10 @@ struct Options {
   /// save goes to the shared root. It may differ between ranks (a test that
   /// simulates nodes on one machine gives each its own).
   std::string local_dir;
-  /// With `local_dir`: saves 0, N, 2N, ... of this manager (counted from 1st
-  /// save after Open) also go to the shared root; the others stay in the
-  /// local tier. 1: every save goes to both tiers. SaveOptions overrides it
-  /// per save. Rank 0's value is used.
+  /// With `local_dir`: the 1st save of this manager and every Nth after it
+  /// (saves 1, N+1, 2N+1, ...) also go to the shared root; the others stay
+  /// in the local tier. 1: every save goes to both tiers. SaveOptions
+  /// overrides it per save. The same on every rank (Open checks).
   int persistent_every = 1;
   /// Steps the local tier keeps on each node (node memory is small), newest
   /// first; at least 1.
@@ -179,7 +179,8 @@ struct Options {
   /// Copies of each rank's boxes on other nodes (the next nodes of a ring
   /// over the nodes). A job on one node has no other node to copy to: its
   /// local tier survives process crashes, not the node's loss, and it says
-  /// so once in the log. Rank 0's value is used.
+  /// so once in the log. The same on every rank (Open checks), as are
+  /// local_max_to_keep and whether local_dir is set.
   int local_copies = 1;
   /// Which node this rank is on, for tests that simulate nodes on one
   /// machine: ranks with the same value are one node. -1 (the default): the

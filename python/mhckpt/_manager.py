@@ -102,6 +102,18 @@ class CheckpointManager:
         only where file locks do not work, e.g. NFS without locking).
       root_wait_seconds: how long to keep trying while another job owns
         ``root`` (0: raise FailedPreconditionError at once).
+      local_dir: a node-local directory (e.g. on /dev/shm) that turns on the
+        local tier: every save commits there first, each node keeping its
+        ranks' arrays and a copy of another node's, and ``root`` gets every
+        ``persistent_every``-th save; a job that lost a node restores from
+        the copies that survive (docs/ARCHITECTURE.md, "Two tiers"). None:
+        every save goes to ``root``.
+      persistent_every: with ``local_dir``: saves 1, N+1, 2N+1, ... of this
+        manager also go to ``root`` (1: every save).
+      local_max_to_keep: steps the local tier keeps on each node (>= 1).
+      local_copies: copies of each rank's arrays on other nodes.
+      node_id: which node this rank is on, for tests that simulate nodes on
+        one machine (None: the node MPI reports).
 
     Use it as a context manager: leaving the block waits for pending saves
     and closes the manager (collective).
@@ -128,6 +140,11 @@ class CheckpointManager:
         own_root: bool = True,
         root_lease_seconds: float = 60.0,
         root_wait_seconds: float = 0.0,
+        local_dir: Optional[str] = None,
+        persistent_every: int = 1,
+        local_max_to_keep: int = 2,
+        local_copies: int = 1,
+        node_id: Optional[int] = None,
     ):
         handle = _comm_handle(comm)
         _ensure_mpi()
@@ -148,6 +165,11 @@ class CheckpointManager:
         o.own_root = own_root
         o.root_lease_seconds = root_lease_seconds
         o.root_wait_seconds = root_wait_seconds
+        o.local_dir = "" if local_dir is None else str(local_dir)
+        o.persistent_every = persistent_every
+        o.local_max_to_keep = local_max_to_keep
+        o.local_copies = local_copies
+        o.node_id = -1 if node_id is None else node_id
         self._rank, self._size = _core.rank_and_size(handle)
         self._root = str(root)
         self._impl = _core.Manager(handle, self._root, o)
@@ -177,7 +199,14 @@ class CheckpointManager:
 
     # ----------------------------------------------------------------- saving
 
-    def save(self, step: int, state: Any, metadata: Optional[Mapping[str, Any]] = None) -> None:
+    def save(
+        self,
+        step: int,
+        state: Any,
+        metadata: Optional[Mapping[str, Any]] = None,
+        *,
+        tier: Optional[str] = None,
+    ) -> None:
         """Starts saving ``state`` as step ``step``.
 
         Returns once every local buffer of ``state`` (shards and replicas, host
@@ -195,6 +224,9 @@ class CheckpointManager:
             name is its key path joined with '/'. Values are rank 0's.
           metadata: JSON-serializable values by string key, stored in the
             commit marker (rank 0's); read back with :meth:`describe`.
+          tier: with ``local_dir``: "local" (this save stays in the local
+            tier), "persistent" (it goes to ``root`` too) or None (as
+            ``persistent_every`` says). The same on every rank.
 
         Raises (the same on every rank): InvalidArgumentError for a leaf,
         dtype, buffer or metadata that cannot be saved on any rank. What the
@@ -226,7 +258,7 @@ class CheckpointManager:
             meta = _encode_metadata(metadata, values)
         except Exception as e:  # agreed by the C++ core, raised on every rank
             err, specs = e, []
-        self._call_agreed(err, self._impl.save, int(step), specs, meta)
+        self._call_agreed(err, self._impl.save, int(step), specs, meta, tier or "")
 
     def wait_until_finished(self) -> None:
         """Waits for every save started so far to commit or fail.
@@ -244,6 +276,12 @@ class CheckpointManager:
     def all_steps(self) -> List[int]:
         """The committed steps, ascending (local: reads the directory)."""
         return self._impl.steps()
+
+    def step_tiers(self) -> Dict[int, Dict[str, bool]]:
+        """The committed steps and where each is held (local): step ->
+        ``{"persistent": in root, "local": in the local tier, restorable
+        from the nodes of this job}``."""
+        return {s: {"persistent": p, "local": loc} for s, p, loc in self._impl.tiers()}
 
     def latest_step(self) -> Optional[int]:
         """The newest committed step, or None (local)."""
@@ -284,6 +322,7 @@ class CheckpointManager:
         read_once: bool = True,
         prefault: bool = True,
         direct_reads: bool = True,
+        source: str = "any",
     ) -> Any:
         """Restores committed step ``step`` into the structure of ``target``.
 
@@ -316,6 +355,8 @@ class CheckpointManager:
             up if its data starts on a 512-byte boundary, or 4 KiB on some
             file systems), several reads in flight, unless the page cache
             holds them; False: every read goes through the page cache.
+          source: which tier to read: "any" (the local tier if it holds the
+            step, else ``root``), "local" or "persistent".
 
         Returns a new pytree with ``target``'s structure.
 
@@ -365,6 +406,7 @@ class CheckpointManager:
             read_once,
             bool(prefault),
             bool(direct_reads),
+            str(source),
         )
         out = [p.finish() if p is not None else v for p, v in zip(plans, leaves)]
         return _pytree.unflatten(treedef, out)

@@ -63,6 +63,22 @@ struct LocalError {
   std::string message;
 };
 
+// SaveOptions::tier by name, as Python passes it ("" is automatic).
+SaveTier TierFromName(const std::string& name) {
+  if (name.empty()) return SaveTier::kAuto;
+  if (name == "local") return SaveTier::kLocal;
+  if (name == "persistent") return SaveTier::kPersistent;
+  throw LocalError{"tier '" + name + "' is not None, 'local' or 'persistent'"};
+}
+
+// RestoreOptions::source by name.
+RestoreSource SourceFromName(const std::string& name) {
+  if (name == "any") return RestoreSource::kAny;
+  if (name == "local") return RestoreSource::kLocal;
+  if (name == "persistent") return RestoreSource::kPersistent;
+  throw LocalError{"source '" + name + "' is not 'any', 'local' or 'persistent'"};
+}
+
 DType ParseDType(const std::string& name, const std::string& array) {
   std::optional<DType> d = DTypeFromName(name);
   if (!d) throw LocalError{"array '" + array + "': unknown dtype '" + name + "'"};
@@ -266,16 +282,21 @@ class PyManager {
   // it and any bad buffer here are agreed before the save starts, so that
   // every rank raises the same exception and none waits alone in the plan.
   void Save(int64_t step, const std::vector<SaveSpec>& specs,
-            const std::map<std::string, std::string>& metadata, const PyError& py_error) {
+            const std::map<std::string, std::string>& metadata, const std::string& tier,
+            const PyError& py_error) {
     std::vector<ArrayToSave> arrays;
-    Status local = Convert(py_error, [&] { arrays = ToSave(specs); });
+    SaveOptions so;
+    Status local = Convert(py_error, [&] {
+      arrays = ToSave(specs);
+      so.tier = TierFromName(tier);
+    });
     Blocking([&](CheckpointManager& mgr) {
       Status s = mgr.Agree(local);
       // Save's own error (a box outside the array, a negative step) is this
       // rank's alone; the save still runs and fails on every rank alike, so
       // wait_until_finished raises it, agreed. Raising it here too would
       // raise on some ranks only.
-      if (s.ok()) (void)mgr.Save(step, arrays, metadata);
+      if (s.ok()) (void)mgr.Save(step, arrays, metadata, so);
       return s;
     });
   }
@@ -287,9 +308,13 @@ class PyManager {
   // Collective; errors found in Python or here are agreed first, as in Save.
   void Restore(int64_t step, const std::vector<RestoreSpec>& specs, bool strict,
                bool verify_checksums, bool read_once, bool prefault, bool direct_reads,
-               const PyError& py_error) {
+               const std::string& source, const PyError& py_error) {
     std::vector<ArrayToRestore> arrays;
-    Status local = Convert(py_error, [&] { arrays = ToRestore(specs); });
+    RestoreSource from = RestoreSource::kAny;
+    Status local = Convert(py_error, [&] {
+      arrays = ToRestore(specs);
+      from = SourceFromName(source);
+    });
     Blocking([&](CheckpointManager& mgr) {
       Status s = mgr.Agree(local);
       return s.ok() ? mgr.Restore(step, arrays,
@@ -297,7 +322,8 @@ class PyManager {
                                                  .verify_checksums = verify_checksums,
                                                  .read_once = read_once,
                                                  .prefault = prefault,
-                                                 .direct_reads = direct_reads})
+                                                 .direct_reads = direct_reads,
+                                                 .source = from})
                     : s;
     });
   }
@@ -309,6 +335,12 @@ class PyManager {
   }
 
   std::vector<int64_t> Steps() const { return Check(Mgr().CommittedSteps()); }
+  // (step, persistent, local) per committed step.
+  std::vector<std::tuple<int64_t, bool, bool>> Tiers() const {
+    std::vector<std::tuple<int64_t, bool, bool>> out;
+    for (const auto& t : Check(Mgr().Steps())) out.emplace_back(t.step, t.persistent, t.local);
+    return out;
+  }
   std::optional<int64_t> Latest() const { return Check(Mgr().LatestStep()); }
   nb::dict Describe(int64_t step) const { return DescriptionToDict(Check(Mgr().Describe(step))); }
   nb::dict Timings() const { return TimingsToDict(Mgr().LastSaveTimings()); }
@@ -477,6 +509,11 @@ NB_MODULE(_core, m) {
       .def_rw("root_lease_seconds", &Options::root_lease_seconds)
       .def_rw("root_wait_seconds", &Options::root_wait_seconds)
       .def_rw("checksum_chunk_bytes", &Options::checksum_chunk_bytes)
+      .def_rw("local_dir", &Options::local_dir)
+      .def_rw("persistent_every", &Options::persistent_every)
+      .def_rw("local_max_to_keep", &Options::local_max_to_keep)
+      .def_rw("local_copies", &Options::local_copies)
+      .def_rw("node_id", &Options::node_id)
       .def_prop_rw("data_path", &DataPathName, &SetDataPath)
       .def_prop_rw(
           "collective_transfer",
@@ -493,6 +530,7 @@ NB_MODULE(_core, m) {
       .def("restore", &PyManager::Restore)
       .def("verify", &PyManager::Verify)
       .def("steps", &PyManager::Steps)
+      .def("tiers", &PyManager::Tiers)
       .def("latest", &PyManager::Latest)
       .def("describe", &PyManager::Describe)
       .def("timings", &PyManager::Timings)

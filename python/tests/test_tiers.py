@@ -1,0 +1,77 @@
+"""The local tier from Python: local_dir, persistent_every, step_tiers(), the
+per-save tier and the restore source, and recovery after a node's local dir
+is lost. Nodes are simulated with node_id (one rank per node), each with its
+own local dir."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import mhckpt
+from support import all_equal_bytes, block, pattern, raises_everywhere
+
+
+def _open(root: str, comm, **kw) -> mhckpt.CheckpointManager:
+    return mhckpt.CheckpointManager(
+        os.path.join(root, "shared"), local_dir=os.path.join(root, f"node{comm.rank}"),
+        node_id=comm.rank, collective_timeout_seconds=120, **kw)
+
+
+def _state(step: int, comm) -> dict:
+    w = pattern(f"w{step}", (24, 3))
+    start, count = block(24, comm.rank, comm.size)
+    return {"w": mhckpt.Shard(w[start:start + count], offset=(start, 0), global_shape=w.shape),
+            "b": pattern(f"b{step}", (5,), "int64"), "step": step}
+
+
+def test_tiers_and_sources(comm, root):
+    with _open(root, comm, persistent_every=2) as m:
+        for step in range(4):
+            m.save(step, _state(step, comm))
+        m.save(4, _state(4, comm), tier="local")
+        m.wait_until_finished()
+        tiers = m.step_tiers()
+        assert tiers == {0: {"persistent": True, "local": False},
+                         2: {"persistent": True, "local": False},
+                         3: {"persistent": False, "local": True},
+                         4: {"persistent": False, "local": True}}, tiers
+        assert m.latest_step() == 4 and m.all_steps() == [0, 2, 3, 4]
+        for step, source in ((3, "any"), (4, "local"), (2, "persistent")):
+            out = m.restore(step, source=source)
+            all_equal_bytes(comm, out["w"], pattern(f"w{step}", (24, 3)), f"w of step {step}")
+            all_equal_bytes(comm, out["b"], pattern(f"b{step}", (5,), "int64"), f"b of {step}")
+            assert out["step"] == step
+        raises_everywhere(comm, mhckpt.NotFoundError, lambda: m.restore(2, source="local"),
+                          contains=["not in the local tier"])
+        raises_everywhere(comm, mhckpt.InvalidArgumentError,
+                          lambda: m.save(5, _state(5, comm), tier="somewhere"),
+                          contains=["somewhere"])
+
+
+def test_node_loss_restores_from_copies(comm, root):
+    with _open(root, comm, persistent_every=10) as m:
+        m.save(0, _state(0, comm))
+        m.save(1, _state(1, comm))
+    comm.Barrier()
+    if comm.rank == 0:  # the last node is lost; its replacement starts empty
+        shutil.rmtree(os.path.join(root, f"node{comm.size - 1}"))
+    comm.Barrier()
+    with _open(root, comm, persistent_every=10) as m:
+        want = 1 if comm.size > 1 else 0  # one node: nothing else held a copy
+        assert m.latest_step() == want
+        out = m.restore(want)
+        all_equal_bytes(comm, out["w"], pattern(f"w{want}", (24, 3)), "w after the node loss")
+        assert out["step"] == want
+
+
+def test_bad_local_options_raise_everywhere(comm, root):
+    raises_everywhere(comm, mhckpt.InvalidArgumentError,
+                      lambda: _open(root, comm, local_max_to_keep=0),
+                      contains=["local_max_to_keep"])
+    if comm.size > 1:
+        raises_everywhere(comm, mhckpt.InvalidArgumentError,
+                          lambda: _open(root, comm, persistent_every=1 + comm.rank % 2),
+                          contains=["persistent_every differs"])
