@@ -65,6 +65,7 @@
 #include "coordinator/plan.h"
 #include "coordinator/rank_report.h"
 #include "coordinator/retention.h"
+#include "io/mapped_file.h"
 #include "io/root_store.h"
 
 namespace mhckpt::internal {
@@ -220,6 +221,9 @@ struct Writes {
   bool collective;  // Transfer::kCollective: the same number of calls per array everywhere
   uint64_t written = 0;
   std::vector<BoxSum> sums;
+  // After a local commit: the rank's boxes from its file of the local step
+  // (the same plan, so the same boxes), instead of the snapshot.
+  const StagedBoxFn* from_local = nullptr;
 };
 
 // Step 3, one array: the boxes of plan array `ai` that this rank writes.
@@ -235,7 +239,8 @@ Status WriteArray(io::StepWriter& writer, size_t ai, const StagedArray* staged, 
     const io::MarkerBox& b = a.boxes[bi];
     if (b.writer != w.rank) continue;
     ++calls;
-    std::span<const std::byte> box = FindStaged(w.snapshot, staged, b.box);
+    std::span<const std::byte> box =
+        w.from_local != nullptr ? (*w.from_local)(ai, bi) : FindStaged(w.snapshot, staged, b.box);
     if (!local.ok() || box.data() == nullptr) {
       if (local.ok()) {
         local = Internal(fmt::format("array '{}' box {}: planned for rank {}, not staged there",
@@ -292,6 +297,10 @@ class ManagerImpl::SaveRun {
       local_tier = SaveLocal();
       t_.local = Since(t0);
       if (rank_ == 0) LogLocal(local_tier);
+      // Committed locally: the shared root's write reads this rank's boxes
+      // from its local file, and the staging buffer goes back now, so the
+      // next Save need not wait for the shared root (SaveTimings::budget_wait).
+      if (local_tier.ok() && job_.persistent) ReadFromLocalCopy();
     }
     if (!job_.persistent) return local_tier;
     Write();
@@ -486,6 +495,23 @@ class ManagerImpl::SaveRun {
     return impl_.local_->Commit(comm_, marker, text);
   }
 
+  // After a local commit: map this rank's file of the step, and give the
+  // staging buffer back. If the file cannot be mapped, the snapshot is kept.
+  void ReadFromLocalCopy() {
+    Result<io::MappedFile> f =
+        io::MappedFile::OpenForReading(impl_.local_->FilePath(job_.step, rank_));
+    if (!f.ok()) return;
+    local_copy_ = std::move(f).value();
+    const WriterFiles files(plan_);
+    from_local_ = [this, offsets = files.offset](size_t ai, size_t bi) {
+      const io::MarkerArray& a = plan_.arrays[ai];
+      const uint64_t at = offsets[ai][bi], n = BoxBytes(a.boxes[bi].box, a.dtype);
+      if (at + n > local_copy_.size()) return std::span<const std::byte>();
+      return std::span<const std::byte>(local_copy_.data() + at, n);
+    };
+    job_.snapshot.buffer = StagingBuffer();
+  }
+
   void LogLocal(const Status& s) const {
     if (!s.ok()) {
       Logger()->error("mhckpt: step {} failed in the local tier: {}", job_.step, s.ToString());
@@ -528,7 +554,7 @@ class ManagerImpl::SaveRun {
     }
     if (ReserveEverywhere()) {
       Writes w{plan_, job_.snapshot, rank_, impl_.options_.transfer == Transfer::kCollective, 0,
-               {}};
+               {}, from_local_ ? &from_local_ : nullptr};
       local_ = WriteBoxes(*writer_, w);
       Status finished = writer_->FinishWrites();  // before the buffer goes back
       if (local_.ok()) local_ = finished;
@@ -624,6 +650,8 @@ class ManagerImpl::SaveRun {
   std::unique_ptr<io::StepWriter> writer_;  // from step 3 on, if the engine created the step
   Status local_;                            // this rank's first error from step 3 on
   std::vector<BoxSum> sums_;                // of the boxes this rank wrote
+  io::MappedFile local_copy_;               // after a local commit: this rank's file
+  StagedBoxFn from_local_;                  // its boxes in local_copy_
 };
 
 Status ManagerImpl::RunSave(SaveJob& job) { return SaveRun(*this, job).Run(); }

@@ -160,6 +160,10 @@ void SaveTwoSteps(const std::string& dir) {
     ASSERT_TRUE(m->Save(step, s.arrays).ok());
   }
   ASSERT_TRUE(m->WaitUntilFinished().ok());
+  // Every node's lowest rank lets go of its local dir (its lease file goes)
+  // before anyone touches the dirs.
+  m.reset();
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 // Rank 0 removes the local dirs of `nodes` (the nodes are lost).
