@@ -1,4 +1,6 @@
-// mhckpt list ROOT [--json]: every step directory, committed or not.
+// mhckpt list ROOT [--local-dir DIR] [--json]: every step directory,
+// committed or not; with --local-dir, also the steps of this node's local
+// tier and the files of which ranks the node holds.
 #pragma once
 
 #include <cstdio>
@@ -10,6 +12,7 @@ namespace mhckpt::cli {
 
 struct ListArgs {
   std::string root;
+  std::string local_dir;  ///< this node's local tier (Options::local_dir), or ""
   bool json = false;
 };
 

@@ -1,6 +1,6 @@
 // mhckpt: inspect, verify and clean up checkpoint directories.
 //
-//   mhckpt list ROOT [--json]
+//   mhckpt list ROOT [--local-dir DIR] [--json]
 //   mhckpt inspect ROOT [--step N] [--json]
 //   [mpirun -np K] mhckpt verify ROOT [--step N | --all]
 //   mhckpt gc ROOT --keep N [--force] [--dry-run]
@@ -43,6 +43,8 @@ int Main(int argc, char** argv) {
       "List every step under ROOT, committed or not: size on disk, world size at save, "
       "creation time.");
   list_cmd->add_option("root", list.root, "Checkpoint root directory")->required();
+  list_cmd->add_option("--local-dir", list.local_dir,
+                       "Also list this node's local tier (the Options::local_dir of the job)");
   list_cmd->add_flag("--json", list.json, "Print JSON instead of a table");
 
   mhckpt::cli::InspectArgs inspect;

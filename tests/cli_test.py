@@ -4,7 +4,7 @@ and on damaged copies of it.
 
     cli_test.py CASE --mhckpt BIN --fixture DIR --work DIR [--mpiexec "mpiexec -n 2 ..."]
 
-CASE is one of: list, inspect, verify_damage, gc.
+CASE is one of: list, list_local, inspect, verify_damage, gc.
 """
 import argparse
 import fcntl
@@ -105,6 +105,47 @@ def case_list(cli, fixture, work):
           "table row of step 42")
     out = cli.fails("list", os.path.join(work, "no_such_root"))
     check("no checkpoint root" in out, "missing root is named")
+
+
+DTYPE_BYTES = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "float16": 2, "bfloat16": 2,
+               "int32": 4, "uint32": 4, "float32": 4, "int64": 8, "uint64": 8, "float64": 8,
+               "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+
+def writer_bytes(marker):
+    """Bytes of each writer's file of a local step (its boxes back to back)."""
+    sizes = [0] * marker["world_size"]
+    for a in marker["arrays"]:
+        for b in a["boxes"]:
+            n = DTYPE_BYTES[a["dtype"]]
+            for c in b["count"]:
+                n *= c
+            sizes[b["writer"]] += n
+    return sizes
+
+
+def case_list_local(cli, fixture, work):
+    """--local-dir: a node's local tier, made from the fixture's steps: step 41
+    with the files of ranks 0 and 2 whole, step 42 with rank 1's cut short."""
+    root = fresh_copy(fixture, work, "list_local")
+    local = fresh_copy(fixture, work, "list_local_node")
+    for step, whole in ((41, [0, 2]), (42, [0, 2])):
+        os.remove(os.path.join(step_dir(local, step), "data.h5"))
+        sizes = writer_bytes(read_marker(local, step))
+        for w, n in enumerate(sizes):
+            if w in whole or step == 42:
+                with open(os.path.join(step_dir(local, step), "w%d.bin" % w), "wb") as f:
+                    f.write(b"\0" * (n if w in whole else max(n - 1, 0)))
+    listing = json.loads(cli.ok("list", root, "--local-dir", local, "--json"))
+    steps = {s["step"]: s for s in listing["local"]["steps"]}
+    check(sorted(steps) == [41, 42], "local steps %s" % sorted(steps))
+    check(steps[41]["files_of_ranks"] == [0, 2], "files of step 41: %r" % steps[41]["files_of_ranks"])
+    check(steps[42]["files_of_ranks"] == [0, 2], "a short file is not held: %r" % steps[42]["files_of_ranks"])
+    check(steps[41]["state"] == "committed" and steps[41]["world_size"] == FIXTURE_WORLD_SIZE, "local step 41")
+    text = cli.ok("list", root, "--local-dir", local)
+    check("(this node's local tier): 2 steps" in text, "local section header")
+    check(any(l.split() == ["41", "committed", str(FIXTURE_WORLD_SIZE), "0,2"] for l in text.splitlines()),
+          "local row of step 41")
 
 
 def case_inspect(cli, fixture, work):
@@ -244,7 +285,7 @@ def case_gc(cli, fixture, work):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("case", choices=["list", "inspect", "verify_damage", "gc"])
+    parser.add_argument("case", choices=["list", "list_local", "inspect", "verify_damage", "gc"])
     parser.add_argument("--mhckpt", required=True)
     parser.add_argument("--fixture", required=True)
     parser.add_argument("--work", required=True)
