@@ -45,6 +45,12 @@
 //      its deleter thread frees their files in the background. A failure
 //      here is logged, not returned: the new step is committed either way.
 //
+// With Options::local_dir, the save commits in the local tier between steps
+// 2 and 3 (coordinator/local_tier.h: write, copy, marker per node); a save
+// that stays local ends there, and one that also goes to the shared root
+// reads its boxes back from the rank's local file in step 3 (SaveRun::
+// ReadFromLocalCopy), the staging buffer already given back.
+//
 // A crash anywhere before step 6 leaves a directory without a marker, which
 // is never listed and is removed by the next Open.
 #include <algorithm>

@@ -38,16 +38,13 @@
 //     calls go through the fault seam of io/posix_file.cc.
 //   MemoryRootStore (io/memory_root_store.h): in process memory, for unit
 //     tests of the rules above and of code above the seam; not durable.
-//   Next, the node-local tier: a root in memory or on a local NVMe of each
-//     node, whose steps hold this node's boxes and a partner's copies. It implements
-//     this same interface for the node's own directory: each node's lowest
-//     rank puts the node's marker by rule 2 (the marker text says which
-//     ranks' boxes the node holds, so one Marker type can serve: a new format
-//     version, docs/FORMAT.md), lists the node's steps, and retires them by
-//     rule 3. Which steps are whole across the job is not a store's question:
-//     recovery gathers every node's listing (coordinator/). The data engine
-//     writes a step's array bytes under root() as it does for the shared
-//     root, so an engine needs no tier of its own.
+// The local tier (coordinator/local_tier.h) uses a PosixRootStore of each
+// node's own local dir, called by the node's lowest rank: the node's markers
+// (the same Marker as the shared root's), listing, lock and retirement keep
+// these rules. Its array bytes are per-writer files beside the marker
+// (io/mapped_file.h), not the data engine's file. Which steps are whole
+// across the job is not a store's question: the coordinator gathers every
+// node's listing.
 #pragma once
 
 #include <cstdint>
