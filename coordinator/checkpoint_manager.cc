@@ -140,10 +140,12 @@ Status AgreeOnSharedInputs(const std::string& root, const Options& o, const Comm
                              local,       -local,       o.persistent_every,
                              -o.persistent_every,       o.local_copies,
                              -o.local_copies,           o.local_max_to_keep,
-                             -o.local_max_to_keep};
+                             -o.local_max_to_keep,      o.local_parity_group,
+                             -o.local_parity_group};
   comm.AllreduceMax(&votes);  // max and -min of each
   const char* names[] = {"transfer",         "verify_replicas", "root path", "local_dir (set or not)",
-                         "persistent_every", "local_copies",    "local_max_to_keep"};
+                         "persistent_every", "local_copies",    "local_max_to_keep",
+                         "local_parity_group"};
   for (size_t i = 0; i < std::size(names); ++i) {
     if (votes[2 * i] != -votes[2 * i + 1]) {
       return InvalidArgument(fmt::format("Options::{} differs between ranks", names[i]));

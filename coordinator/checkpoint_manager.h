@@ -182,6 +182,15 @@ struct Options {
   /// so once in the log. The same on every rank (Open checks), as are
   /// local_max_to_keep and whether local_dir is set.
   int local_copies = 1;
+  /// XOR parity instead of copies (SCR's XOR scheme): 0 (the default) keeps
+  /// `local_copies` copies; g >= 2 groups the nodes in runs of g (a last run
+  /// of one node joins the run before it), and the ranks at the same
+  /// position on the nodes of a run form a parity group. Each member keeps
+  /// a parity block of 1/(g-1) of the group's largest file, so the group
+  /// survives the loss of any one of its nodes for 1/(g-1) of the memory of
+  /// a copy. A rank alone at its position in a run is not protected. The same
+  /// on every rank (Open checks).
+  int local_parity_group = 0;
   /// Which node this rank is on, for tests that simulate nodes on one
   /// machine: ranks with the same value are one node. -1 (the default): the
   /// node is the shared-memory domain of MPI_Comm_split_type.

@@ -63,6 +63,10 @@ Status CheckOptions(const Options& o, int rank) {
     return bad(fmt::format("local_max_to_keep {} is less than 1", o.local_max_to_keep));
   }
   if (o.local_copies < 0) return bad(fmt::format("local_copies {} is negative", o.local_copies));
+  if (o.local_parity_group < 0 || o.local_parity_group == 1) {
+    return bad(fmt::format("local_parity_group {} is neither 0 (off) nor at least 2",
+                           o.local_parity_group));
+  }
   if (o.node_id < -1) return bad(fmt::format("node_id {} is less than -1", o.node_id));
   return OkStatus();
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -15,13 +16,21 @@
 #include "coordinator/retention.h"
 #include "io/layout.h"
 #include "io/mapped_file.h"
+#include "io/posix_file.h"
 
 namespace mhckpt::internal {
 namespace {
 
-// The tag of the copies of writer files (point to point, on the I/O
-// thread's communicator, between two agreements: nothing else is in flight).
+// The tags of the copies of writer files, the parity segments and the
+// pieces of a rebuild (point to point, on the I/O thread's communicator,
+// between two agreements: nothing else is in flight).
 constexpr int kCopyTag = 7101;
+constexpr int kParityTag = 7103;
+constexpr int kRebuildTag = 7104;
+
+void XorInto(char* acc, const char* in, uint64_t n) {
+  for (uint64_t i = 0; i < n; ++i) acc[i] = static_cast<char>(acc[i] ^ in[i]);
+}
 
 // One node's report at recovery: for each committed step, the hash of its
 // marker text, the world size at save, and the writers whose files it holds
@@ -86,6 +95,50 @@ std::vector<int> Nodes::CopiesHeldBy(int rank, int copies) const {
   return held;
 }
 
+std::vector<std::vector<int>> Nodes::ParityGroups(int g) const {
+  std::vector<std::vector<int>> runs;  // of nodes
+  for (int n = 0; n < count(); n += g) {
+    runs.emplace_back();
+    for (int m = n; m < std::min(n + g, count()); ++m) runs.back().push_back(m);
+  }
+  if (runs.size() > 1 && runs.back().size() == 1) {
+    runs[runs.size() - 2].push_back(runs.back().front());
+    runs.pop_back();
+  }
+  std::vector<std::vector<int>> groups;
+  for (const std::vector<int>& run : runs) {
+    size_t widest = 0;
+    for (int n : run) widest = std::max(widest, ranks_of(n).size());
+    for (size_t p = 0; p < widest; ++p) {
+      std::vector<int> members;
+      for (int n : run) {
+        if (p < ranks_of(n).size()) members.push_back(ranks_of(n)[p]);
+      }
+      if (members.size() >= 2) groups.push_back(std::move(members));
+    }
+  }
+  return groups;
+}
+
+// ---- ParityGroup ----
+
+ParityGroup::ParityGroup(std::vector<int> ranks, const WriterFiles& files)
+    : members(std::move(ranks)) {
+  uint64_t widest = 0;
+  for (int r : members) {
+    if (r >= 0 && static_cast<size_t>(r) < files.bytes.size()) {
+      widest = std::max(widest, files.bytes[static_cast<size_t>(r)]);
+    }
+  }
+  const auto parts = static_cast<uint64_t>(std::max(size() - 1, 1));
+  segment = (widest + parts - 1) / parts;
+}
+
+int ParityGroup::IndexOf(int rank) const {
+  auto it = std::find(members.begin(), members.end(), rank);
+  return it == members.end() ? -1 : static_cast<int>(it - members.begin());
+}
+
 // ---- WriterFiles ----
 
 WriterFiles::WriterFiles(const io::Marker& m) : bytes(static_cast<size_t>(m.world_size), 0) {
@@ -103,12 +156,14 @@ WriterFiles::WriterFiles(const io::Marker& m) : bytes(static_cast<size_t>(m.worl
 }
 
 std::string WriterFileName(int writer) { return fmt::format("w{}.bin", writer); }
+std::string ParityFileName(int rank) { return fmt::format("p{}.bin", rank); }
 
 // ---- LocalTier ----
 
 LocalTier::LocalTier(const Options& options)
     : dir_(options.local_dir),
-      copies_(options.local_copies),
+      copies_(options.local_parity_group > 0 ? 0 : options.local_copies),
+      parity_(options.local_parity_group),
       keep_(options.local_max_to_keep),
       store_(io::MakeRootStore(options.local_dir)) {}
 
@@ -118,11 +173,22 @@ std::string LocalTier::FilePath(int64_t step, int writer) const {
   return io::StepDir(dir_, step) + "/" + WriterFileName(writer);
 }
 
+std::string LocalTier::ParityPath(int64_t step, int rank) const {
+  return io::StepDir(dir_, step) + "/" + ParityFileName(rank);
+}
+
+std::string LocalTier::GroupsPath(int64_t step) const {
+  return io::StepDir(dir_, step) + "/parity.json";
+}
+
 Status LocalTier::Open(const Comm& comm, const Options& options) {
   nodes_ = Nodes::Discover(comm, options.node_id);
   const int rank = comm.rank();
   const bool leader = nodes_.leads(rank);
-  std::vector<int64_t> report;  // per step: step, hash, world size, n, n writers
+  // The node's report: per committed step, its marker's hash, the world size
+  // at save, the files it holds whole (writer files, parity blocks) and the
+  // parity groups of the save.
+  nlohmann::json report = nlohmann::json::array();
   std::map<int64_t, std::string> texts;
   Status s;
   if (leader) {
@@ -145,15 +211,7 @@ Status LocalTier::Open(const Comm& comm, const Options& options) {
         }
         MHCKPT_ASSIGN_OR_RETURN(std::string text, store_->GetMarker(e.step));
         MHCKPT_ASSIGN_OR_RETURN(io::Marker m, store_->ReadMarker(e.step));
-        const WriterFiles files(m);
-        std::vector<int64_t> held;
-        for (int w = 0; w < m.world_size; ++w) {
-          Result<uint64_t> size = io::MappedFile::Size(FilePath(e.step, w));
-          if (size.ok() && *size == files.bytes[static_cast<size_t>(w)]) held.push_back(w);
-        }
-        report.insert(report.end(), {e.step, TextHash(text), m.world_size,
-                                     static_cast<int64_t>(held.size())});
-        report.insert(report.end(), held.begin(), held.end());
+        report.push_back(Holdings(e.step, m, TextHash(text)));
         texts[e.step] = std::move(text);
       }
       return OkStatus();
@@ -164,117 +222,52 @@ Status LocalTier::Open(const Comm& comm, const Options& options) {
   }
   MHCKPT_RETURN_IF_ERROR(AgreeAll(s, comm));
 
-  // Rank 0: the steps whose every writer file survives on some node.
-  std::vector<std::string> reports = comm.GatherBytes(EncodeValues(report), 0);
-  std::vector<int64_t> view;  // n, then per step: step, source rank, per writer: n, nodes
+  std::vector<std::string> reports = comm.GatherBytes(leader ? report.dump() : "[]", 0);
+  std::string view_text;
   if (rank == 0) {
-    struct Seen {
-      int64_t hash = 0;
-      int world_size = 0;
-      bool conflict = false;
-      int source = -1;
-      std::map<int, std::vector<int>> nodes_of_writer;
-    };
-    std::map<int64_t, Seen> seen;
-    for (int r = 0; r < comm.size(); ++r) {
-      std::vector<int64_t> v = DecodeValues(reports[static_cast<size_t>(r)]);
-      for (size_t i = 0; i + 4 <= v.size();) {
-        const int64_t step = v[i], hash = v[i + 1];
-        const auto ws = static_cast<int>(v[i + 2]);
-        const auto n = static_cast<size_t>(v[i + 3]);
-        Seen& e = seen[step];
-        if (e.source < 0) {
-          e.hash = hash;
-          e.world_size = ws;
-          e.source = r;
-        } else if (e.hash != hash) {
-          e.conflict = true;  // two different saves of one step: trust neither
-        }
-        for (size_t k = 0; k < n && i + 4 + k < v.size(); ++k) {
-          e.nodes_of_writer[static_cast<int>(v[i + 4 + k])].push_back(nodes_.node_of(r));
-        }
-        i += 4 + n;
-      }
-    }
-    std::vector<int64_t> whole;
-    for (const auto& [step, e] : seen) {
-      std::vector<int> lost;
-      for (int w = 0; w < e.world_size; ++w) {
-        if (!e.nodes_of_writer.count(w)) lost.push_back(w);
-      }
-      if (e.conflict) {
-        Logger()->warn("mhckpt: local step {}: nodes hold different saves of it; not restorable",
-                       step);
-      } else if (!lost.empty()) {
-        Logger()->info(
-            "mhckpt: local step {} cannot be restored: no node of this job holds the boxes of "
-            "rank(s) {} (of {} at save)",
-            step, fmt::join(lost, ","), e.world_size);
-      } else {
-        whole.push_back(step);
-      }
-    }
-    if (static_cast<int>(whole.size()) > keep_) {
-      whole.erase(whole.begin(), whole.end() - keep_);
-    }
-    view.push_back(static_cast<int64_t>(whole.size()));
-    for (int64_t step : whole) {
-      const Seen& e = seen[step];
-      view.insert(view.end(), {step, e.source, e.world_size});
-      for (int w = 0; w < e.world_size; ++w) {
-        const std::vector<int>& ns = e.nodes_of_writer.at(w);
-        view.push_back(static_cast<int64_t>(ns.size()));
-        view.insert(view.end(), ns.begin(), ns.end());
-      }
-    }
-    if (seen.size() > 0 && whole.empty()) {
-      Logger()->info(
-          "mhckpt: the local tier in '{}' holds no step this job can restore; restores use the "
-          "shared root",
-          dir_);
-    }
-    if (nodes_.count() == 1) {
-      Logger()->warn(
-          "mhckpt: the job runs on one node: the local tier has no other node to keep copies on, "
-          "so it survives process crashes but not the loss of the node");
-    }
+    s = Guarded("rank 0: local tier recovery",
+                [&] { view_text = Recover(reports).dump(); });
+    if (!s.ok()) view_text = "[]";
   }
-  comm.BroadcastValues(&view, 0);
+  comm.BroadcastBytes(&view_text, 0);
+  const nlohmann::json view = nlohmann::json::parse(view_text);
 
-  // The markers of the restorable steps, from a node that holds each.
+  // The markers of the restorable steps, from a node that holds each, and
+  // the files of lost ranks rebuilt from parity.
   std::set<int64_t> kept;
-  Status parsed;
-  for (size_t i = 1, n = static_cast<size_t>(view.at(0)), k = 0; k < n; ++k) {
-    const int64_t step = view[i];
-    const auto source = static_cast<int>(view[i + 1]);
-    const auto ws = static_cast<size_t>(view[i + 2]);
-    i += 3;
+  Status local;
+  for (const nlohmann::json& v : view) {
+    const auto step = v.at("step").get<int64_t>();
+    const int source = v.at("source").get<int>();
     std::string text = rank == source ? texts[step] : std::string();
     comm.BroadcastBytes(&text, source);
-    auto local = std::make_shared<LocalStep>();
-    local->holders.resize(ws);
-    for (size_t w = 0; w < ws; ++w) {
-      const auto count = static_cast<size_t>(view[i]);
-      for (size_t j = 0; j < count; ++j) {
-        for (int r : nodes_.ranks_of(static_cast<int>(view[i + 1 + j]))) {
-          local->holders[w].push_back(r);
-        }
-      }
-      std::sort(local->holders[w].begin(), local->holders[w].end());
-      i += 1 + count;
-    }
+    auto ls = std::make_shared<LocalStep>();
+    ls->holders = v.at("holders").get<std::vector<std::vector<int>>>();
+    ls->parity_groups = v.at("groups").get<std::vector<std::vector<int>>>();
     Result<io::Marker> m =
         io::ParseMarker(text, fmt::format("local step {} (from rank {})", step, source));
-    if (!m.ok()) {
-      if (parsed.ok()) parsed = Status(m.status().code(), fmt::format("rank {}: {}", rank,
-                                                                       m.status().message()));
-      continue;
+    if (m.ok()) {
+      ls->marker = std::move(m).value();
+    } else if (local.ok()) {
+      local = Status(m.status().code(), fmt::format("rank {}: {}", rank, m.status().message()));
     }
-    local->marker = std::move(m).value();
+    const auto parity_holders = v.at("parity_holders").get<std::vector<std::vector<int>>>();
+    for (const auto& r : v.at("rebuild")) {
+      const int lost = r.at(0).get<int>(), rebuilder = r.at(1).get<int>();
+      Status rebuilt = Rebuild(comm, *ls, lost, rebuilder, parity_holders);
+      if (local.ok()) local = rebuilt;
+      ls->holders[static_cast<size_t>(lost)] = nodes_.ranks_of(nodes_.node_of(rebuilder));
+    }
     kept.insert(step);
-    Add(step, std::move(local));
+    Add(step, std::move(ls));
   }
-  MHCKPT_RETURN_IF_ERROR(AgreeAll(parsed, comm));
+  // Why an agreement: a rank that could not read a marker or rebuild a file
+  // must not leave the others restoring from a view it does not share.
+  if (Status agreed = AgreeAll(local, comm); !agreed.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    view_.clear();
+    return agreed;
+  }
 
   // Steps no one can restore take node memory for nothing.
   Status removed;
@@ -284,6 +277,231 @@ Status LocalTier::Open(const Comm& comm, const Options& options) {
     }
   }
   return AgreeAll(removed, comm);
+}
+
+// A node's report of one committed local step: what it holds whole.
+nlohmann::json LocalTier::Holdings(int64_t step, const io::Marker& m, int64_t hash) const {
+  const WriterFiles files(m);
+  std::vector<int> held, blocks;
+  for (int w = 0; w < m.world_size; ++w) {
+    Result<uint64_t> size = io::MappedFile::Size(FilePath(step, w));
+    if (size.ok() && *size == files.bytes[static_cast<size_t>(w)]) held.push_back(w);
+  }
+  std::vector<std::vector<int>> groups;
+  Result<std::string> text = io::ReadSmallFile(GroupsPath(step), size_t{64} << 20);
+  if (text.ok()) {
+    try {
+      groups = nlohmann::json::parse(*text).get<std::vector<std::vector<int>>>();
+    } catch (const std::exception& e) {
+      Logger()->warn("mhckpt: local step {}: '{}' is damaged: {}", step, GroupsPath(step),
+                     e.what());
+      groups.clear();
+    }
+  }
+  for (const std::vector<int>& g : groups) {
+    const ParityGroup group(g, files);
+    for (int r : g) {
+      Result<uint64_t> size = io::MappedFile::Size(ParityPath(step, r));
+      if (size.ok() && *size == group.segment) blocks.push_back(r);
+    }
+  }
+  return {{"step", step}, {"hash", hash},       {"world_size", m.world_size},
+          {"files", held}, {"blocks", blocks}, {"groups", groups}};
+}
+
+// Rank 0: from every node's report, the steps this job can restore, newest
+// `keep_`, each with the holders of every file and the rebuilds it needs.
+nlohmann::json LocalTier::Recover(const std::vector<std::string>& reports) const {
+  struct Seen {
+    int64_t hash = 0;
+    int world_size = 0;
+    bool conflict = false;
+    int source = -1;
+    std::vector<std::vector<int>> groups;
+    std::map<int, std::vector<int>> file_nodes, block_nodes;
+  };
+  std::map<int64_t, Seen> seen;
+  for (size_t r = 0; r < reports.size(); ++r) {
+    const int node = nodes_.node_of(static_cast<int>(r));
+    for (const nlohmann::json& e : nlohmann::json::parse(reports[r])) {
+      Seen& s = seen[e.at("step").get<int64_t>()];
+      if (s.source < 0) {
+        s.hash = e.at("hash").get<int64_t>();
+        s.world_size = e.at("world_size").get<int>();
+        s.source = static_cast<int>(r);
+        s.groups = e.at("groups").get<std::vector<std::vector<int>>>();
+      } else if (s.hash != e.at("hash").get<int64_t>()) {
+        s.conflict = true;  // two different saves of one step: trust neither
+      }
+      for (int w : e.at("files")) s.file_nodes[w].push_back(node);
+      for (int w : e.at("blocks")) s.block_nodes[w].push_back(node);
+    }
+  }
+  auto ranks_of_nodes = [&](const std::vector<int>& nodes) {
+    std::vector<int> ranks;
+    for (int n : nodes) ranks.insert(ranks.end(), nodes_.ranks_of(n).begin(), nodes_.ranks_of(n).end());
+    std::sort(ranks.begin(), ranks.end());
+    return ranks;
+  };
+  nlohmann::json view = nlohmann::json::array();
+  for (auto& [step, s] : seen) {
+    if (s.conflict) {
+      Logger()->warn("mhckpt: local step {}: nodes hold different saves of it; not restorable",
+                     step);
+      continue;
+    }
+    std::vector<int> lost;
+    nlohmann::json rebuild = nlohmann::json::array();
+    for (int w = 0; w < s.world_size; ++w) {
+      if (s.file_nodes.count(w)) continue;
+      // Parity: w is the only member of its group without a file, and every
+      // other member's block survives.
+      int rebuilder = -1;
+      for (const std::vector<int>& g : s.groups) {
+        if (std::find(g.begin(), g.end(), w) == g.end()) continue;
+        bool ok = true;
+        for (int r : g) ok = ok && (r == w || (s.file_nodes.count(r) && s.block_nodes.count(r)));
+        if (ok) rebuilder = nodes_.ranks_of(s.file_nodes.at(g[g[0] == w ? 1 : 0]).front()).front();
+      }
+      if (rebuilder < 0) {
+        lost.push_back(w);
+      } else {
+        rebuild.push_back({w, rebuilder});
+      }
+    }
+    if (!lost.empty()) {
+      Logger()->info(
+          "mhckpt: local step {} cannot be restored: no node of this job holds the boxes of "
+          "rank(s) {} (of {} at save)",
+          step, fmt::join(lost, ","), s.world_size);
+      continue;
+    }
+    std::vector<std::vector<int>> holders(static_cast<size_t>(s.world_size));
+    for (int w = 0; w < s.world_size; ++w) {
+      if (s.file_nodes.count(w)) holders[static_cast<size_t>(w)] = ranks_of_nodes(s.file_nodes[w]);
+    }
+    std::vector<std::vector<int>> parity_holders(static_cast<size_t>(s.world_size));
+    for (const auto& [w, nodes] : s.block_nodes) {
+      if (w >= 0 && w < s.world_size) parity_holders[static_cast<size_t>(w)] = ranks_of_nodes(nodes);
+    }
+    view.push_back({{"step", step},
+                    {"source", s.source},
+                    {"holders", holders},
+                    {"parity_holders", parity_holders},
+                    {"groups", s.groups},
+                    {"rebuild", rebuild}});
+  }
+  if (static_cast<int>(view.size()) > keep_) {
+    view.erase(view.begin(), view.end() - keep_);
+  }
+  if (!seen.empty() && view.empty()) {
+    Logger()->info(
+        "mhckpt: the local tier in '{}' holds no step this job can restore; restores use the "
+        "shared root",
+        dir_);
+  }
+  if (nodes_.count() == 1) {
+    Logger()->warn(
+        "mhckpt: the job runs on one node: the local tier has no other node to keep copies or "
+        "parity on, so it survives process crashes but not the loss of the node");
+  }
+  return view;
+}
+
+// One lost rank's file, rebuilt from its group's parity on `rebuilder`: for
+// each of its segments, the block that holds it XOR the other segments in
+// that block, each sent by the lowest rank holding it.
+Status LocalTier::Rebuild(const Comm& comm, const LocalStep& s, int lost, int rebuilder,
+                          const std::vector<std::vector<int>>& parity_holders) {
+  const int rank = comm.rank();
+  const WriterFiles files(s.marker);
+  const std::vector<int>* members = nullptr;
+  for (const std::vector<int>& g : s.parity_groups) {
+    if (std::find(g.begin(), g.end(), lost) != g.end()) members = &g;
+  }
+  if (members == nullptr) return Internal(fmt::format("rank {} has no parity group", lost));
+  const ParityGroup group(*members, files);
+  const int li = group.IndexOf(lost);
+  const uint64_t seg = group.segment;
+  const int64_t step = s.marker.step;
+  Status local;
+  std::map<std::string, io::MappedFile> mapped;
+  // The `seg` bytes at `k * seg` of `path` (zero past its end), or zeros.
+  auto piece = [&](const std::string& path, uint64_t k, std::string* out) {
+    out->assign(seg, '\0');
+    auto it = mapped.find(path);
+    if (it == mapped.end()) {
+      Result<io::MappedFile> f = io::MappedFile::OpenForReading(path);
+      if (!f.ok()) {
+        if (local.ok()) local = f.status();
+        return;
+      }
+      it = mapped.emplace(path, std::move(f).value()).first;
+    }
+    const uint64_t at = k * seg;
+    if (at < it->second.size()) {
+      std::memcpy(out->data(), it->second.data() + at, std::min(seg, it->second.size() - at));
+    }
+  };
+  io::MappedFile out;
+  if (rank == rebuilder) {
+    Result<io::MappedFile> f = io::MappedFile::Create(FilePath(step, lost),
+                                                      files.bytes[static_cast<size_t>(lost)]);
+    if (f.ok()) {
+      out = std::move(f).value();
+    } else {
+      local = f.status();
+    }
+  }
+  std::string acc, buf;
+  for (int k = 0; k + 1 < group.size(); ++k) {
+    const int bi = group.BlockOf(li, k);
+    // The pieces XORed into segment k: member bi's block, and the segments
+    // of the other members in it.
+    std::vector<std::pair<std::string, std::pair<int, uint64_t>>> pieces;  // path, (source, k)
+    const int block = group.members[static_cast<size_t>(bi)];
+    pieces.push_back({ParityPath(step, block),
+                      {parity_holders.at(static_cast<size_t>(block)).front(), 0}});
+    for (int i = 0; i < group.size(); ++i) {
+      if (i == li || i == bi) continue;
+      const int m = group.members[static_cast<size_t>(i)];
+      pieces.push_back({FilePath(step, m),
+                        {s.holders.at(static_cast<size_t>(m)).front(),
+                         static_cast<uint64_t>(group.SegmentIn(i, bi))}});
+    }
+    if (rank == rebuilder) acc.assign(seg, '\0');
+    for (const auto& [path, where] : pieces) {
+      const int source = where.first;
+      if (rank != source && rank != rebuilder) continue;
+      if (rank == source) piece(path, where.second, &buf);
+      if (source != rebuilder) {
+        std::vector<MPI_Request> requests;
+        if (rank == source) comm.PostSend(buf.data(), seg, rebuilder, kRebuildTag, &requests);
+        if (rank == rebuilder) {
+          buf.resize(seg);
+          comm.PostReceive(buf.data(), seg, source, kRebuildTag, &requests);
+        }
+        Comm::WaitAll(&requests);
+      }
+      if (rank == rebuilder) XorInto(acc.data(), buf.data(), seg);
+    }
+    if (rank == rebuilder && out.data() != nullptr) {
+      const uint64_t at = static_cast<uint64_t>(k) * seg;
+      if (at < out.size()) std::memcpy(out.data() + at, acc.data(), std::min(seg, out.size() - at));
+    }
+  }
+  Status closed = out.Close();
+  if (local.ok()) local = closed;
+  if (rank == rebuilder && local.ok()) {
+    Logger()->info("mhckpt: local step {}: rank {}'s boxes rebuilt from parity on rank {}", step,
+                   lost, rebuilder);
+  }
+  if (!local.ok()) {
+    local = Status(local.code(), fmt::format("rank {}: rebuilding rank {}'s file of local step "
+                                             "{} from parity: {}",
+                                             rank, lost, step, local.message()));
+  }
+  return local;
 }
 
 Status LocalTier::Write(const Comm& comm, const io::Marker& plan, const StagedBoxFn& staged,
@@ -331,14 +549,54 @@ Status LocalTier::Write(const Comm& comm, const io::Marker& plan, const StagedBo
       s = f.status();
     }
   }
+  // With parity: this rank's block, and the group it is in.
+  const std::vector<std::vector<int>> groups =
+      parity_ > 0 ? nodes_.ParityGroups(parity_) : std::vector<std::vector<int>>();
+  std::optional<ParityGroup> group;
+  for (const std::vector<int>& g : groups) {
+    if (std::find(g.begin(), g.end(), rank) != g.end()) group.emplace(g, files);
+  }
+  io::MappedFile block;
+  if (s.ok() && group && group->segment > 0) {
+    Result<io::MappedFile> f = io::MappedFile::Create(ParityPath(step, rank), group->segment);
+    if (f.ok()) {
+      block = std::move(f).value();
+    } else {
+      s = f.status();
+    }
+  }
   if (!s.ok() && s.message().rfind("rank ", 0) != 0) {
     s = Status(s.code(), fmt::format("rank {}: local tier: {}", rank, s.message()));
   }
   // Why an agreement: every rank must have its buffers before any copy moves.
   if (Status agreed = AgreeAll(s, comm); !agreed.ok()) return s.ok() ? agreed : s;
 
-  // 3. The copies, point to point.
+  // 3. The copies (or parity segments), point to point.
   std::vector<MPI_Request> requests;
+  std::vector<std::string> parity_in, parity_out;
+  if (group && group->segment > 0) {
+    // Segment k of this rank goes to the block of member (i+1+k) mod g; the
+    // other members' segments for this rank's block arrive.
+    const int me = group->IndexOf(rank);
+    const uint64_t seg = group->segment;
+    parity_out.resize(static_cast<size_t>(group->size() - 1));
+    parity_in.resize(parity_out.size());
+    for (int k = 0; k + 1 < group->size(); ++k) {
+      std::string& out = parity_out[static_cast<size_t>(k)];
+      out.assign(seg, '\0');
+      const uint64_t at = static_cast<uint64_t>(k) * seg;
+      if (at < own.size()) std::memcpy(out.data(), own.data() + at, std::min(seg, own.size() - at));
+      const int to = group->members[static_cast<size_t>(group->BlockOf(me, k))];
+      comm.PostSend(out.data(), seg, to, kParityTag, &requests);
+    }
+    for (int i = 0, n = 0; i < group->size(); ++i) {
+      if (i == me) continue;
+      std::string& in = parity_in[static_cast<size_t>(n++)];
+      in.resize(seg);
+      comm.PostReceive(in.data(), seg, group->members[static_cast<size_t>(i)], kParityTag,
+                       &requests);
+    }
+  }
   for (int h : holders) {
     if (bytes_of(rank) > 0) comm.PostSend(own.data(), bytes_of(rank), h, kCopyTag, &requests);
   }
@@ -348,7 +606,11 @@ Status LocalTier::Write(const Comm& comm, const io::Marker& plan, const StagedBo
     }
   }
   Comm::WaitAll(&requests);
+  for (const std::string& in : parity_in) {
+    XorInto(reinterpret_cast<char*>(block.data()), in.data(), in.size());
+  }
   s = own.Close();
+  if (Status closed = block.Close(); s.ok()) s = closed;
   for (io::MappedFile& f : copies) {
     Status closed = f.Close();
     if (s.ok()) s = closed;
@@ -359,8 +621,12 @@ Status LocalTier::Write(const Comm& comm, const io::Marker& plan, const StagedBo
 
 Status LocalTier::Commit(const Comm& comm, const io::Marker& marker, const std::string& text) {
   Status s;
+  const std::vector<std::vector<int>> groups =
+      parity_ > 0 ? nodes_.ParityGroups(parity_) : std::vector<std::vector<int>>();
   if (nodes_.leads(comm.rank())) {
-    s = store_->SyncStep(marker.step);
+    // The parity groups of the save, for a rebuild after the nodes changed.
+    if (!groups.empty()) s = io::WriteFileAtomic(GroupsPath(marker.step), nlohmann::json(groups).dump());
+    if (s.ok()) s = store_->SyncStep(marker.step);
     if (s.ok()) s = fault::Hit("before_local_marker");
     if (s.ok()) s = store_->PutMarker(marker, text);
     if (!s.ok()) {
@@ -374,6 +640,7 @@ Status LocalTier::Commit(const Comm& comm, const io::Marker& marker, const std::
   }
   auto local = std::make_shared<LocalStep>();
   local->marker = marker;
+  local->parity_groups = groups;
   local->holders.resize(static_cast<size_t>(marker.world_size));
   for (int w = 0; w < marker.world_size; ++w) {
     auto& h = local->holders[static_cast<size_t>(w)];

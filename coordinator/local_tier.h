@@ -42,10 +42,13 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "base/comm.h"
 #include "base/status.h"
 #include "coordinator/checkpoint_manager.h"
 #include "coordinator/rank_report.h"
+#include "io/mapped_file.h"
 #include "io/marker.h"
 #include "io/root_store.h"
 
@@ -76,6 +79,11 @@ class Nodes {
   [[nodiscard]] std::vector<int> CopyHolders(int rank, int copies) const;
   /// The ranks whose boxes `rank` keeps a copy of (the inverse).
   [[nodiscard]] std::vector<int> CopiesHeldBy(int rank, int copies) const;
+  /// The parity groups for Options::local_parity_group = `g`: the nodes in
+  /// runs of g (a last run of one node joins the run before), and in each
+  /// run the ranks at the same position on its nodes, in node order, where
+  /// there are two or more.
+  [[nodiscard]] std::vector<std::vector<int>> ParityGroups(int g) const;
 
  private:
   std::vector<int> node_of_;
@@ -91,12 +99,34 @@ struct WriterFiles {
 
 /// "w<rank>.bin": the file of a writer in a local step directory.
 std::string WriterFileName(int writer);
+/// "p<rank>.bin": a rank's parity block in a local step directory.
+std::string ParityFileName(int rank);
+
+/// XOR parity of one group (Options::local_parity_group): each member's
+/// file, zero-padded to the group's largest, is cut into g-1 segments of
+/// `segment` bytes; segment k of member i goes into the parity block of
+/// member (i+1+k) mod g, which is the XOR of the g-1 segments it gets, one
+/// from each other member. A lost member's segment k is its block-holder's
+/// block XOR the other segments in that block.
+struct ParityGroup {
+  std::vector<int> members;  ///< ranks at save, in node order
+  uint64_t segment = 0;
+  ParityGroup(std::vector<int> ranks, const WriterFiles& files);
+  [[nodiscard]] int size() const { return static_cast<int>(members.size()); }
+  /// Which segment of member i the block of member j holds (i != j).
+  [[nodiscard]] int SegmentIn(int i, int j) const { return ((j - i - 1) % size() + size()) % size(); }
+  /// The member whose block holds segment k of member i.
+  [[nodiscard]] int BlockOf(int i, int k) const { return (i + 1 + k) % size(); }
+  /// Index of `rank` in members, or -1.
+  [[nodiscard]] int IndexOf(int rank) const;
+};
 
 /// A local step this job can restore: its marker, and for each rank that
 /// saved it the ranks of this job whose node holds that rank's file.
 struct LocalStep {
   io::Marker marker;
   std::vector<std::vector<int>> holders;
+  std::vector<std::vector<int>> parity_groups;  ///< at save (empty: copies)
 };
 
 /// The staged bytes of planned box `box` of array `array`, or an empty span
@@ -136,13 +166,29 @@ class LocalTier {
   [[nodiscard]] const std::string& dir() const { return dir_; }
   /// The path of writer `writer`'s file of step `step` on this node.
   [[nodiscard]] std::string FilePath(int64_t step, int writer) const;
+  /// The path of rank `rank`'s parity block of step `step` on this node.
+  [[nodiscard]] std::string ParityPath(int64_t step, int rank) const;
 
  private:
+  // Write, with parity: this rank's block, from the segments of the others.
+  Status ExchangeParity(const Comm& comm, int64_t step, const WriterFiles& files,
+                        const io::MappedFile& own, std::vector<MPI_Request>* requests,
+                        std::vector<std::string>* received, io::MappedFile* block);
+  // Open: a node's report of one committed step (what it holds whole).
+  nlohmann::json Holdings(int64_t step, const io::Marker& m, int64_t hash) const;
+  // Open, rank 0: the restorable steps from every node's report.
+  nlohmann::json Recover(const std::vector<std::string>& reports) const;
+  // "parity.json" of a step: the parity groups of its save.
+  [[nodiscard]] std::string GroupsPath(int64_t step) const;
+  // Open: rebuilds the files of lost ranks from parity, on `rebuilder`.
+  Status Rebuild(const Comm& comm, const LocalStep& s, int lost, int rebuilder,
+                 const std::vector<std::vector<int>>& parity_holders);
   void Keep(const Comm& comm);  // save step 5
   void Add(int64_t step, std::shared_ptr<const LocalStep> s);
 
   const std::string dir_;
-  const int copies_;
+  const int copies_;  // 0 with parity
+  const int parity_;  // Options::local_parity_group
   const int keep_;
   Nodes nodes_;
   std::unique_ptr<io::RootStore> store_;          // this node's dir (its lowest rank)

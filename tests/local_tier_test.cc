@@ -260,6 +260,77 @@ TEST(TwoTiers, DamagedLocalBytesAreAnAgreedDataLoss) {
   EXPECT_NE(s.message().find("checksum"), std::string::npos) << s.ToString();
 }
 
+// XOR parity instead of copies, one rank per node, one group of all nodes:
+// each node keeps 1/(g-1) of a file in parity, any one lost node's files
+// are rebuilt from the others, and two lost nodes fall back to the shared root.
+Options ParityOptions(const std::string& dir, int rank) {
+  Options o;
+  o.local_dir = dir + "/node" + std::to_string(rank);
+  o.node_id = rank;
+  o.persistent_every = 2;
+  o.local_parity_group = Size();
+  return o;
+}
+
+std::unique_ptr<CheckpointManager> OpenParity(const std::string& dir) {
+  auto m = CheckpointManager::Open(MPI_COMM_WORLD, dir + "/shared", ParityOptions(dir, Rank()));
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  return m.ok() ? std::move(m).value() : nullptr;
+}
+
+void SaveTwoStepsWithParity(const std::string& dir) {
+  auto m = OpenParity(dir);
+  ASSERT_TRUE(m);
+  for (int64_t step = 0; step < 2; ++step) {
+    Step s(step, Rank(), Size());
+    ASSERT_TRUE(m->Save(step, s.arrays).ok());
+  }
+  ASSERT_TRUE(m->WaitUntilFinished().ok());
+  m.reset();
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST(TwoTiersParity, RebuildsALostNodeFromParity) {
+  if (Size() < 3) GTEST_SKIP() << "a parity group of three nodes or more";
+  const std::string dir = FreshDir();
+  SaveTwoStepsWithParity(dir);
+  if (Rank() == 0) {
+    // Parity, not copies: each node holds its own file and a block of
+    // 1/(g-1) of the largest file.
+    const std::string step = io::StepDir(dir + "/node1", 1);
+    EXPECT_TRUE(std::filesystem::exists(step + "/w1.bin"));
+    EXPECT_FALSE(std::filesystem::exists(step + "/w0.bin"));
+    const auto own = std::filesystem::file_size(step + "/w1.bin");
+    const auto block = std::filesystem::file_size(step + "/p1.bin");
+    EXPECT_LE(block, own / static_cast<uintmax_t>(Size() - 1) + 512) << own;
+  }
+  LoseNodes(dir, {1});
+  auto m = OpenParity(dir);
+  ASSERT_TRUE(m);
+  auto steps = m->Steps();
+  ASSERT_TRUE(steps.ok());
+  ASSERT_FALSE(steps->empty());
+  EXPECT_EQ(steps->back().step, 1);
+  EXPECT_TRUE(steps->back().local);
+  EXPECT_TRUE(RestoreAndCheck(*m, 1, Size(), Rank(), RestoreSource::kLocal).ok());
+  // Another sharding: every rank all of "w", the rebuilt rows included.
+  EXPECT_TRUE(RestoreAndCheck(*m, 1, 1, 0, RestoreSource::kLocal).ok());
+}
+
+TEST(TwoTiersParity, TwoLostNodesOfAGroupFallBack) {
+  if (Size() < 3) GTEST_SKIP() << "a parity group of three nodes or more";
+  const std::string dir = FreshDir();
+  SaveTwoStepsWithParity(dir);
+  LoseNodes(dir, {0, 2});
+  auto m = OpenParity(dir);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->LatestStep()->value_or(-1), 0);
+  auto steps = m->Steps();
+  ASSERT_TRUE(steps.ok());
+  EXPECT_FALSE(steps->back().local);
+  EXPECT_TRUE(RestoreAndCheck(*m, 0, Size(), Rank()).ok());
+}
+
 // A local dir that cannot be made: Open fails on every rank alike.
 TEST(TwoTiers, UnusableLocalDirFailsOpenEverywhere) {
   const std::string dir = FreshDir();

@@ -112,6 +112,9 @@ class CheckpointManager:
         manager also go to ``root`` (1: every save).
       local_max_to_keep: steps the local tier keeps on each node (>= 1).
       local_copies: copies of each rank's arrays on other nodes.
+      local_parity_group: XOR parity over groups of this many nodes instead
+        of copies (0: copies): any one lost node of a group is rebuilt, for
+        1/(g-1) of the memory of a copy.
       node_id: which node this rank is on, for tests that simulate nodes on
         one machine (None: the node MPI reports).
 
@@ -144,6 +147,7 @@ class CheckpointManager:
         persistent_every: int = 1,
         local_max_to_keep: int = 2,
         local_copies: int = 1,
+        local_parity_group: int = 0,
         node_id: Optional[int] = None,
     ):
         handle = _comm_handle(comm)
@@ -169,6 +173,7 @@ class CheckpointManager:
         o.persistent_every = persistent_every
         o.local_max_to_keep = local_max_to_keep
         o.local_copies = local_copies
+        o.local_parity_group = local_parity_group
         o.node_id = -1 if node_id is None else node_id
         self._rank, self._size = _core.rank_and_size(handle)
         self._root = str(root)

@@ -513,6 +513,7 @@ NB_MODULE(_core, m) {
       .def_rw("persistent_every", &Options::persistent_every)
       .def_rw("local_max_to_keep", &Options::local_max_to_keep)
       .def_rw("local_copies", &Options::local_copies)
+      .def_rw("local_parity_group", &Options::local_parity_group)
       .def_rw("node_id", &Options::node_id)
       .def_prop_rw("data_path", &DataPathName, &SetDataPath)
       .def_prop_rw(
