@@ -75,3 +75,19 @@ def test_bad_local_options_raise_everywhere(comm, root):
         raises_everywhere(comm, mhckpt.InvalidArgumentError,
                           lambda: _open(root, comm, persistent_every=1 + comm.rank % 2),
                           contains=["persistent_every differs"])
+
+
+def test_parity_rebuilds_a_lost_node(comm, root):
+    if comm.size < 3:
+        pytest.skip("a parity group of three nodes or more")
+    with _open(root, comm, persistent_every=10, local_parity_group=comm.size) as m:
+        m.save(0, _state(0, comm))
+        m.save(1, _state(1, comm))
+    comm.Barrier()
+    if comm.rank == 0:
+        shutil.rmtree(os.path.join(root, "node1"))
+    comm.Barrier()
+    with _open(root, comm, persistent_every=10, local_parity_group=comm.size) as m:
+        assert m.step_tiers()[1] == {"persistent": False, "local": True}
+        out = m.restore(1, source="local")
+        all_equal_bytes(comm, out["w"], pattern("w1", (24, 3)), "w rebuilt from parity")
