@@ -521,7 +521,7 @@ Status LocalTier::Write(const Comm& comm, const io::Marker& plan, const StagedBo
   };
   io::MappedFile own;
   s = Guarded(fmt::format("rank {}: local write of step {}", rank, step), [&]() -> Status {
-    MHCKPT_ASSIGN_OR_RETURN(own, io::MappedFile::Create(FilePath(step, rank), bytes_of(rank)));
+    std::vector<io::MappedFile::Piece> pieces;
     for (size_t ai = 0; ai < plan.arrays.size(); ++ai) {
       const io::MarkerArray& a = plan.arrays[ai];
       for (size_t bi = 0; bi < a.boxes.size(); ++bi) {
@@ -531,10 +531,14 @@ Status LocalTier::Write(const Comm& comm, const io::Marker& plan, const StagedBo
           return Internal(fmt::format("array '{}' box {}: planned for rank {}, not staged there",
                                       a.name, BoxToString(a.boxes[bi].box), rank));
         }
-        if (!box.empty()) std::memcpy(own.data() + files.offset[ai][bi], box.data(), box.size());
+        if (!box.empty()) pieces.push_back({files.offset[ai][bi], box.data(), box.size()});
         sums->push_back(BoxChecksums(a, ai, bi, box));
       }
     }
+    // Written (one copy, into pages the write allocates: a full tmpfs is
+    // ENOSPC here), then mapped to send.
+    MHCKPT_ASSIGN_OR_RETURN(own,
+                            io::MappedFile::CreateByWrites(FilePath(step, rank), bytes_of(rank), pieces));
     return fault::Hit("local_write");
   });
   const std::vector<int> holders = nodes_.CopyHolders(rank, copies_);

@@ -230,6 +230,9 @@ struct Writes {
   // After a local commit: the rank's boxes from its file of the local step
   // (the same plan, so the same boxes), instead of the snapshot.
   const StagedBoxFn* from_local = nullptr;
+  // With from_local: `sums` already holds this rank's checksums (the local
+  // commit took them for the same plan), so nothing is hashed twice.
+  bool have_sums = false;
 };
 
 // Step 3, one array: the boxes of plan array `ai` that this rank writes.
@@ -255,7 +258,7 @@ Status WriteArray(io::StepWriter& writer, size_t ai, const StagedArray* staged, 
       if (w.collective) writer.WriteNothing(ai).IgnoreError();
       continue;
     }
-    w.sums.push_back(BoxChecksums(a, ai, bi, box));
+    if (!w.have_sums) w.sums.push_back(BoxChecksums(a, ai, bi, box));
     local = writer.Write(ai, b.box, box.data());
     w.written += box.size();
     if (local.ok()) local = fault::Hit("mid_write", w.written);
@@ -468,6 +471,7 @@ class ManagerImpl::SaveRun {
         },
         &sums);
     std::vector<std::string> reports = comm_.GatherBytes(EncodeReport(mine, sums), 0);
+    local_sums_ = std::move(sums);  // the shared root's commit reuses them
     io::Marker marker;
     std::string text;
     Status s;
@@ -560,7 +564,11 @@ class ManagerImpl::SaveRun {
     }
     if (ReserveEverywhere()) {
       Writes w{plan_, job_.snapshot, rank_, impl_.options_.transfer == Transfer::kCollective, 0,
-               {}, from_local_ ? &from_local_ : nullptr};
+               {}, from_local_ ? &from_local_ : nullptr, false};
+      if (from_local_) {
+        w.sums = std::move(local_sums_);
+        w.have_sums = true;
+      }
       local_ = WriteBoxes(*writer_, w);
       Status finished = writer_->FinishWrites();  // before the buffer goes back
       if (local_.ok()) local_ = finished;
@@ -658,6 +666,7 @@ class ManagerImpl::SaveRun {
   std::vector<BoxSum> sums_;                // of the boxes this rank wrote
   io::MappedFile local_copy_;               // after a local commit: this rank's file
   StagedBoxFn from_local_;                  // its boxes in local_copy_
+  std::vector<BoxSum> local_sums_;          // the checksums the local commit took
 };
 
 Status ManagerImpl::RunSave(SaveJob& job) { return SaveRun(*this, job).Run(); }

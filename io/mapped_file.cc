@@ -38,6 +38,33 @@ Result<MappedFile> MappedFile::Create(const std::string& path, uint64_t bytes) {
   return f;
 }
 
+Result<MappedFile> MappedFile::CreateByWrites(const std::string& path, uint64_t bytes,
+                                              std::span<const Piece> pieces) {
+  {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return Errno("cannot create", path, errno);
+    Status s;
+    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) s = Errno("cannot size", path, errno);
+    for (const Piece& p : pieces) {
+      for (uint64_t done = 0; s.ok() && done < p.size;) {
+        const ssize_t n = ::pwrite(fd, p.data + done, p.size - done,
+                                   static_cast<off_t>(p.offset + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+          s = Errno(fmt::format("cannot write {} bytes at {} of", p.size - done, p.offset + done),
+                    path, n < 0 ? errno : ENOSPC);
+          break;
+        }
+        done += static_cast<uint64_t>(n);
+      }
+      if (!s.ok()) break;
+    }
+    if (::close(fd) != 0 && s.ok()) s = Errno("cannot close", path, errno);
+    if (!s.ok()) return s;
+  }
+  return OpenForReading(path);
+}
+
 Result<MappedFile> MappedFile::OpenForReading(const std::string& path) {
   MappedFile f;
   f.path_ = path;

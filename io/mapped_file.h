@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "base/status.h"
@@ -18,6 +19,18 @@ class MappedFile {
   /// system (posix_fallocate: a full tmpfs fails here with IoError, not later
   /// with SIGBUS on a write into the mapping), mapped for writing.
   static Result<MappedFile> Create(const std::string& path, uint64_t bytes);
+  /// One piece of a file written by CreateByWrites.
+  struct Piece {
+    uint64_t offset = 0;
+    const std::byte* data = nullptr;
+    uint64_t size = 0;
+  };
+  /// Creates (or truncates) `path`, writes `pieces` into it with pwrite (a
+  /// full file system is IoError naming ENOSPC), and maps it for reading:
+  /// one copy of each byte, into pages the write allocates. `bytes` is the
+  /// file's size (the pieces lie within it).
+  static Result<MappedFile> CreateByWrites(const std::string& path, uint64_t bytes,
+                                           std::span<const Piece> pieces);
   /// Maps `path` for reading. NotFound if it does not exist.
   static Result<MappedFile> OpenForReading(const std::string& path);
   /// The size of `path` in bytes, or NotFound / IoError.
