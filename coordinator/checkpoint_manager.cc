@@ -7,6 +7,7 @@
 #include <future>
 #include <iterator>
 #include <map>
+#include <utility>
 #include <thread>
 
 #include <fmt/format.h>
@@ -135,17 +136,19 @@ Status AgreeOnSharedInputs(const std::string& root, const Options& o, const Comm
   const auto root_hash = static_cast<int64_t>(XXH3_64bits(root.data(), root.size()) >> 2);
   // The local tier: on or off, and the options that decide its protocol.
   const int64_t local = o.local_dir.empty() ? 0 : 1;
+  const auto deadline_ms = static_cast<int64_t>(o.persistent_deadline_seconds * 1000);
   std::vector<int64_t> votes{transfer,    -transfer,    verify,
                              -verify,     root_hash,    -root_hash,
                              local,       -local,       o.persistent_every,
                              -o.persistent_every,       o.local_copies,
                              -o.local_copies,           o.local_max_to_keep,
                              -o.local_max_to_keep,      o.local_parity_group,
-                             -o.local_parity_group};
+                             -o.local_parity_group,     deadline_ms,
+                             -deadline_ms};
   comm.AllreduceMax(&votes);  // max and -min of each
   const char* names[] = {"transfer",         "verify_replicas", "root path", "local_dir (set or not)",
                          "persistent_every", "local_copies",    "local_max_to_keep",
-                         "local_parity_group"};
+                         "local_parity_group", "persistent_deadline_seconds"};
   for (size_t i = 0; i < std::size(names); ++i) {
     if (votes[2 * i] != -votes[2 * i + 1]) {
       return InvalidArgument(fmt::format("Options::{} differs between ranks", names[i]));
@@ -257,7 +260,18 @@ void ManagerImpl::SubmitSave(std::shared_ptr<SaveJob> job, std::string where) {
   auto run = [this, job = std::move(job), where = std::move(where)] {
     Status s = Guarded(where, [&] { return RunSave(*job); });
     job->snapshot = Snapshot();  // release staging memory before reporting
-    const bool retain = s.ok() && comm_.rank() == 0 && options_.max_to_keep > 0;
+    if (job->drain) {
+      // The shared root's part goes on beside the I/O thread (DrainMode).
+      BeginDrain(job->step);
+      drain_->Submit([this, job, where] {
+        Status d = Guarded(where, [&] { return job->drain(); });
+        job->drain = nullptr;  // frees the save's state
+        EndDrain(job->step, d);
+        if (d.ok() && comm_.rank() == 0 && options_.max_to_keep > 0) RunRetention(job->step);
+      });
+    }
+    const bool retain =
+        s.ok() && comm_.rank() == 0 && options_.max_to_keep > 0 && !job->drain;
     RecordSave(s, job->timings, retain);
     if (retain) RunRetention(job->step);
   };
@@ -273,18 +287,100 @@ void ManagerImpl::SubmitSave(std::shared_ptr<SaveJob> job, std::string where) {
 
 Status ManagerImpl::WaitUntilFinished() {
   Status s;
+  int64_t late = -1;
   {
     // Every save recorded and its retention done (rank 0): a step committed
     // before the call is listed, a step retention deletes is not.
     std::unique_lock<std::mutex> lock(mu_);
     saves_cv_.wait(lock, [this] { return saves_in_flight_ == 0 && !retention_pending_; });
+    if (drain_) {
+      // The shared root's parts, at most persistent_deadline_seconds more.
+      const auto deadline =
+          std::chrono::steady_clock::now() +
+          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+              std::chrono::duration<double>(options_.persistent_deadline_seconds));
+      saves_cv_.wait_until(lock, deadline, [this] { return drains_queued_ == 0; });
+      late = draining_step_ >= 0 && !abandoned_.count(draining_step_) ? draining_step_ : -1;
+    }
     s = first_error_;
     first_error_ = OkStatus();
+  }
+  if (drain_) {
+    // Why a vote: a shared root's write late on one rank is late for all.
+    std::vector<int64_t> v{late, late >= 0 ? comm_.rank() : -1};
+    caller_comm_.AllreduceMax(&v);
+    if (v[0] >= 0) {
+      Status abandoned = Abandon(v[0], static_cast<int>(v[1]));
+      if (s.ok()) s = abandoned;
+    }
+    // Why an agreement, not a barrier: the shared root's outcome reaches each
+    // rank's first error at its own moment; the lowest failing rank's is the
+    // one every rank returns.
+    return AgreeAll(s, caller_comm_);
   }
   // Why a barrier: rank 0's retention ends after the others' saves are
   // recorded; listings after this call must agree on every rank.
   caller_comm_.Barrier();
   return s;
+}
+
+void ManagerImpl::StartDrain(Comm comm) {
+  drain_comm_ = std::move(comm);
+  drain_ = std::make_unique<IoThread>();
+}
+
+void ManagerImpl::BeginDrain(int64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++drains_queued_;
+  (void)step;
+}
+
+void ManagerImpl::MarkDrainStarted(int64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  draining_step_ = step;
+  drain_started_ = std::chrono::steady_clock::now();
+}
+
+void ManagerImpl::EndDrain(int64_t step, const Status& s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  --drains_queued_;
+  draining_step_ = -1;
+  if (abandoned_.count(step)) {
+    Logger()->warn("mhckpt: step {}: the shared root's write ended after it was abandoned: {}",
+                   step, s.ok() ? "OK" : s.ToString());
+  } else if (!s.ok() && first_error_.ok()) {
+    first_error_ = s;
+  }
+  saves_cv_.notify_all();
+}
+
+std::pair<int64_t, bool> ManagerImpl::DrainState() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (draining_step_ < 0) return {-1, drains_queued_ > 0};
+  const double age =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - drain_started_).count();
+  return {age > options_.persistent_deadline_seconds ? draining_step_ : -1, true};
+}
+
+Status ManagerImpl::Abandon(int64_t step, int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool first = abandoned_.insert(step).second;
+  Status s = IoError(fmt::format(
+      "step {}: the shared root's write did not end within {} s (on rank {}): abandoned; the "
+      "step stays in the local tier and training goes on",
+      step, options_.persistent_deadline_seconds, rank));
+  if (first && comm_.rank() == 0) Logger()->error("mhckpt: {}", s.ToString());
+  return first ? s : OkStatus();
+}
+
+void ManagerImpl::RecordError(const Status& s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (first_error_.ok()) first_error_ = s;
+}
+
+bool ManagerImpl::IsAbandoned(int64_t step) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return abandoned_.count(step) > 0;
 }
 
 void ManagerImpl::WaitForRetention() {
@@ -383,7 +479,14 @@ Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(MPI_Comm comm
   });
   MHCKPT_RETURN_IF_ERROR(AgreeAll(s, caller));
   impl->Adopt(std::move(store), std::move(lock), std::move(caller));
-  if (!options.local_dir.empty()) MHCKPT_RETURN_IF_ERROR(impl->OpenLocalTier());
+  if (!options.local_dir.empty()) {
+    MHCKPT_RETURN_IF_ERROR(impl->OpenLocalTier());
+    // The shared root's part of a save on a thread of its own: its own
+    // communicator, so its collectives never meet the I/O thread's.
+    if (options.persistent_deadline_seconds > 0 && async) {
+      impl->StartDrain(Comm::Duplicate(comm));
+    }
+  }
   return std::unique_ptr<CheckpointManager>(new CheckpointManager(std::move(impl)));
 }
 

@@ -191,6 +191,21 @@ struct Options {
   /// a copy. A rank alone at its position in a run is not protected. The same
   /// on every rank (Open checks).
   int local_parity_group = 0;
+  /// With `local_dir`: > 0 moves the shared root's part of a save (write,
+  /// flush, commit) onto a thread of its own, so that a stuck shared file
+  /// system does not stop training. WaitUntilFinished then waits for that
+  /// part at most this many seconds; a part still unfinished on any rank by
+  /// then (or when the next save to the shared root starts) is abandoned with
+  /// an agreed IoError naming the step and the rank — the step stays in the
+  /// local tier, and if its write ends later no marker is put — and saves go
+  /// on in the local tier. While an abandoned write is still stuck, later
+  /// saves skip the shared root (and log it); once it has ended, they go
+  /// there again. The watchdog (collective_timeout_seconds) does not watch
+  /// this part: MPI_Abort stays for collectives that can no longer agree.
+  /// Destroying the manager waits for a stuck write to end. 0 (the default):
+  /// the shared root's part runs on the I/O thread, within the save. The
+  /// same on every rank (Open checks).
+  double persistent_deadline_seconds = 0;
   /// Which node this rank is on, for tests that simulate nodes on one
   /// machine: ranks with the same value are one node. -1 (the default): the
   /// node is the shared-memory domain of MPI_Comm_split_type.

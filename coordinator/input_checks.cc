@@ -67,6 +67,11 @@ Status CheckOptions(const Options& o, int rank) {
     return bad(fmt::format("local_parity_group {} is neither 0 (off) nor at least 2",
                            o.local_parity_group));
   }
+  if (!std::isfinite(o.persistent_deadline_seconds) || o.persistent_deadline_seconds < 0 ||
+      o.persistent_deadline_seconds > kMaxTimeoutSeconds) {
+    return bad(fmt::format("persistent_deadline_seconds {} is outside 0 (off) to {:.0f}",
+                           o.persistent_deadline_seconds, kMaxTimeoutSeconds));
+  }
   if (o.node_id < -1) return bad(fmt::format("node_id {} is less than -1", o.node_id));
   return OkStatus();
 }

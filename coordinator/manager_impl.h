@@ -4,11 +4,14 @@
 // (verify.cc) — are its private members.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
+#include <utility>
 #include <span>
 #include <string>
 #include <vector>
@@ -36,6 +39,9 @@ struct SaveJob {
   SaveTimings timings;
   /// Also to the shared root (always, without a local tier).
   bool persistent = true;
+  /// In drain mode (Options::persistent_deadline_seconds): the shared root's
+  /// part of the save, run on the drain thread after the local commit.
+  std::function<Status()> drain;
 };
 
 class ManagerImpl {
@@ -71,6 +77,26 @@ class ManagerImpl {
   /// Caller thread: whether the next save goes to the shared root too
   /// (Options::persistent_every, SaveOptions::tier), counting it.
   bool NextSaveIsPersistent(SaveTier tier);
+  /// Drain mode (Options::persistent_deadline_seconds, a local tier, async):
+  /// the shared root's part of each save runs on a thread of its own, with
+  /// `comm` (Open).
+  void StartDrain(Comm comm);
+  [[nodiscard]] bool DrainMode() const { return drain_ != nullptr; }
+  /// The drain's communicator.
+  [[nodiscard]] const Comm& drain_comm() const { return drain_comm_; }
+  /// The drain thread starts the shared root's part of `step`.
+  void MarkDrainStarted(int64_t step);
+  /// (The step whose shared-root part is past its deadline here, or -1;
+  /// whether a part is queued or running here.)
+  [[nodiscard]] std::pair<int64_t, bool> DrainState() const;
+  /// Marks `step`'s shared-root part abandoned (agreed by the callers, who
+  /// name `rank`, a rank where it was late). The IoError to report, the
+  /// first time only (OK after).
+  Status Abandon(int64_t step, int rank);
+  [[nodiscard]] bool IsAbandoned(int64_t step) const;
+  /// Makes `s` the first error since the last WaitUntilFinished, unless
+  /// there is one.
+  void RecordError(const Status& s);
   /// Collective on the caller's communicator: AgreeAll.
   Status Agree(const Status& local) const;
   /// Runs every job already handed to the I/O thread.
@@ -142,6 +168,17 @@ class ManagerImpl {
   std::unique_ptr<LocalTier> local_;
   int64_t saves_ = 0;  // caller thread: Save calls so far
 
+  // Drain mode: the shared root's parts, their communicator, and (under mu_)
+  // which step's part runs since when, how many are queued, which were
+  // abandoned.
+  void BeginDrain(int64_t step);
+  void EndDrain(int64_t step, const Status& s);
+  Comm drain_comm_;
+  int64_t draining_step_ = -1;
+  std::chrono::steady_clock::time_point drain_started_;
+  int drains_queued_ = 0;
+  std::set<int64_t> abandoned_;
+
   // Rank 0 with Options::own_root: the root's lock and lease, released after
   // the I/O thread (declared after it) has finished every job.
   std::unique_ptr<io::RootOwnership> root_lock_;
@@ -153,6 +190,9 @@ class ManagerImpl {
   // that the removals end while this job still owns the root.
   std::unique_ptr<IoThread> deleter_;
 
+  // Drain mode: runs the shared root's parts; joined after the I/O thread
+  // (which submits to it) and before everything they use.
+  std::unique_ptr<IoThread> drain_;
   std::unique_ptr<IoThread> thread_;  // last: joined before the rest is destroyed
 };
 

@@ -56,6 +56,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <memory>
 #include <span>
 
 #include <fmt/format.h>
@@ -284,10 +285,10 @@ Status WriteBoxes(io::StepWriter& writer, Writes& w) {
 }  // namespace
 
 // One save on one rank: the steps of the protocol above, in order.
-class ManagerImpl::SaveRun {
+class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::SaveRun> {
  public:
   SaveRun(ManagerImpl& impl, SaveJob& job)
-      : impl_(impl), comm_(impl.comm_), job_(job), t_(job.timings), rank_(impl.comm_.rank()) {}
+      : impl_(impl), comm_(&impl.comm_), job_(job), t_(job.timings), rank_(impl.comm_.rank()) {}
 
   Status Run() {
     // Each phase is bounded in time (Options::collective_timeout_seconds).
@@ -312,23 +313,74 @@ class ManagerImpl::SaveRun {
       if (local_tier.ok() && job_.persistent) ReadFromLocalCopy();
     }
     if (!job_.persistent) return local_tier;
+    if (impl_.DrainMode() && HandOff(local_tier)) return local_tier;
+    Status s = Persistent();
+    // A save to both tiers reports the local tier's failure too (the step
+    // may then be committed in the shared root only: Steps says).
+    return s.ok() ? local_tier : s;
+  }
+
+  // Steps 3-6, the shared root's part: on the I/O thread, or on the drain
+  // thread (HandOff).
+  Status Persistent() {
     Write();
     Flush();
     if (!local_.ok()) {
       local_ = Status(local_.code(), fmt::format("rank {}: {}", rank_, local_.message()));
     }
-    impl_.watchdog_.Enter("commit", job_.step);
-    t0 = Clock::now();
+    Enter("commit");
+    auto t0 = Clock::now();
     std::vector<std::string> reports = Agree();
     // Guarded: rank 0 must reach the broadcast below whatever happens here.
     Status s = rank_ == 0 ? Guarded("rank 0: commit", [&] { return Commit(reports); }) : OkStatus();
     if (!s.ok() && s.code() == StatusCode::kInternal && rank_ == 0) RemoveStepDir();
-    s = BroadcastStatus(s, 0, comm_);
+    s = BroadcastStatus(s, 0, *comm_);
     t_.commit = Since(t0);
     if (rank_ == 0) Log(s);
-    // A save to both tiers reports the local tier's failure too (the step
-    // may then be committed in the shared root only: Steps says).
-    return s.ok() ? local_tier : s;
+    return s;
+  }
+
+ private:
+  // Drain mode, after the local commit (collective on the I/O thread): one
+  // vote says whether a shared root's part is stuck past its deadline on any
+  // rank (then it is abandoned, and this save skips the shared root), and
+  // whether every rank can read its boxes from its local file. True if the
+  // shared root's part was handed to the drain thread or skipped; false:
+  // run it here.
+  bool HandOff(const Status& local_tier) {
+    auto [stuck, busy] = impl_.DrainState();
+    std::vector<int64_t> v{stuck, stuck >= 0 ? rank_ : -1, from_local_ ? 0 : 1,
+                           local_tier.ok() ? 0 : 1};
+    comm_->AllreduceMax(&v);
+    if (v[0] >= 0) {
+      Status abandoned = impl_.Abandon(v[0], static_cast<int>(v[1]));
+      if (!abandoned.ok()) impl_.RecordError(abandoned);
+      t_.persistent = false;
+      if (rank_ == 0) {
+        Logger()->warn("mhckpt: step {}: not written to the shared root: the write of step {} "
+                       "is stuck there",
+                       job_.step, v[0]);
+      }
+      return true;
+    }
+    if (v[2] != 0 || v[3] != 0) return false;  // the snapshot, on this thread
+    (void)busy;  // a part still running: this one waits behind it (FIFO)
+    job_.drain = [self = shared_from_this()] { return self->Drain(); };
+    return true;
+  }
+
+  // Drain mode, on the drain thread: the shared root's part with the drain's
+  // communicator, not watched by the watchdog (the deadline is the bound).
+  Status Drain() {
+    comm_ = &impl_.drain_comm();
+    watched_ = false;
+    fault::SetStep(job_.step);
+    impl_.MarkDrainStarted(job_.step);
+    return Persistent();
+  }
+
+  void Enter(const char* phase) {
+    if (watched_) impl_.watchdog_.Enter(phase, job_.step);
   }
 
  private:
@@ -348,7 +400,7 @@ class ManagerImpl::SaveRun {
     const int64_t step = job_.local.ok() ? job_.step : 0;
     const int64_t persistent = job_.persistent ? 1 : 0;
     std::vector<int64_t> votes{changed, step, -step, persistent, -persistent};
-    comm_.AllreduceMax(&votes);
+    comm_->AllreduceMax(&votes);
     if (votes[3] != -votes[4]) {
       if (rank_ == 0 && !changed) RemoveStepDir();
       return InvalidArgument(
@@ -374,7 +426,7 @@ class ManagerImpl::SaveRun {
   // rank of each layout (coordinator/layouts.h).
   Status GatherPlan() {
     const std::string mine = MyDescription();
-    std::vector<std::string> digests = comm_.GatherBytes(LayoutDigest(mine), 0);
+    std::vector<std::string> digests = comm_->GatherBytes(LayoutDigest(mine), 0);
     LayoutGroups groups;
     std::vector<int> send;
     if (rank_ == 0) {
@@ -382,8 +434,8 @@ class ManagerImpl::SaveRun {
       send.assign(digests.size(), 0);
       for (int r : groups.first_rank) send[static_cast<size_t>(r)] = 1;
     }
-    const bool sender = comm_.ScatterInt(send, 0) != 0;
-    std::vector<std::string> encoded = comm_.GatherBytes(sender ? mine : std::string(), 0);
+    const bool sender = comm_->ScatterInt(send, 0) != 0;
+    std::vector<std::string> encoded = comm_->GatherBytes(sender ? mine : std::string(), 0);
     Status s;
     std::string plan_json;
     if (rank_ == 0) {
@@ -406,8 +458,8 @@ class ManagerImpl::SaveRun {
       }
       if (!s.ok()) plan_json.clear();
     }
-    MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, comm_));
-    comm_.BroadcastBytes(&plan_json, 0);
+    MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, *comm_));
+    comm_->BroadcastBytes(&plan_json, 0);
     Status parsed;
     if (rank_ != 0) {
       Result<io::Marker> p = io::ParseMarker(plan_json, "plan", io::MarkerText::kPlan);
@@ -420,7 +472,7 @@ class ManagerImpl::SaveRun {
     }
     // Why an agreement: a rank that cannot read the plan must not leave the
     // others alone in the collective calls of the write.
-    return AgreeAll(parsed, comm_);
+    return AgreeAll(parsed, *comm_);
   }
 
   // 1: what this rank tells rank 0. Never throws, and never more than
@@ -443,7 +495,7 @@ class ManagerImpl::SaveRun {
   // 2. Replica check: replicas must agree before anything is written.
   Status CheckReplicas() {
     std::vector<std::string> held =
-        comm_.GatherBytes(EncodeReport(OkStatus(), HoldingChecksums(plan_, job_.snapshot)), 0);
+        comm_->GatherBytes(EncodeReport(OkStatus(), HoldingChecksums(plan_, job_.snapshot)), 0);
     Status s;
     if (rank_ == 0) {
       s = Guarded("rank 0: replica check", [&] {
@@ -454,7 +506,7 @@ class ManagerImpl::SaveRun {
       });
       if (!s.ok()) RemoveStepDir();
     }
-    return BroadcastStatus(s, 0, comm_);
+    return BroadcastStatus(s, 0, *comm_);
   }
 
   // The local tier (coordinator/local_tier.h): write and copy, then rank 0
@@ -463,14 +515,14 @@ class ManagerImpl::SaveRun {
     const auto staged = StagedByName(job_.snapshot);
     std::vector<BoxSum> sums;
     Status mine = impl_.local_->Write(
-        comm_, plan_,
+        *comm_, plan_,
         [&](size_t ai, size_t bi) {
           auto it = staged.find(plan_.arrays[ai].name);
           return FindStaged(job_.snapshot, it == staged.end() ? nullptr : it->second,
                             plan_.arrays[ai].boxes[bi].box);
         },
         &sums);
-    std::vector<std::string> reports = comm_.GatherBytes(EncodeReport(mine, sums), 0);
+    std::vector<std::string> reports = comm_->GatherBytes(EncodeReport(mine, sums), 0);
     local_sums_ = std::move(sums);  // the shared root's commit reuses them
     io::Marker marker;
     std::string text;
@@ -484,9 +536,9 @@ class ManagerImpl::SaveRun {
         return OkStatus();
       });
     }
-    s = BroadcastStatus(s, 0, comm_);
+    s = BroadcastStatus(s, 0, *comm_);
     if (s.ok()) {
-      comm_.BroadcastBytes(&text, 0);
+      comm_->BroadcastBytes(&text, 0);
       Status parsed;
       if (rank_ != 0) {
         Result<io::Marker> m = io::ParseMarker(text, "rank 0's local marker");
@@ -496,13 +548,13 @@ class ManagerImpl::SaveRun {
           parsed = Internal(fmt::format("rank {}: {}", rank_, m.status().message()));
         }
       }
-      s = AgreeAll(parsed, comm_);
+      s = AgreeAll(parsed, *comm_);
     }
     if (!s.ok()) {
-      impl_.local_->Abandon(comm_, job_.step);
+      impl_.local_->Abandon(*comm_, job_.step);
       return s;
     }
-    return impl_.local_->Commit(comm_, marker, text);
+    return impl_.local_->Commit(*comm_, marker, text);
   }
 
   // After a local commit: map this rank's file of the step, and give the
@@ -534,14 +586,14 @@ class ManagerImpl::SaveRun {
   // 3. Write: create the step's arrays, reserve their space, write this
   // rank's boxes; then give the staging buffer back.
   void Write() {
-    impl_.watchdog_.Enter("write", job_.step);
+    Enter("write");
     auto t0 = Clock::now();
     t_.written_bytes = 0;
     Result<std::unique_ptr<io::StepWriter>> writer =
-        impl_.engine_->Create(impl_.root_, job_.step, comm_);
+        impl_.engine_->Create(impl_.root_, job_.step, *comm_);
     // Why an agreement: creating the arrays is collective; a rank that could
     // not create the step must not leave the others alone in it.
-    if (!AgreeAll(writer.status(), comm_).ok()) {
+    if (!AgreeAll(writer.status(), *comm_).ok()) {
       local_ = writer.status();  // the failing ranks report it in step 5
       return;
     }
@@ -594,14 +646,14 @@ class ManagerImpl::SaveRun {
       reserved = writer_->Reserve();
       local_ = reserved;  // only rank 0 reports it
     }
-    return AgreeAll(reserved, comm_).ok();
+    return AgreeAll(reserved, *comm_).ok();
   }
 
   // 4. Flush: make the step durable, and close it.
   void Flush() {
     if (writer_ == nullptr) return;
     auto t0 = Clock::now();
-    impl_.watchdog_.Enter("flush", job_.step);
+    Enter("flush");
     Status flushed = writer_->Flush();
     if (local_.ok()) local_ = flushed;
     if (local_.ok()) local_ = fault::Hit("after_flush");
@@ -610,11 +662,15 @@ class ManagerImpl::SaveRun {
 
   // 5. Agree: rank 0 learns every rank's outcome and the checksums of the
   // boxes each wrote (the outcome goes to everyone after step 7).
-  std::vector<std::string> Agree() { return comm_.GatherBytes(EncodeReport(local_, sums_), 0); }
+  std::vector<std::string> Agree() { return comm_->GatherBytes(EncodeReport(local_, sums_), 0); }
 
   // 6. Commit (rank 0): the marker if every rank succeeded, else clean up.
   Status Commit(const std::vector<std::string>& reports) {
     Status s = FillChecksums(reports, &plan_);
+    if (s.ok() && impl_.IsAbandoned(job_.step)) {
+      s = IoError(fmt::format("step {}: the shared root's write was abandoned; no marker",
+                              job_.step));
+    }
     // The names of the step's files durable before the marker's can be: with
     // only the marker's rename and the fsync after it, a file system that does
     // not journal names in order may keep the marker and lose data.h5's name
@@ -656,7 +712,7 @@ class ManagerImpl::SaveRun {
   void RemoveStepDir() const { impl_.store_->RemoveStep(job_.step).IgnoreError(); }
 
   ManagerImpl& impl_;
-  const Comm& comm_;
+  const Comm* comm_;  // the I/O thread's, or the drain's
   SaveJob& job_;
   SaveTimings& t_;
   const int rank_;
@@ -667,9 +723,10 @@ class ManagerImpl::SaveRun {
   io::MappedFile local_copy_;               // after a local commit: this rank's file
   StagedBoxFn from_local_;                  // its boxes in local_copy_
   std::vector<BoxSum> local_sums_;          // the checksums the local commit took
+  bool watched_ = true;                     // by the watchdog (not on the drain thread)
 };
 
-Status ManagerImpl::RunSave(SaveJob& job) { return SaveRun(*this, job).Run(); }
+Status ManagerImpl::RunSave(SaveJob& job) { return std::make_shared<SaveRun>(*this, job)->Run(); }
 
 // 7. Retention (rank 0, I/O thread), after RecordSave: WaitUntilFinished
 // waits for this part, which only retires old steps (marker removed, then

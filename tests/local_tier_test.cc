@@ -7,10 +7,15 @@
 // replacement node starts with an empty one).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <thread>
 
+#include <fmt/format.h>
+
+#include "base/fault.h"
 #include "coordinator/checkpoint_manager.h"
 #include "io/layout.h"
 #include "tests/test_util.h"
@@ -329,6 +334,66 @@ TEST(TwoTiersParity, TwoLostNodesOfAGroupFallBack) {
   ASSERT_TRUE(steps.ok());
   EXPECT_FALSE(steps->back().local);
   EXPECT_TRUE(RestoreAndCheck(*m, 0, Size(), Rank()).ok());
+}
+
+// A shared root that hangs in the middle of a write (the last rank's, held
+// by a gate file): with persistent_deadline_seconds the save is abandoned with
+// an agreed error, the next saves stay in the local tier, and once the write
+// ends the shared root gets saves again; the abandoned step has no marker.
+TEST(TwoTiersDeadline, AStuckSharedRootIsAbandonedAndTrainingGoesOn) {
+  const std::string dir = FreshDir();
+  const std::string gate = dir + "/release";
+  ASSERT_TRUE(fault::Configure(fmt::format("rank={},point=mid_write,action=wait,file={},step=1",
+                                           Size() - 1, gate))
+                  .ok());
+  Options o = TwoTierOptions(dir, Rank(), Size());
+  o.persistent_every = 1;
+  o.persistent_deadline_seconds = 2;
+  auto opened = CheckpointManager::Open(MPI_COMM_WORLD, dir + "/shared", o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  auto m = std::move(opened).value();
+  if (!m->async()) {
+    fault::Configure("").IgnoreError();
+    GTEST_SKIP() << "needs MPI_THREAD_MULTIPLE";
+  }
+  Step s0(0, Rank(), Size()), s1(1, Rank(), Size()), s2(2, Rank(), Size());
+  ASSERT_TRUE(m->Save(0, s0.arrays).ok());
+  ASSERT_TRUE(m->WaitUntilFinished().ok());
+  ASSERT_TRUE(m->Save(1, s1.arrays).ok());
+  Status late = m->WaitUntilFinished();  // the write of step 1 hangs on the last rank
+  EXPECT_EQ(late.code(), StatusCode::kIoError) << late.ToString();
+  EXPECT_NE(late.message().find("step 1"), std::string::npos) << late.ToString();
+  EXPECT_NE(late.message().find("abandoned"), std::string::npos) << late.ToString();
+  EXPECT_TRUE(SameOnAllRanks(late));
+  // Training goes on: step 2 commits in the local tier, the shared root skipped.
+  ASSERT_TRUE(m->Save(2, s2.arrays).ok());
+  ASSERT_TRUE(m->WaitUntilFinished().ok());
+  EXPECT_FALSE(m->LastSaveTimings().persistent);
+  EXPECT_TRUE(RestoreAndCheck(*m, 2, Size(), Rank(), RestoreSource::kLocal).ok());
+  EXPECT_TRUE(RestoreAndCheck(*m, 1, Size(), Rank(), RestoreSource::kLocal).ok());
+  // The write ends; a later save goes to the shared root again.
+  if (Rank() == 0) std::ofstream(gate) << "go";
+  MPI_Barrier(MPI_COMM_WORLD);
+  bool persistent = false;
+  for (int64_t step = 3; step < 40 && !persistent; ++step) {
+    Step s(step, Rank(), Size());
+    ASSERT_TRUE(m->Save(step, s.arrays).ok());
+    ASSERT_TRUE(m->WaitUntilFinished().ok());
+    persistent = m->LastSaveTimings().persistent;
+    int all = persistent ? 1 : 0;
+    MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    persistent = all != 0;
+    if (!persistent) std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
+  EXPECT_TRUE(persistent);
+  fault::Configure("").IgnoreError();
+  auto steps = m->Steps();
+  ASSERT_TRUE(steps.ok());
+  for (const auto& t : *steps) {
+    if (t.step == 1 || t.step == 2) EXPECT_FALSE(t.persistent) << "step " << t.step;
+  }
+  EXPECT_TRUE(steps->back().persistent);
+  EXPECT_TRUE(RestoreAndCheck(*m, steps->back().step, Size(), Rank(), RestoreSource::kPersistent).ok());
 }
 
 // A local dir that cannot be made: Open fails on every rank alike.

@@ -115,6 +115,9 @@ class CheckpointManager:
       local_parity_group: XOR parity over groups of this many nodes instead
         of copies (0: copies): any one lost node of a group is rebuilt, for
         1/(g-1) of the memory of a copy.
+      persistent_deadline_seconds: with ``local_dir``: > 0 writes ``root`` on
+        a thread of its own; a write stuck past this many seconds is abandoned
+        (an agreed IoError) and saves go on in the local tier (0: off).
       node_id: which node this rank is on, for tests that simulate nodes on
         one machine (None: the node MPI reports).
 
@@ -148,6 +151,7 @@ class CheckpointManager:
         local_max_to_keep: int = 2,
         local_copies: int = 1,
         local_parity_group: int = 0,
+        persistent_deadline_seconds: float = 0.0,
         node_id: Optional[int] = None,
     ):
         handle = _comm_handle(comm)
@@ -174,6 +178,7 @@ class CheckpointManager:
         o.local_max_to_keep = local_max_to_keep
         o.local_copies = local_copies
         o.local_parity_group = local_parity_group
+        o.persistent_deadline_seconds = persistent_deadline_seconds
         o.node_id = -1 if node_id is None else node_id
         self._rank, self._size = _core.rank_and_size(handle)
         self._root = str(root)

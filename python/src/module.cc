@@ -514,6 +514,7 @@ NB_MODULE(_core, m) {
       .def_rw("local_max_to_keep", &Options::local_max_to_keep)
       .def_rw("local_copies", &Options::local_copies)
       .def_rw("local_parity_group", &Options::local_parity_group)
+      .def_rw("persistent_deadline_seconds", &Options::persistent_deadline_seconds)
       .def_rw("node_id", &Options::node_id)
       .def_prop_rw("data_path", &DataPathName, &SetDataPath)
       .def_prop_rw(
