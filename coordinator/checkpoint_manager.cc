@@ -259,13 +259,16 @@ void ManagerImpl::SubmitSave(std::shared_ptr<SaveJob> job, std::string where) {
   // the commit that WaitUntilFinished waits for; later jobs run after it.
   auto run = [this, job = std::move(job), where = std::move(where)] {
     Status s = Guarded(where, [&] { return RunSave(*job); });
-    job->snapshot = Snapshot();  // release staging memory before reporting
+    // Release staging memory before reporting (a drain that still reads it
+    // releases it when it ends).
+    if (!job->drain) job->snapshot = Snapshot();
     if (job->drain) {
       // The shared root's part goes on beside the I/O thread (DrainMode).
       BeginDrain(job->step);
       drain_->Submit([this, job, where] {
         Status d = Guarded(where, [&] { return job->drain(); });
         job->drain = nullptr;  // frees the save's state
+        job->snapshot = Snapshot();
         EndDrain(job->step, d);
         if (d.ok() && comm_.rank() == 0 && options_.max_to_keep > 0) RunRetention(job->step);
       });

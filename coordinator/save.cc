@@ -87,10 +87,15 @@ double Since(Clock::time_point t) {
 // Rank 0: refuses a step committed in either tier; for a save to the shared
 // root, creates the step there afresh (what an earlier failed attempt at this
 // step left is garbage).
-Status PrepareStep(io::RootStore& store, const LocalTier* local, int64_t step, bool persistent) {
+// In drain mode (`shared` false) the shared root is not touched here: the
+// drain thread creates the step there (ManagerImpl::SaveRun::Drain), so that
+// a stuck shared file system cannot hold the I/O thread.
+Status PrepareStep(io::RootStore& store, const LocalTier* local, int64_t step, bool persistent,
+                   bool shared = true) {
   if (local != nullptr && local->Find(step) != nullptr) {
     return AlreadyExists(fmt::format("step {} is committed in the local tier", step));
   }
+  if (!shared) return OkStatus();
   if (persistent) return store.CreateStep(step);
   Result<std::string> marker = store.GetMarker(step);
   if (marker.ok()) {
@@ -106,11 +111,11 @@ Status PrepareStep(io::RootStore& store, const LocalTier* local, int64_t step, b
 // is ignored.
 Result<io::Marker> PlanOnRoot(const std::vector<std::string>& encoded, const LayoutGroups& groups,
                               io::RootStore& store, const LocalTier* local, int64_t step,
-                              bool persistent, const Options& options) {
+                              bool persistent, bool shared, const Options& options) {
   MHCKPT_ASSIGN_OR_RETURN(io::Marker plan,
                           PlanLayouts(encoded, groups, options.replica_parallel_min_bytes,
                                       options.checksum_chunk_bytes));
-  MHCKPT_RETURN_IF_ERROR(PrepareStep(store, local, step, persistent));
+  MHCKPT_RETURN_IF_ERROR(PrepareStep(store, local, step, persistent, shared));
   return plan;
 }
 
@@ -349,8 +354,7 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
   // run it here.
   bool HandOff(const Status& local_tier) {
     auto [stuck, busy] = impl_.DrainState();
-    std::vector<int64_t> v{stuck, stuck >= 0 ? rank_ : -1, from_local_ ? 0 : 1,
-                           local_tier.ok() ? 0 : 1};
+    std::vector<int64_t> v{stuck, stuck >= 0 ? rank_ : -1};
     comm_->AllreduceMax(&v);
     if (v[0] >= 0) {
       Status abandoned = impl_.Abandon(v[0], static_cast<int>(v[1]));
@@ -363,8 +367,11 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
       }
       return true;
     }
-    if (v[2] != 0 || v[3] != 0) return false;  // the snapshot, on this thread
-    (void)busy;  // a part still running: this one waits behind it (FIFO)
+    // A part still running: this one waits behind it (FIFO). A rank whose
+    // boxes are not in a local file (its local commit failed) writes them
+    // from the snapshot, which the drain keeps until it ends.
+    (void)busy;
+    (void)local_tier;
     job_.drain = [self = shared_from_this()] { return self->Drain(); };
     return true;
   }
@@ -376,6 +383,13 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
     watched_ = false;
     fault::SetStep(job_.step);
     impl_.MarkDrainStarted(job_.step);
+    // Rank 0 creates the step in the shared root here, not in the plan round
+    // (PrepareStep): refusing a committed one, on every rank alike.
+    Status s = rank_ == 0 ? Guarded("rank 0: create the step", [&] {
+      return impl_.store_->CreateStep(job_.step);
+    })
+                          : OkStatus();
+    MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, *comm_));
     return Persistent();
   }
 
@@ -390,7 +404,9 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
     int64_t changed =
         impl_.last_plan_ && job_.local.ok() && hash == impl_.last_description_hash_ ? 0 : 1;
     if (rank_ == 0 && !changed &&
-        !PrepareStep(*impl_.store_, impl_.local_.get(), job_.step, job_.persistent).ok()) {
+        !PrepareStep(*impl_.store_, impl_.local_.get(), job_.step, job_.persistent,
+                     !impl_.DrainMode())
+             .ok()) {
       changed = 1;  // the plan round reports why
     }
     // Why one allreduce: it confirms that nobody's arrays changed and that all
@@ -444,7 +460,7 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
       s = Guarded("rank 0: plan", [&] {
         Result<io::Marker> p =
             PlanOnRoot(encoded, groups, *impl_.store_, impl_.local_.get(), job_.step,
-                       job_.persistent, impl_.options_);
+                       job_.persistent, !impl_.DrainMode(), impl_.options_);
         if (!p.ok()) return p.status();
         plan_ = std::move(p).value();
         plan_json = io::MarkerToJson(plan_, io::MarkerText::kPlan);
@@ -453,7 +469,7 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
       if (s.code() == StatusCode::kIoError)
         s = Status(s.code(), fmt::format("rank 0: {}", s.message()));
       if ((s.code() == StatusCode::kIoError || s.code() == StatusCode::kInternal) &&
-          job_.persistent) {
+          job_.persistent && !impl_.DrainMode()) {
         RemoveStepDir();
       }
       if (!s.ok()) plan_json.clear();
