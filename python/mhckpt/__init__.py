@@ -19,6 +19,7 @@ from ._errors import (
     InvalidArgumentError,
     IoError,
     NotFoundError,
+    UnsupportedError,
 )
 from ._leaves import new_array as empty
 from ._manager import CheckpointManager
@@ -37,5 +38,6 @@ __all__ = [
     "IoError",
     "NotFoundError",
     "Shard",
+    "UnsupportedError",
     "empty",
 ]
