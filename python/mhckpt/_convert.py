@@ -337,12 +337,13 @@ def _torch_to_numpy(t) -> np.ndarray:
 def _numpy_to_torch(a: np.ndarray):
     import torch
 
+    shape = a.shape  # np.ascontiguousarray makes a 0-d array 1-d
     a = np.ascontiguousarray(a)
     name = _leaves.numpy_dtype_name("array", a.dtype)
     if name == "bool":
-        return torch.from_numpy(a.copy())
+        return torch.from_numpy(a.copy()).reshape(shape)
     raw = torch.from_numpy(a.reshape(-1).view(np.uint8).copy())
-    return raw.view(getattr(torch, name)).reshape(a.shape)
+    return raw.view(getattr(torch, name)).reshape(shape)
 
 
 # ----------------------------------------------------------- safetensors in
