@@ -796,19 +796,24 @@ class CheckpointManager:
     del _unsupported_method
 
     def close(self) -> None:
-        """Waits for a pending save and releases the manager (collective)."""
-        self._mgr.close()
-        self._pending = None
+        """Waits for a pending save, raising its failure as Orbax does, and
+        releases the manager (collective)."""
+        try:
+            if not self._mgr._impl.closed():
+                self.wait_until_finished()
+        finally:
+            self._mgr.close()
+            self._pending = None
 
     def __enter__(self) -> "CheckpointManager":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        try:
-            if exc_type is None:
-                self.wait_until_finished()
-        finally:
+        if exc_type is None:
             self.close()
+        else:  # the block's exception, not a save's, goes on
+            self._mgr.close()
+            self._pending = None
 
     def __repr__(self) -> str:
         return f"mhckpt.orbax.CheckpointManager({str(self._directory)!r})"
