@@ -192,3 +192,27 @@ def test_unsupported_features_raise(comm, jd, root):
                 getattr(mngr, method)(0)
         assert mngr.all_steps() == []
         assert issubclass(U, NotImplementedError) and issubclass(U, mhckpt.InvalidArgumentError)
+
+
+def test_standalone_checkpointers(comm, jd, root):
+    """``StandardCheckpointer().save(path, state)`` / ``.restore(path, abstract)``,
+    as Flax's guides use it; a second save needs force=True."""
+    import os
+
+    data, shardings, state = make_state(jd)
+    path = os.path.join(root, "state")
+    with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(path, state)
+        ckptr.wait_until_finished()
+        got = ckptr.restore(path, abstract_of(jd, shardings, data))
+        for k, v in data.items():
+            check_jax(comm, jd, got["params"][k], v, shardings[k], f"restore: {k}")
+        raises_everywhere(comm, ValueError, lambda: ckptr.save(path, state), contains=["already exists"])
+        doubled = jd.jax.tree.map(lambda x: x + x, state)
+        ckptr.save(path, doubled, force=True)
+        got = ckptr.restore(path, args=ocp.args.StandardRestore(abstract_of(jd, shardings, data)))
+        check_jax(comm, jd, got["params"]["w"], data["w"] + data["w"], shardings["w"], "after force=True")
+        assert got["epoch"] == 6
+    meta = os.path.join(root, "meta")
+    ocp.Checkpointer(ocp.JsonCheckpointHandler()).save(meta, args=ocp.args.JsonSave({"a": [1, 2]}))
+    assert ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(meta) == {"a": [1, 2]}
