@@ -69,9 +69,10 @@ def same(got, want, name):
 
 @pytest.mark.skipif(int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1")) > 1,
                     reason="starts its own mpirun job: runs at world size 1 only")
-def test_orbax_checkpoint_converted(tmp_path):
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    jax = pytest.importorskip("jax")
+def test_orbax_checkpoint_converted(tmp_path, jax_dist):
+    # jax_dist: jax.distributed starts before this test's first jax call (a
+    # later test of the session asks for it, and it must come first).
+    jax = jax_dist.jax
     ocp = pytest.importorskip("orbax.checkpoint")
     data = {
         "params": {"w": pattern("cv/w", (9, 4), "float32"), "e": pattern("cv/e", (5, 3), "bfloat16")},
