@@ -391,6 +391,12 @@ def _kind_of(x: Any) -> str:
     or Orbax's own, by class name)."""
     handler = getattr(x, "handler", x)
     n = type(handler).__name__
+    if n.endswith("Args"):  # Orbax's own args classes (StandardSaveArgs, ...)
+        for attr in ("custom_metadata", "transforms", "legacy_transform_fn", "fallback_sharding",
+                     "support_layout", "ocdbt_target_data_file_size"):
+            if getattr(handler, attr, None):
+                raise unsupported(f"{n}({attr}=...)")
+        n = n[: -len("Args")]
     if n in ("JsonSave", "JsonRestore", "JsonCheckpointHandler"):
         return "json"
     if n in ("StandardSave", "StandardRestore", "PyTreeSave", "PyTreeRestore", "StandardCheckpointHandler",
@@ -777,7 +783,7 @@ class CheckpointManager:
         if a is not None:
             if items is not None or save_kwargs is not None:
                 raise ValueError("give either args or items/save_kwargs, not both")
-            if isinstance(a, Mapping) and type(a).__name__ == "Composite":
+            if isinstance(a, Mapping) and type(a).__name__ in ("Composite", "CompositeArgs"):
                 self._set_mode(False)
                 parts = dict(a.items())
             else:
@@ -845,7 +851,7 @@ class CheckpointManager:
         if a is not None:
             if items is not None or restore_kwargs is not None:
                 raise ValueError("give either args or items/restore_kwargs, not both")
-            if isinstance(a, Mapping) and type(a).__name__ == "Composite":
+            if isinstance(a, Mapping) and type(a).__name__ in ("Composite", "CompositeArgs"):
                 if single and not whole:
                     raise ValueError("the step holds one item, saved without args.Composite; restore it "
                                      "with StandardRestore")
