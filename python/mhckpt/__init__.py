@@ -9,6 +9,11 @@
 Every method is collective over the manager's MPI communicator unless its
 docstring says "local". jax and torch are imported only when a leaf of
 theirs is saved or restored. See docs/PYTHON.md.
+
+Drop-ins for code written against other checkpointers: ``mhckpt.orbax``
+(Orbax's CheckpointManager API) and ``mhckpt.torch`` (DCP's save, load and
+async_save). ``python -m mhckpt convert SRC DST`` converts Orbax, DCP and
+safetensors checkpoints into mhckpt, and mhckpt steps into safetensors.
 """
 from ._errors import (
     AlreadyExistsError,
