@@ -196,7 +196,11 @@ def load(state_dict: Dict[str, Any], *, checkpoint_id: Any = None, storage_reade
     with CheckpointManager(root, _comm(process_group, no_dist), own_root=False) as mgr:
         step = mgr.latest_step()
         if step is None:
-            raise NotFoundError(f"mhckpt.torch.load: {root} holds no committed checkpoint")
+            hint = ""
+            if os.path.isfile(os.path.join(root, ".metadata")):
+                hint = (": it holds a DCP checkpoint, which mhckpt.torch does not read; convert it with "
+                        f"`python -m mhckpt convert {root} NEW_DIRECTORY`")
+            raise NotFoundError(f"mhckpt.torch.load: {root} holds no committed checkpoint{hint}")
         restored = mgr.restore(step, sd)
     _assign(sd, restored)
     for k in statefuls:

@@ -102,6 +102,10 @@ def test_orbax_checkpoint_converted(tmp_path, jax_dist):
         got = mngr.restore(7, args=mocp.args.Composite(state=mocp.args.StandardRestore(data),
                                                        meta=mocp.args.JsonRestore()))
     assert got.meta == {"lr": 0.25}
+    # Orbax's own directory is not read, and the error says how to convert it.
+    with mocp.CheckpointManager(str(src), options=mocp.CheckpointManagerOptions(read_only=True)) as mngr:
+        with pytest.raises(mhckpt.NotFoundError, match="python -m mhckpt convert"):
+            mngr.restore(7)
     same(got.state["params"]["e"], data["params"]["e"], "mhckpt.orbax: e")
     same(got.state["opt"][1], data["opt"][1], "mhckpt.orbax: opt/1")
 
@@ -147,6 +151,8 @@ def test_dcp_checkpoint_converted(comm, root):
             "optim": {"state": {"0.weight": {k: torch.zeros_like(v)
                                              for k, v in sd["optim"]["state"]["0.weight"].items()}},
                       "param_groups": [{"lr": 0.0, "betas": (0.0, 0.0), "params": [""], "foreach": 1}]}}
+    with pytest.raises(mhckpt.NotFoundError, match="python -m mhckpt convert"):
+        mdcp.load(into, checkpoint_id=src)  # DCP's own files are not read
     mdcp.load(into, checkpoint_id=dst)
     all_equal_bytes(comm, torch_local(into["model"]["0.bias"]), arrays["model"]["0.bias"], "load: 0.bias")
     all_ok(comm, into["optim"]["param_groups"] == sd["optim"]["param_groups"] and into["step"] == 11,

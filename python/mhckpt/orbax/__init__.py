@@ -834,10 +834,12 @@ class CheckpointManager:
         if step is None:
             step = self._mgr.latest_step()
             if step is None:
-                raise NotFoundError(f"no committed step in {self._directory}")
+                raise NotFoundError(f"no committed step in {self._directory}{_orbax_hint(self._directory)}")
         step = int(step)
         if step == self._pending:
             self.wait_until_finished()
+        if step not in self._mgr.all_steps() and (self._directory / str(step)).is_dir():
+            raise NotFoundError(f"step {step} is not committed in {self._directory}{_orbax_hint(self._directory)}")
         _, saved, single = self._store.layout(step)
         requests, single_out = self._restore_request(saved, single, items, restore_kwargs, args)
         got = self._store.restore(step, requests)
@@ -924,6 +926,19 @@ class CheckpointManager:
 
     def __repr__(self) -> str:
         return f"mhckpt.orbax.CheckpointManager({str(self._directory)!r})"
+
+
+def _orbax_hint(directory: pathlib.Path) -> str:
+    """A hint naming Orbax's own steps in ``directory``, which mhckpt.orbax does not read."""
+    try:
+        steps = sorted(int(d.name) for d in directory.iterdir()
+                       if d.name.isdigit() and (d / "_CHECKPOINT_METADATA").is_file())
+    except OSError:
+        return ""
+    if not steps:
+        return ""
+    return (f"; it holds Orbax's own checkpoints (steps {steps[:8]}), which mhckpt.orbax does not read: "
+            f"convert them with `python -m mhckpt convert {directory} NEW_DIRECTORY`")
 
 
 def _restore_item(saved: Dict[str, str], name: str, a: Any):
