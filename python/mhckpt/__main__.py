@@ -16,8 +16,14 @@ def main(argv=None) -> int:
     command, rest = argv[0], argv[1:]
     if command == "convert":
         from ._convert import main as convert
+        from ._errors import Error
 
-        return convert(rest)
+        try:
+            return convert(rest)
+        except (Error, OSError, ImportError) as e:
+            # The same on every rank (a failed read is agreed before the save).
+            print(f"python -m mhckpt convert: {e}", file=sys.stderr, flush=True)
+            return 1
     print(f"python -m mhckpt: unknown command {command!r} (commands: convert)", file=sys.stderr)
     return 2
 
