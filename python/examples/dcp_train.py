@@ -53,7 +53,8 @@ def parse_args() -> argparse.Namespace:
 
 def make_model(mesh) -> torch.nn.Module:
     torch.manual_seed(0)  # the same initial values at every world size
-    model = torch.nn.Sequential(torch.nn.Linear(D_IN, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, D_OUT))
+    model = torch.nn.Sequential(torch.nn.Linear(D_IN, HIDDEN), torch.nn.Tanh(),
+                                torch.nn.Linear(HIDDEN, D_OUT))
     for layer in (model[0], model[2]):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)

@@ -182,7 +182,8 @@ def main() -> None:
                     # What flax.training.orbax_utils.save_args_from_target gives:
                     # aggregate=True for every array that is not sharded.
                     save_args = jax.tree.map(
-                        lambda x: ocp.SaveArgs(aggregate=not isinstance(x, jax.Array) or x.is_fully_replicated),
+                        lambda x: ocp.SaveArgs(
+                            aggregate=not isinstance(x, jax.Array) or x.is_fully_replicated),
                         items)
                     mngr.save(step, items, save_kwargs={"save_args": save_args})
                 log(f"step {step}: save started")

@@ -114,8 +114,7 @@ def _add_value(src: Source, name: str, v: Any) -> None:
 
 
 def _is_orbax_item(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, "_METADATA")) or os.path.isfile(os.path.join(path, "manifest.ocdbt")) \
-        or os.path.isfile(os.path.join(path, "_sharding"))
+    return any(os.path.isfile(os.path.join(path, f)) for f in ("_METADATA", "manifest.ocdbt", "_sharding"))
 
 
 def _is_orbax_json_item(path: str) -> bool:
@@ -140,7 +139,8 @@ class OrbaxSource(Source):
 
         self._ocp = ocp
         if not _is_orbax_step(path) and not _is_orbax_item(path):  # a root of numbered steps
-            steps = sorted(int(d) for d in _subdirs(path) if d.isdigit() and _is_orbax_step(os.path.join(path, d)))
+            steps = sorted(int(d) for d in _subdirs(path)
+                           if d.isdigit() and _is_orbax_step(os.path.join(path, d)))
             if not steps:
                 raise NotFoundError(f"{path}: no Orbax step, item or root of steps")
             if step is None:
@@ -455,7 +455,8 @@ def to_mhckpt(src: Source, dst: str, step: int, comm) -> int:
         if a is None:
             a = np.empty((0,) + tuple(shape[1:]), _leaves.numpy_dtype(dtype))
         elif tuple(a.shape) != tuple(shape) or _dtype_name(n, a.dtype) != dtype:
-            raise InvalidArgumentError(f"array '{n}': read {a.dtype}{a.shape}, the metadata says {dtype}{shape}")
+            raise InvalidArgumentError(
+                f"array '{n}': read {a.dtype}{a.shape}, the metadata says {dtype}{shape}")
         state[n] = Shard(a, (0,) * len(shape), shape)
     state.update(src.values)
     with CheckpointManager(dst, comm) as mgr:
@@ -483,11 +484,13 @@ def to_safetensors(root: str, step: Optional[int], dst: str, comm) -> Tuple[int,
             else:
                 target[n] = Shard(np.empty((0,) + shape[1:], dt), (0,) * len(shape), shape)
         got = mgr.restore(step, target, strict=True)
-    mine = {n: (got[n].local if isinstance(got[n], Shard) else got[n]) for n in arrays if owner[n] == comm.rank}
+    mine = {n: (got[n].local if isinstance(got[n], Shard) else got[n])
+            for n in arrays if owner[n] == comm.rank}
     meta = {_VALUES_META: json.dumps(desc["values"], sort_keys=True)} if desc["values"] else {}
     if dst.endswith(".safetensors"):
         if comm.size != 1:
-            raise InvalidArgumentError(f"{dst}: one .safetensors file is written by one process; give a directory")
+            raise InvalidArgumentError(
+                f"{dst}: one .safetensors file is written by one process; give a directory")
         files = [dst]
     else:
         if comm.rank == 0:
@@ -496,13 +499,15 @@ def to_safetensors(root: str, step: Optional[int], dst: str, comm) -> Tuple[int,
         if comm.size == 1:
             files = [os.path.join(dst, "model.safetensors")]
         else:
-            files = [os.path.join(dst, f"model-{r + 1:05d}-of-{comm.size:05d}.safetensors") for r in range(comm.size)]
+            files = [os.path.join(dst, f"model-{r + 1:05d}-of-{comm.size:05d}.safetensors")
+                     for r in range(comm.size)]
     path = files[comm.rank]
     save_file({n: _numpy_to_torch(a) for n, a in mine.items()}, path, metadata=meta or None)
     if comm.size > 1:
         comm.Barrier()
         if comm.rank == 0:
-            total = sum(int(np.prod(s, dtype=np.int64)) * _leaves.numpy_dtype(d).itemsize for s, d in arrays.values())
+            total = sum(int(np.prod(s, dtype=np.int64)) * _leaves.numpy_dtype(d).itemsize
+                        for s, d in arrays.values())
             index = {"metadata": {"total_size": total},
                      "weight_map": {n: os.path.basename(files[owner[n]]) for n in sorted(arrays)}}
             with open(os.path.join(dst, _INDEX), "w") as f:
@@ -550,11 +555,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                                   else "mhckpt")
     if dst_format == "safetensors":
         if src_format != "mhckpt":
-            raise InvalidArgumentError("safetensors are written from an mhckpt step: convert into mhckpt first")
+            raise InvalidArgumentError(
+                "safetensors are written from an mhckpt step: convert into mhckpt first")
         nbytes, files = to_safetensors(a.src, a.step, a.dst, comm)
         total = comm.allreduce(nbytes)
         if comm.rank == 0:
-            print(f"convert: {a.src} -> {len(files)} safetensors file(s) in {a.dst}: {total} bytes", flush=True)
+            print(f"convert: {a.src} -> {len(files)} safetensors file(s) in {a.dst}: {total} bytes",
+                  flush=True)
         return 0
     if src_format == "orbax":
         src: Source = OrbaxSource(a.src, a.step)

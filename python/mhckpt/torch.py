@@ -32,7 +32,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 import torch
 
@@ -68,7 +68,8 @@ def _comm(process_group: Any, no_dist: bool) -> Any:
 
     if not (dist.is_available() and dist.is_initialized()):
         if process_group is not None:
-            raise FailedPreconditionError("mhckpt.torch: a process_group without torch.distributed initialised")
+            raise FailedPreconditionError(
+                "mhckpt.torch: a process_group without torch.distributed initialised")
         return None
     if (dist.get_rank(), dist.get_world_size()) != (rank, size):
         raise FailedPreconditionError(
@@ -135,8 +136,9 @@ def _start_save(state_dict: Dict[str, Any], checkpoint_id: Any, process_group: A
     return mgr
 
 
-def save(state_dict: Dict[str, Any], *, checkpoint_id: Any = None, storage_writer: Any = None, planner: Any = None,
-         process_group: Any = None, no_dist: bool = False, use_collectives: bool = True) -> None:
+def save(state_dict: Dict[str, Any], *, checkpoint_id: Any = None, storage_writer: Any = None,
+         planner: Any = None, process_group: Any = None, no_dist: bool = False,
+         use_collectives: bool = True) -> None:
     """Saves ``state_dict`` into the directory ``checkpoint_id`` and returns
     once it is committed (collective over ``process_group``; ``no_dist``:
     this process alone). Raises mhckpt.Error, the same on every rank."""

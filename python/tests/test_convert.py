@@ -35,11 +35,13 @@ def np_to_torch(a):
 def convert(nproc: int, *args: str) -> str:
     if MPIRUN is None:
         pytest.skip("mpirun not found")
-    cmd = [MPIRUN, "-np", str(nproc), "--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1",
-           "--mca", "btl_vader_single_copy_mechanism", "none", sys.executable, "-m", "mhckpt", "convert", *args]
+    cmd = [MPIRUN, "-np", str(nproc), "--oversubscribe", "--bind-to", "none",
+           "--mca", "mpi_yield_when_idle", "1", "--mca", "btl_vader_single_copy_mechanism", "none",
+           sys.executable, "-m", "mhckpt", "convert", *args]
     p = subprocess.run(cmd, env=_mpirun_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        timeout=180, preexec_fn=_unpin, cwd="/")
-    assert p.returncode == 0, f"convert {args} at {nproc} processes failed ({p.returncode}):\n{p.stdout[-4000:]}"
+    assert p.returncode == 0, \
+        f"convert {args} at {nproc} processes failed ({p.returncode}):\n{p.stdout[-4000:]}"
     return p.stdout
 
 
@@ -63,8 +65,10 @@ def restored(root: Path):
 
 def same(got, want, name):
     got, want = np.asarray(got), np.asarray(want)
-    assert got.dtype == want.dtype and got.shape == want.shape, f"{name}: {got.dtype}{got.shape} vs {want.dtype}{want.shape}"
-    assert np.ascontiguousarray(got).tobytes() == np.ascontiguousarray(want).tobytes(), f"{name}: bytes differ"
+    assert got.dtype == want.dtype and got.shape == want.shape, \
+        f"{name}: {got.dtype}{got.shape} vs {want.dtype}{want.shape}"
+    assert np.ascontiguousarray(got).tobytes() == np.ascontiguousarray(want).tobytes(), \
+        f"{name}: bytes differ"
 
 
 @pytest.mark.skipif(int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1")) > 1,
@@ -81,7 +85,8 @@ def test_orbax_checkpoint_converted(tmp_path, jax_dist):
     }
     src = tmp_path / "orbax"
     with ocp.CheckpointManager(str(src)) as mngr:
-        mngr.save(7, args=ocp.args.Composite(state=ocp.args.StandardSave(jax.tree.map(jax.numpy.asarray, data)),
+        state = jax.tree.map(jax.numpy.asarray, data)
+        mngr.save(7, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                              meta=ocp.args.JsonSave({"lr": 0.25})))
         mngr.wait_until_finished()
     dst = tmp_path / "mh"
@@ -117,15 +122,18 @@ def test_dcp_checkpoint_converted(comm, root):
     from support import torch_local
 
     arrays = {
-        "model": {"0.weight": pattern("cv/dw", (7, 5), "float32"), "0.bias": pattern("cv/db", (7,), "bfloat16")},
+        "model": {"0.weight": pattern("cv/dw", (7, 5), "float32"),
+                  "0.bias": pattern("cv/db", (7,), "bfloat16")},
         "optim": {"state": {"0.weight": {"step": pattern("cv/step", (), "float32"),
                                          "exp_avg": pattern("cv/ea", (7, 5), "float32")}}},
         "ids": pattern("cv/ids", (3, 2), "int64"),
     }
     sd = {
         "model": {k: np_to_torch(v) for k, v in arrays["model"].items()},
-        "optim": {"state": {"0.weight": {k: np_to_torch(v) for k, v in arrays["optim"]["state"]["0.weight"].items()}},
-                  "param_groups": [{"lr": 0.5, "betas": (0.9, 0.999), "params": ["0.weight"], "foreach": None}]},
+        "optim": {"state": {"0.weight": {k: np_to_torch(v)
+                                         for k, v in arrays["optim"]["state"]["0.weight"].items()}},
+                  "param_groups": [{"lr": 0.5, "betas": (0.9, 0.999), "params": ["0.weight"],
+                                    "foreach": None}]},
         "ids": np_to_torch(arrays["ids"]),
         "step": 11,
     }
@@ -138,11 +146,13 @@ def test_dcp_checkpoint_converted(comm, root):
     assert step == 11
     want = {"model/0.weight": arrays["model"]["0.weight"], "model/0.bias": arrays["model"]["0.bias"],
             "optim/state/0.weight/step": arrays["optim"]["state"]["0.weight"]["step"],
-            "optim/state/0.weight/exp_avg": arrays["optim"]["state"]["0.weight"]["exp_avg"], "ids": arrays["ids"]}
+            "optim/state/0.weight/exp_avg": arrays["optim"]["state"]["0.weight"]["exp_avg"],
+            "ids": arrays["ids"]}
     for k, v in want.items():
         all_equal_bytes(comm, flat[k], v, k)
     assert flat["step"] == 11 and flat["optim/param_groups/0/betas/1"] == 0.999
-    assert flat["optim/param_groups/0/params/0"] == "0.weight" and flat["optim/param_groups/0/foreach"] is None
+    assert flat["optim/param_groups/0/params/0"] == "0.weight"
+    assert flat["optim/param_groups/0/foreach"] is None
 
     # mhckpt.torch.load fills the same state dict from the converted step.
     import mhckpt.torch as mdcp
@@ -174,7 +184,8 @@ def test_safetensors_in_and_out(comm, root):
         weight_map = {}
         for part, names in enumerate((sorted(arrays)[:3], sorted(arrays)[3:])):
             fn = f"model-{part + 1:05d}-of-00002.safetensors"
-            save_file({n: np_to_torch(arrays[n]) for n in names}, os.path.join(src, fn), metadata={"format": "pt"})
+            tensors = {n: np_to_torch(arrays[n]) for n in names}
+            save_file(tensors, os.path.join(src, fn), metadata={"format": "pt"})
             weight_map.update({n: fn for n in names})
         with open(os.path.join(src, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {}, "weight_map": weight_map}, f)

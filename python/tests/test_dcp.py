@@ -102,7 +102,8 @@ def test_values_stateful_and_overwrite(comm, torch_dist, root):
     ckpt = os.path.join(root, "c")
     t = torch.arange(10, dtype=torch.float32)
     for version in (1, 2):  # the second save to the same checkpoint_id replaces the first
-        state = {"t": t * version, "cfg": {"betas": (0.9, 0.99 * version), "name": f"v{version}", "none": None},
+        state = {"t": t * version,
+                 "cfg": {"betas": (0.9, 0.99 * version), "name": f"v{version}", "none": None},
                  "lst": [torch.ones(2, dtype=torch.int64) * version, version], "app": Counter(version)}
         mdcp.save(state, checkpoint_id=ckpt)
     with mhckpt.CheckpointManager(ckpt, own_root=False) as m:

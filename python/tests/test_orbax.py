@@ -171,8 +171,10 @@ def test_restores_a_plain_mhckpt_step(comm, jd, root):
 
 def test_unsupported_features_raise(comm, jd, root):
     U = mhckpt.UnsupportedError
-    for kw, name in [({"best_fn": lambda m: m["loss"]}, "best_fn"), ({"keep_time_interval": 3600}, "keep_time"),
-                     ({"step_prefix": "ckpt"}, "step_prefix"), ({"todelete_subdir": "trash"}, "todelete_subdir")]:
+    for kw, name in [({"best_fn": lambda m: m["loss"]}, "best_fn"),
+                     ({"keep_time_interval": 3600}, "keep_time"),
+                     ({"step_prefix": "ckpt"}, "step_prefix"),
+                     ({"todelete_subdir": "trash"}, "todelete_subdir")]:
         with pytest.raises(U, match=name):
             ocp.CheckpointManager(root, options=ocp.CheckpointManagerOptions(**kw))
     with pytest.raises(U, match="use_ocdbt"):
@@ -184,7 +186,8 @@ def test_unsupported_features_raise(comm, jd, root):
     x = {"x": np.zeros(3, np.float32)}
     with ocp.CheckpointManager(root) as mngr:
         with pytest.raises(U, match="chunk_byte_size"):
-            mngr.save(0, args=ocp.args.StandardSave(x, save_args={"x": ocp.SaveArgs(chunk_byte_size=1 << 20)}))
+            save_args = {"x": ocp.SaveArgs(chunk_byte_size=1 << 20)}
+            mngr.save(0, args=ocp.args.StandardSave(x, save_args=save_args))
         with pytest.raises(U, match="custom_metadata"):
             mngr.save(0, args=ocp.args.StandardSave(x), custom_metadata={"a": 1})
         for method in ("delete", "best_step", "reached_preemption", "item_metadata"):

@@ -29,10 +29,8 @@ made by every process in the same order, as with Orbax.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pathlib
-import sys
 from collections.abc import Mapping
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -119,7 +117,8 @@ class CheckpointManagerOptions:
     read_only: bool = False
     enable_async_checkpointing: bool = True
     async_options: Optional[AsyncOptions] = None
-    multiprocessing_options: MultiprocessingOptions = dataclasses.field(default_factory=MultiprocessingOptions)
+    multiprocessing_options: MultiprocessingOptions = dataclasses.field(
+        default_factory=MultiprocessingOptions)
     should_save_fn: Optional[Callable[[int, Optional[int]], bool]] = None
     file_options: Any = None
     atomicity_options: Any = None
@@ -170,7 +169,8 @@ def _check_options(o: Any) -> CheckpointManagerOptions:
             raise unsupported(f"CheckpointManagerOptions({name}={values[name]!r})", why)
     fo = values.get("file_options")
     if fo is not None and any(
-        getattr(fo, k, None) not in (None, False) for k in ("path_permission_mode", "skip_sync_file_validations")
+        getattr(fo, k, None) not in (None, False)
+        for k in ("path_permission_mode", "skip_sync_file_validations")
     ):
         raise unsupported(f"CheckpointManagerOptions(file_options={fo!r})")
     mp = values.get("multiprocessing_options")
@@ -183,7 +183,8 @@ def _check_options(o: Any) -> CheckpointManagerOptions:
                           "every process of the job takes part, process 0 leads")
     ao = values.get("async_options")
     if ao is not None and (
-        getattr(ao, "barrier_sync_fn", None) is not None or getattr(ao, "post_finalization_callback", None) is not None
+        getattr(ao, "barrier_sync_fn", None) is not None
+        or getattr(ao, "post_finalization_callback", None) is not None
     ):
         raise unsupported("AsyncOptions(barrier_sync_fn=..., post_finalization_callback=...)",
                           "wait_until_finished() returns once the step is committed")
@@ -552,7 +553,8 @@ class Checkpointer:
             latest = mgr.latest_step()
             if latest is not None and not force:
                 raise ValueError(f"Destination {root} already exists. To overwrite, set force=True.")
-            _Store(mgr).save(0 if latest is None else latest + 1, {DEFAULT_ITEM_NAME: (kind, item, save_args)}, True)
+            step = 0 if latest is None else latest + 1
+            _Store(mgr).save(step, {DEFAULT_ITEM_NAME: (kind, item, save_args)}, True)
         except BaseException:
             mgr.close()
             raise
@@ -593,7 +595,8 @@ class Checkpointer:
             store = _Store(mgr)
             _, saved, single = store.layout(step)
             if not single:
-                raise ValueError(f"{root} holds the items {sorted(saved)}: restore it with a CheckpointManager")
+                raise ValueError(
+                    f"{root} holds the items {sorted(saved)}: restore it with a CheckpointManager")
             name = "" if "" in saved else DEFAULT_ITEM_NAME
             return store.restore(step, {name: (target, restore_args, partial)})[name]
 
@@ -676,7 +679,8 @@ class CheckpointManager:
         self._options = o = _check_options(options)
         self._directory = pathlib.Path(os.fspath(directory))
         if not o.create and not self._directory.exists():
-            raise FileNotFoundError(f"{self._directory} does not exist (CheckpointManagerOptions(create=False))")
+            raise FileNotFoundError(
+                f"{self._directory} does not exist (CheckpointManagerOptions(create=False))")
         self._legacy: Optional[Dict[str, Checkpointer]] = None
         self._single: Optional[bool] = None
         async_save = bool(o.enable_async_checkpointing)
@@ -791,12 +795,14 @@ class CheckpointManager:
                 parts = {DEFAULT_ITEM_NAME: a}
             if self._item_names is not None and not set(parts) <= set(self._item_names):
                 raise ValueError(f"items {sorted(set(parts) - set(self._item_names))} are not in item_names")
-            return {n: (_kind_of(x), x.item, getattr(x, "save_args", None)) for n, x in parts.items()}, self._single
+            request = {n: (_kind_of(x), x.item, getattr(x, "save_args", None)) for n, x in parts.items()}
+            return request, self._single
         if items is None:
             raise ValueError("save needs args= (or the older items=)")
         if self._legacy is None:
-            raise unsupported("save(step, items) without checkpointers",
-                              "pass args=ocp.args.StandardSave(items), or CheckpointManager(dir, checkpointer)")
+            raise unsupported(
+                "save(step, items) without checkpointers",
+                "pass args=ocp.args.StandardSave(items), or CheckpointManager(dir, checkpointer)")
         if self._single:
             items, save_kwargs = {DEFAULT_ITEM_NAME: items}, {DEFAULT_ITEM_NAME: save_kwargs or {}}
         save_kwargs = save_kwargs or {}
@@ -839,7 +845,8 @@ class CheckpointManager:
         if step == self._pending:
             self.wait_until_finished()
         if step not in self._mgr.all_steps() and (self._directory / str(step)).is_dir():
-            raise NotFoundError(f"step {step} is not committed in {self._directory}{_orbax_hint(self._directory)}")
+            raise NotFoundError(
+                f"step {step} is not committed in {self._directory}{_orbax_hint(self._directory)}")
         _, saved, single = self._store.layout(step)
         requests, single_out = self._restore_request(saved, single, items, restore_kwargs, args)
         got = self._store.restore(step, requests)
@@ -945,7 +952,8 @@ def _restore_item(saved: Dict[str, str], name: str, a: Any):
     kind = _kind_of(a)
     if name in saved and saved[name] != kind:
         raise ValueError(f"item '{name}' was saved as a {saved[name]} item, restored as a {kind} item")
-    return (getattr(a, "item", None), getattr(a, "restore_args", None), bool(getattr(a, "partial_restore", False)))
+    partial = bool(getattr(a, "partial_restore", False))
+    return getattr(a, "item", None), getattr(a, "restore_args", None), partial
 
 
 __all__ = [

@@ -32,8 +32,9 @@ class StandardSave(CheckpointArgs):
 
     def __init__(self, item: Any, save_args: Any = None, custom_metadata: Any = None):
         if custom_metadata is not None:
-            raise unsupported(f"{type(self).__name__}(custom_metadata=...)",
-                              "store such values as a JSON item: args.Composite(..., meta=args.JsonSave(...))")
+            raise unsupported(
+                f"{type(self).__name__}(custom_metadata=...)",
+                "store such values as a JSON item: args.Composite(..., meta=args.JsonSave(...))")
         self.item = item
         self.save_args = save_args
 
