@@ -149,11 +149,8 @@ class OrbaxSource(Source):
                 raise NotFoundError(f"{path}: no Orbax step {step} (steps: {steps})")
             path = os.path.join(path, str(step))
         base = os.path.basename(os.path.normpath(path))
-        if _is_orbax_item(path):  # one item alone: names are its tree paths
+        if _is_orbax_item(path):  # one item alone: names are its tree paths, a plain step
             items = {"": path}
-            self.metadata = {"orbax.items": {"default": "tree"}, "orbax.single": True}
-            if base.isdigit():
-                self.step = int(base)
         else:
             items = {d: os.path.join(path, d) for d in _subdirs(path)
                      if _is_orbax_item(os.path.join(path, d)) or _is_orbax_json_item(os.path.join(path, d))}
@@ -182,6 +179,11 @@ class OrbaxSource(Source):
         tree = getattr(tree, "tree", tree)
         self._meta_trees[ipath] = tree
         flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: hasattr(x, "shape"))[0]
+        from .orbax import _sequence_paths
+
+        seqs = _sequence_paths(tree, ())
+        if seqs:  # mhckpt.orbax gives lists back where the tree had them
+            self.metadata.setdefault("orbax.sequences", {})[item] = seqs
         prefix = f"{item}/" if item else ""
         for path, leaf in flat:
             keys = tuple(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))) for k in path)

@@ -107,6 +107,21 @@ def test_orbax_checkpoint_converted(tmp_path, jax_dist):
         got = mngr.restore(7, args=mocp.args.Composite(state=mocp.args.StandardRestore(data),
                                                        meta=mocp.args.JsonRestore()))
     assert got.meta == {"lr": 0.25}
+    # A lone item directory (StandardCheckpointer's), converted in this process:
+    # a plain step named by the tree paths; a restore without a target gives
+    # the lists back.
+    lone = tmp_path / "lone"
+    with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(str(lone / "state"), jax.tree.map(jax.numpy.asarray, data))
+        ckptr.wait_until_finished()
+    assert _convert.main([str(lone / "state"), str(tmp_path / "lone_mh")]) == 0
+    step, flat = restored(tmp_path / "lone_mh")
+    assert step == 0 and sorted(flat) == sorted(k[len("state/"):] for k in want)
+    with mocp.StandardCheckpointer() as ckptr:
+        lone_got = ckptr.restore(str(tmp_path / "lone_mh"))
+    assert isinstance(lone_got["opt"], list)
+    same(lone_got["opt"][0], data["opt"][0], "lone: opt/0")
+
     # Orbax's own directory is not read, and the error says how to convert it.
     with mocp.CheckpointManager(str(src), options=mocp.CheckpointManagerOptions(read_only=True)) as mngr:
         with pytest.raises(mhckpt.NotFoundError, match="python -m mhckpt convert"):

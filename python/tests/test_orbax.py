@@ -219,3 +219,17 @@ def test_standalone_checkpointers(comm, jd, root):
     meta = os.path.join(root, "meta")
     ocp.Checkpointer(ocp.JsonCheckpointHandler()).save(meta, args=ocp.args.JsonSave({"a": [1, 2]}))
     assert ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(meta) == {"a": [1, 2]}
+
+
+def test_restore_without_target_keeps_lists(comm, jd, root):
+    layers = [{"w": np.full((2, 2), i, np.float32)} for i in range(3)]
+    state = {"layers": layers, "pair": (np.arange(3, dtype=np.int16), 5), "top": np.ones(1, np.uint8)}
+    with ocp.CheckpointManager(root) as mngr:
+        mngr.save(0, args=ocp.args.StandardSave(state))
+        mngr.wait_until_finished()
+        got = mngr.restore(0)
+    assert isinstance(got["layers"], list) and len(got["layers"]) == 3
+    assert isinstance(got["pair"], list) and got["pair"][1] == 5
+    for i in range(3):
+        all_equal_bytes(comm, got["layers"][i]["w"], layers[i]["w"], f"layers/{i}/w")
+    all_equal_bytes(comm, got["pair"][0], state["pair"][0], "pair/0")

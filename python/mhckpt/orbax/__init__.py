@@ -50,6 +50,7 @@ _ITEMS_KEY = "orbax.items"  # {item name: "tree" | "json"}
 _SINGLE_KEY = "orbax.single"  # saved without item names (one "default" item)
 _JSON_KEY = "orbax.json"  # {item name: JSON item}
 _METRICS_KEY = "orbax.metrics"
+_SEQUENCES_KEY = "orbax.sequences"  # {item name: paths of its lists and tuples}
 
 
 class StepAlreadyExistsError(ValueError):
@@ -421,12 +422,18 @@ class _Store:
         """items: {name: (kind, item, save_args)}."""
         state: Dict[str, Any] = {}
         js: Dict[str, Any] = {}
+        sequences: Dict[str, List[str]] = {}
         for name, (kind, item, save_args) in items.items():
             if kind == "json":
                 js[name] = item
             else:
                 state[name] = _apply_save_args(name, item, save_args)
+                seqs = _sequence_paths(item, ())
+                if seqs:
+                    sequences[name] = seqs
         meta = {_ITEMS_KEY: {n: k for n, (k, _, _) in items.items()}, _SINGLE_KEY: single}
+        if sequences:  # so that a restore without a target gives lists back
+            meta[_SEQUENCES_KEY] = sequences
         if js:
             meta[_JSON_KEY] = _json_safe("JSON item", js)
         if metrics is not None:
@@ -457,7 +464,8 @@ class _Store:
                 continue
             prefix = f"{name}/" if name else ""
             stored_names = {n[len(prefix):] for n in list(arrays) + list(values) if n.startswith(prefix)}
-            if target is None:
+            whole = target is None
+            if whole:
                 target = _default_tree(stored_names)
             flat, treedef = _pytree.flatten(target, _leaves.is_leaf)
             names = [_pytree.path_name(p) for p, _ in flat]
@@ -475,14 +483,53 @@ class _Store:
                 leaves.append(t)
                 dtypes.append(dt)
             combined[name] = _pytree.unflatten(treedef, leaves)
-            casts[name] = (treedef, dtypes)
+            seqs = desc["metadata"].get(_SEQUENCES_KEY, {}).get(name) if whole else None
+            casts[name] = (treedef, dtypes, seqs)
         if combined:
             target = combined[""] if "" in combined else combined
             restored = self.mgr.restore(step, target)
-            for name, (treedef, dtypes) in casts.items():
+            for name, (treedef, dtypes, seqs) in casts.items():
                 got, _ = _pytree.flatten(restored[name] if name else restored, _leaves.is_leaf)
                 out[name] = _pytree.unflatten(treedef, [_cast(x, dt) for (_, x), dt in zip(got, dtypes)])
+                if seqs:
+                    out[name] = _as_sequences(out[name], seqs)
         return out
+
+
+def _sequence_paths(tree: Any, path: Tuple[str, ...]) -> List[str]:
+    """The paths of the lists and tuples in a tree of dicts, lists and tuples
+    (namedtuples and other nodes are not followed)."""
+    out: List[str] = []
+    if isinstance(tree, Mapping):
+        for k, v in tree.items():
+            out += _sequence_paths(v, path + (str(k),))
+    elif isinstance(tree, (list, tuple)) and not hasattr(type(tree), "_fields"):
+        if tree:
+            out.append("/".join(path))
+        for i, v in enumerate(tree):
+            out += _sequence_paths(v, path + (str(i),))
+    return out
+
+
+def _as_sequences(tree: Any, paths: List[str]) -> Any:
+    """Turns the dicts at ``paths`` (keyed "0", "1", ...) back into lists,
+    innermost first."""
+    for p in sorted(paths, key=lambda p: -len(p.split("/")) if p else 0):
+        keys = p.split("/") if p else []
+        parent, node = None, tree
+        try:
+            for k in keys:
+                parent, node = node, node[k]
+        except (KeyError, TypeError):
+            continue  # not restored (a partial tree)
+        if not isinstance(node, dict) or sorted(node) != sorted(str(i) for i in range(len(node))):
+            continue
+        seq = [node[str(i)] for i in range(len(node))]
+        if parent is None:
+            tree = seq
+        else:
+            parent[keys[-1]] = seq
+    return tree
 
 
 def _default_tree(names) -> Dict[str, Any]:
