@@ -20,7 +20,8 @@ at N processes).
 
 Names (the rule): a leaf's mhckpt name is its key path joined with ``/``, as
 mhckpt's own API names it. Orbax: the item name, then the tree path
-(``state/params/w1``; sequence items by index). DCP: the state dict's key path
+(``state/params/w1``; sequence items by index); a lone item directory by its
+tree paths alone. DCP: the state dict's key path
 as DCP records it (``model/0.weight``, ``optim/state/0.weight/exp_avg``);
 non-tensor entries are unpickled and named further by their own path
 (``optim/param_groups/0/betas/0``). safetensors: the tensor's name unchanged,

@@ -55,8 +55,8 @@ class StandardRestore(CheckpointArgs):
     ``jax.ShapeDtypeStruct`` (with a sharding: a ``jax.Array`` with that
     sharding), ``jax.Array`` (its sharding), numpy arrays (a new numpy array)
     or values; a leaf whose dtype differs from the stored one is cast after
-    the read. ``item=None`` restores the whole item as nested dicts of numpy
-    arrays and values. The target names exactly the stored leaves of the item.
+    the read. ``item=None`` restores the whole item as nested dicts and lists
+    of numpy arrays and values. The target names exactly the stored leaves of the item.
     ``strict=False`` is accepted; shapes must still match (mhckpt raises
     InvalidArgumentError naming the array otherwise)."""
 
