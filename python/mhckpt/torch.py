@@ -179,7 +179,9 @@ def async_save(state_dict: Dict[str, Any], *, checkpoint_id: Any = None, storage
         mgr.close()
         future.set_result(None)
 
-    threading.Thread(target=finish, name="mhckpt-torch-async-save", daemon=True).start()
+    # Not a daemon: the interpreter joins it before its exit handlers run, so a
+    # save still pending at exit commits and closes its manager first.
+    threading.Thread(target=finish, name="mhckpt-torch-async-save").start()
     return future
 
 
