@@ -164,6 +164,9 @@ Status Preallocate(const std::string& path, uint64_t bytes) {
   if (int e = fault::Errno("fallocate")) {
     return IoError(fmt::format("reserve {} bytes for '{}': {}", bytes, path, std::strerror(e)));
   }
+  // A step of plain values only has no data to reserve (posix_fallocate
+  // refuses a length of 0 with EINVAL).
+  if (bytes == 0) return OkStatus();
   // Read-write: where the file system has no fallocate, glibc emulates it by
   // reading and writing every block, which fails on a write-only descriptor.
   int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);

@@ -9,6 +9,11 @@
 Every method is collective over the manager's MPI communicator unless its
 docstring says "local". jax and torch are imported only when a leaf of
 theirs is saved or restored. See docs/PYTHON.md.
+
+Drop-ins for code written against other checkpointers: ``mhckpt.orbax``
+(Orbax's CheckpointManager API) and ``mhckpt.torch`` (DCP's save, load and
+async_save). ``python -m mhckpt convert SRC DST`` converts Orbax, DCP and
+safetensors checkpoints into mhckpt, and mhckpt steps into safetensors.
 """
 from ._errors import (
     AlreadyExistsError,
@@ -19,6 +24,7 @@ from ._errors import (
     InvalidArgumentError,
     IoError,
     NotFoundError,
+    UnsupportedError,
 )
 from ._leaves import new_array as empty
 from ._manager import CheckpointManager
@@ -37,5 +43,6 @@ __all__ = [
     "IoError",
     "NotFoundError",
     "Shard",
+    "UnsupportedError",
     "empty",
 ]

@@ -32,6 +32,12 @@ class InvalidArgumentError(Error, ValueError):
     code = "INVALID_ARGUMENT"
 
 
+class UnsupportedError(InvalidArgumentError, NotImplementedError):
+    """A feature of Orbax's or DCP's API that mhckpt.orbax or mhckpt.torch
+    does not provide; the message names it. Raised before anything is saved
+    or read, never ignored."""
+
+
 class NotFoundError(Error, LookupError):
     """No such step, or no such array in a step."""
 

@@ -162,7 +162,8 @@ def save_array(name: str, leaf: Any) -> SaveArray:
                 f"global shape {leaf.global_shape}: the three must have the same rank"
             )
         a = SaveArray(name, numpy_dtype_name(name, local.dtype), list(leaf.global_shape))
-        a.shards.append((list(leaf.offset), list(local.shape), host_bytes(local)))
+        if local.size:  # an empty block: this rank holds no box of the array
+            a.shards.append((list(leaf.offset), list(local.shape), host_bytes(local)))
         return a
     if isinstance(leaf, (np.ndarray, np.generic)):
         arr = np.asarray(leaf)

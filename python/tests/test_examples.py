@@ -119,3 +119,65 @@ def test_torch_dtensor_resume_at_other_world_sizes(tmp_path):
     # with MHCKPT_LONG_TESTS=1 (scripts/test.sh's long form) at 2, 3, then 2.
     sizes = [2, 3, 2] if os.environ.get("MHCKPT_LONG_TESTS") == "1" else [3, 2]
     train_and_resume("torch_train.py", tmp_path, sizes, n_arrays=12)
+
+
+def _same_with_either_import(script: str, tmp_path: Path, backends, save_at: int, restore_at: int, *args: str,
+                             resume=None):
+    """Runs ``script`` with each backend (the import it names): trains at
+    ``save_at`` processes, then resumes at ``restore_at`` (the backends of
+    ``resume``, default all). The fingerprints of the last save, of the
+    restore, and of the last save after the restore are the same for every
+    backend, and the restore gives back the save's."""
+    saves, resumes = {}, {}
+    for backend in backends:
+        ckpt = tmp_path / f"{backend}_ckpt"
+        first, second = tmp_path / f"{backend}_save.json", tmp_path / f"{backend}_resume.json"
+        run_ok(script, save_at, "--backend", backend, "--ckpt", str(ckpt), "--steps", "10",
+               "--fingerprint", str(first), *args)
+        saves[backend] = json.loads(first.read_text())["saved"]
+        if resume is not None and backend not in resume:
+            continue
+        out = run_ok(script, restore_at, "--backend", backend, "--ckpt", str(ckpt), "--steps", "14",
+                     "--resume", "--fingerprint", str(second), *args)
+        assert f"restored step 8 on {restore_at} processes" in out, out[-4000:]
+        resumed = json.loads(second.read_text())
+        assert resumed["restored"] == saves[backend], f"{script} --backend {backend}: restored != saved"
+        resumes[backend] = (resumed["restored"], resumed["saved"])
+    reference = backends[0]
+    assert len(saves[reference]) >= 6, saves[reference]
+    for backend in backends[1:]:
+        assert saves[backend] == saves[reference], f"{script}: {backend} saved other state than {reference}"
+    for backend in list(resumes)[1:]:
+        assert resumes[backend] == resumes[next(iter(resumes))], f"{script}: the resumes differ"
+
+
+def test_orbax_code_with_mhckpt_orbax(tmp_path):
+    """The same Orbax program with `import orbax.checkpoint as ocp` and with
+    `import mhckpt.orbax as ocp`: saved at 2 processes, restored at 3."""
+    pytest.importorskip("jax")
+    pytest.importorskip("orbax.checkpoint")
+    _same_with_either_import("orbax_train.py", tmp_path, ["orbax", "mhckpt"], 2, 3, "--style", "args")
+
+
+def test_orbax_seed_pattern_with_mhckpt_orbax(tmp_path):
+    """The seed's Orbax code: an AsyncCheckpointer with aggregate=True save
+    args, each save followed at once by a jitted update that donates the state.
+    Real Orbax too with MHCKPT_LONG_TESTS=1."""
+    pytest.importorskip("jax")
+    backends = ["mhckpt"]
+    if os.environ.get("MHCKPT_LONG_TESTS") == "1":
+        pytest.importorskip("orbax.checkpoint")
+        backends.insert(0, "orbax")
+    _same_with_either_import("orbax_train.py", tmp_path, backends, 2, 3, "--style", "legacy")
+
+
+def test_dcp_code_with_mhckpt_torch(tmp_path):
+    """The same FSDP2 program with `import torch.distributed.checkpoint as dcp`
+    and with `import mhckpt.torch as dcp` (async_save): saved at 2 processes,
+    loaded at 3 with mhckpt.torch, the same state as DCP saved. Each job costs
+    ~10 s (torch at every rank): DCP's own load at 3 only with
+    MHCKPT_LONG_TESTS=1 (test_dcp.py compares the two loads at each world size)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("torch.distributed.fsdp")
+    resume = None if os.environ.get("MHCKPT_LONG_TESTS") == "1" else ["mhckpt"]
+    _same_with_either_import("dcp_train.py", tmp_path, ["dcp", "mhckpt"], 2, 3, "--async-save", resume=resume)

@@ -24,6 +24,15 @@ def test_empty_root(comm, mgr):
     )
 
 
+def test_plain_values_only(mgr):
+    """A step without arrays (a JSON item of mhckpt.orbax, a DCP state dict of
+    plain values): nothing to reserve or write, the values in the marker."""
+    mgr.save(3, {"epoch": 7, "name": "run", "cfg": {"lr": 0.5, "none": None}})
+    mgr.wait_until_finished()
+    assert mgr.restore(3) == {"epoch": 7, "name": "run", "cfg": {"lr": 0.5, "none": None}}
+    assert mgr.verify(3) == 0 and mgr.describe(3)["arrays"] == {}
+
+
 def test_max_to_keep(comm, root):
     with mhckpt.CheckpointManager(root, max_to_keep=2) as mgr:
         for step in (10, 20, 30, 40, 50):

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""What the Orbax and DCP drop-ins add to mhckpt's own Python API.
+
+The same leaves -- each rank's row block of 8 float32 arrays as mhckpt.Shard,
+MIB MiB in all -- saved through three front doors of the same core:
+
+  plain         mhckpt.CheckpointManager(root).save(step, state); wait_until_finished()
+  mhckpt.orbax  CheckpointManager(root).save(step, args=StandardSave(state)); wait_until_finished()
+  mhckpt.torch  async_save(state, checkpoint_id=root/step_N).result()   (a directory per save, as DCP)
+
+Each rep: barrier, save (the stall: until it returns), then until committed (the
+commit). The figure of a rep is the slowest rank's; the record holds the
+medians of --reps timed reps after one untimed warm-up save.
+
+    mpirun -np 2 python/.venv/bin/python bench/peers/dropin_bench.py --mib 256 --reps 5 \\
+        --dir /var/tmp/dropin --json dropin.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import mhckpt
+import mhckpt.orbax as ocp
+import mhckpt.torch as mdcp
+
+ARRAYS, COLS = 8, 4096
+
+
+def make_state(mib: int, comm) -> dict:
+    rows = max(comm.size, (mib << 20) // (ARRAYS * COLS * 4))
+    base, extra = divmod(rows, comm.size)
+    count = base + (1 if comm.rank < extra else 0)
+    start = comm.rank * base + min(comm.rank, extra)
+    rng = np.random.default_rng(comm.rank)
+    return {f"w{i}": mhckpt.Shard(rng.standard_normal((count, COLS), dtype=np.float32), (start, 0), (rows, COLS))
+            for i in range(ARRAYS)}
+
+
+def timed(comm, save, commit):
+    comm.Barrier()
+    t0 = time.perf_counter()
+    handle = save()
+    t1 = time.perf_counter()
+    commit(handle)
+    t2 = time.perf_counter()
+    return comm.allreduce(t1 - t0, MPI.MAX), comm.allreduce(t2 - t0, MPI.MAX)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mib", type=int, default=256)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--dir", required=True)
+    p.add_argument("--json")
+    a = p.parse_args()
+    comm = MPI.COMM_WORLD
+    state = make_state(a.mib, comm)
+    if comm.rank == 0:
+        shutil.rmtree(a.dir, ignore_errors=True)
+        os.makedirs(a.dir)
+    comm.Barrier()
+    results = {}
+
+    with mhckpt.CheckpointManager(os.path.join(a.dir, "plain"), max_to_keep=2) as mgr:
+        runs = [timed(comm, lambda s=s: mgr.save(s, state), lambda _: mgr.wait_until_finished())
+                for s in range(a.reps + 1)]
+    results["plain"] = runs[1:]
+
+    with ocp.CheckpointManager(os.path.join(a.dir, "orbax"),
+                               options=ocp.CheckpointManagerOptions(max_to_keep=2)) as mngr:
+        runs = [timed(comm, lambda s=s: mngr.save(s, args=ocp.args.StandardSave(state)),
+                      lambda _: mngr.wait_until_finished()) for s in range(a.reps + 1)]
+    results["mhckpt.orbax"] = runs[1:]
+
+    runs = []
+    for s in range(a.reps + 1):
+        ckpt = os.path.join(a.dir, "torch", f"step_{s}")
+        runs.append(timed(comm, lambda: mdcp.async_save(state, checkpoint_id=ckpt), lambda f: f.result()))
+        if comm.rank == 0 and s >= 2:  # keep two, as the others do
+            shutil.rmtree(os.path.join(a.dir, "torch", f"step_{s - 2}"), ignore_errors=True)
+    results["mhckpt.torch"] = runs[1:]
+
+    record = {"mib": a.mib, "np": comm.size, "reps": a.reps, "systems": {}}
+    for name, runs in results.items():
+        stall = statistics.median(r[0] for r in runs)
+        commit = statistics.median(r[1] for r in runs)
+        record["systems"][name] = {"stall_s": stall, "commit_s": commit}
+    plain = record["systems"]["plain"]
+    for name, r in record["systems"].items():
+        r["stall_vs_plain"] = r["stall_s"] / plain["stall_s"]
+        r["commit_vs_plain"] = r["commit_s"] / plain["commit_s"]
+    if comm.rank == 0:
+        for name, r in record["systems"].items():
+            print(f"{name:13s} stall {r['stall_s'] * 1e3:8.1f} ms ({r['stall_vs_plain']:.2f}x)  "
+                  f"commit {r['commit_s'] * 1e3:8.1f} ms ({r['commit_vs_plain']:.2f}x)", flush=True)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(record, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""mhckpt.orbax: Orbax's CheckpointManager API on mhckpt, at every world size
+(one CPU device per rank). The comparison with real Orbax, program against
+program, is test_examples.py's."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mhckpt
+from support import all_equal_bytes, all_ok, pattern, raises_everywhere
+
+ocp = pytest.importorskip("mhckpt.orbax")
+
+
+def check_jax(comm, jd, out, want: np.ndarray, sharding, what: str) -> None:
+    jax = jd.jax
+    all_ok(comm, isinstance(out, jax.Array), f"{what}: a jax.Array, not {type(out)}")
+    all_ok(comm, out.shape == want.shape and np.dtype(out.dtype) == want.dtype, f"{what}: shape/dtype")
+    all_ok(comm, out.sharding.is_equivalent_to(sharding, want.ndim), f"{what}: sharding {out.sharding}")
+    for s in out.addressable_shards:
+        all_equal_bytes(comm, np.asarray(s.data), want[s.index], f"{what}: shard {s.index}")
+
+
+def make_state(jd):
+    n = jd.size
+    data = {
+        "w": pattern("orbax/w", (3 * n, 5), "float32"),
+        "b": pattern("orbax/b", (7,), "bfloat16"),
+        "count": pattern("orbax/count", (), "int32"),
+    }
+    shardings = {"w": jd.sharding(("x", None)), "b": jd.sharding(()), "count": jd.sharding(())}
+    state = {"params": {k: jd.array(v, shardings[k]) for k, v in data.items()}, "epoch": 3}
+    return data, shardings, state
+
+
+def abstract_of(jd, shardings, data):
+    return {"params": {k: jd.jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=shardings[k])
+                       for k, v in data.items()}, "epoch": 0}
+
+
+@pytest.fixture
+def jd(jax_dist):
+    return jax_dist
+
+
+def test_composite_save_restore(comm, jd, root):
+    data, shardings, state = make_state(jd)
+    options = ocp.CheckpointManagerOptions(max_to_keep=2)
+    with ocp.CheckpointManager(root, options=options) as mngr:
+        assert mngr.save(0, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                    meta=ocp.args.JsonSave({"lr": 0.5, "tags": ["a"]})))
+        for x in jd.jax.tree.leaves(state):  # donated, deleted: the save holds copies
+            if isinstance(x, jd.jax.Array):
+                x.delete()
+        mngr.wait_until_finished()
+        assert mngr.all_steps() == [0] and mngr.latest_step() == 0
+
+        got = mngr.restore(0, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_of(jd, shardings, data)), meta=ocp.args.JsonRestore()))
+        assert isinstance(got, ocp.Composite) and sorted(got) == ["meta", "state"]
+        assert got.meta == {"lr": 0.5, "tags": ["a"]}
+        assert got.state["epoch"] == 3
+        for k, v in data.items():
+            check_jax(comm, jd, got.state["params"][k], v, shardings[k], f"state/params/{k}")
+
+        # Without a target: every item, arrays as numpy.
+        whole = mngr.restore(None)
+        assert whole["meta"] == {"lr": 0.5, "tags": ["a"]}
+        for k, v in data.items():
+            all_equal_bytes(comm, whole["state"]["params"][k], v, f"no target: {k}")
+
+        # One item of the two.
+        only = mngr.restore(0, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        assert dict(only) == {"meta": {"lr": 0.5, "tags": ["a"]}}
+
+
+def test_should_save_and_retention(comm, jd, root):
+    """Orbax's rules: the first step, then every save_interval_steps-th
+    step newer than the latest; keep the newest max_to_keep and every
+    keep_period-th step."""
+    options = ocp.CheckpointManagerOptions(save_interval_steps=3, max_to_keep=2, keep_period=6)
+    x = np.arange(4, dtype=np.float32)
+    with ocp.CheckpointManager(root, options=options) as mngr:
+        saved = [s for s in range(1, 14) if mngr.save(s, args=ocp.args.StandardSave({"x": x + s}))]
+        assert saved == [1, 3, 6, 9, 12]
+        assert not mngr.should_save(12) and not mngr.should_save(11)
+        mngr.wait_until_finished()
+        assert mngr.all_steps() == [6, 9, 12]
+        with pytest.raises(ocp.StepAlreadyExistsError):
+            mngr.save(12, args=ocp.args.StandardSave({"x": x}), force=True)
+        got = mngr.restore(9, args=ocp.args.StandardRestore({"x": x}))
+        all_equal_bytes(comm, got["x"], x + 9, "step 9")
+    with ocp.CheckpointManager(root, options=ocp.CheckpointManagerOptions(read_only=True)) as ro:
+        assert ro.latest_step() == 12 and not ro.save(13, args=ocp.args.StandardSave({"x": x}))
+
+
+def test_seed_pattern_async_aggregate_and_donation(comm, jd, root):
+    """Orbax 0.4's style: an AsyncCheckpointer, aggregate=True save args for
+    every replicated array (flax's save_args_from_target), and a jitted
+    update that donates the state right after each save."""
+    jax = jd.jax
+    from jax.experimental import multihost_utils
+
+    data, shardings, state = make_state(jd)
+    state = state["params"]
+
+    @jax.jit
+    def _step(s):
+        return jax.tree.map(lambda a: a + a.dtype.type(1), s)
+
+    update = jax.jit(_step, donate_argnums=0)
+    mngr = ocp.CheckpointManager(root, ocp.AsyncCheckpointer(ocp.PyTreeCheckpointHandler()),
+                                 ocp.CheckpointManagerOptions(max_to_keep=3))
+    want = {}
+    for step in range(3):
+        save_args = jax.tree.map(lambda a: ocp.SaveArgs(aggregate=a.is_fully_replicated), state)
+        assert mngr.save(step, state, save_kwargs={"save_args": save_args})
+        want[step] = {k: np.asarray(multihost_utils.process_allgather(v, tiled=True))
+                      for k, v in state.items()}
+        state = update(state)  # donates what was just saved
+        jax.block_until_ready(state)
+    mngr.wait_until_finished()
+    assert mngr.all_steps() == [0, 1, 2]
+    target = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=shardings[k]) for k, v in data.items()}
+    restore_args = ocp.checkpoint_utils.construct_restore_args(target)
+    for step in range(3):
+        got = mngr.restore(step, items=target, restore_kwargs={"restore_args": restore_args})
+        for k, v in want[step].items():
+            check_jax(comm, jd, got[k], v, shardings[k], f"step {step}: {k}")
+    mngr.close()
+
+
+def test_save_args_dtype_and_restore_args(comm, jd, root):
+    jax = jd.jax
+    data, shardings, state = make_state(jd)
+    # bfloat16 -> float32: exact, so the cast back at restore gives the saved bytes.
+    save_args = {"params": {"w": None, "b": ocp.SaveArgs(dtype=np.float32), "count": None}, "epoch": None}
+    with ocp.CheckpointManager(root) as mngr:
+        mngr.save(1, args=ocp.args.PyTreeSave(state, save_args=save_args))
+        mngr.wait_until_finished()
+        assert mngr._mgr.describe(1)["arrays"]["default/params/b"]["dtype"] == "float32"
+        # A bfloat16 target casts the stored float32 back; a RestoreArgs asks for numpy.
+        abstract = abstract_of(jd, shardings, data)
+        got = mngr.restore(1, args=ocp.args.StandardRestore(abstract))
+        check_jax(comm, jd, got["params"]["b"], data["b"], shardings["b"], "b, float32 -> bfloat16")
+        restore_args = {"params": {"w": ocp.RestoreArgs(restore_type=np.ndarray), "b": None, "count": None},
+                        "epoch": None}
+        got = mngr.restore(1, args=ocp.args.PyTreeRestore(abstract, restore_args=restore_args))
+        all_ok(comm, isinstance(got["params"]["w"], np.ndarray), "w restored as numpy")
+        all_equal_bytes(comm, got["params"]["w"], data["w"], "w")
+        # A subset only with partial_restore.
+        part = {"params": {"w": abstract["params"]["w"]}}
+        raises_everywhere(comm, mhckpt.InvalidArgumentError,
+                          lambda: mngr.restore(1, args=ocp.args.StandardRestore(part)),
+                          contains=["partial_restore", "params/b"])
+        got = mngr.restore(1, args=ocp.args.PyTreeRestore(part, partial_restore=True))
+        check_jax(comm, jd, got["params"]["w"], data["w"], shardings["w"], "partial w")
+        assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(part)
+
+
+def test_restores_a_plain_mhckpt_step(comm, jd, root):
+    data, shardings, state = make_state(jd)
+    with mhckpt.CheckpointManager(root) as mgr:
+        mgr.save(5, state)
+    with ocp.CheckpointManager(root) as mngr:
+        assert mngr.latest_step() == 5
+        got = mngr.restore(5, args=ocp.args.StandardRestore(abstract_of(jd, shardings, data)))
+        for k, v in data.items():
+            check_jax(comm, jd, got["params"][k], v, shardings[k], f"plain step: {k}")
+
+
+def test_unsupported_features_raise(comm, jd, root):
+    U = mhckpt.UnsupportedError
+    for kw, name in [({"best_fn": lambda m: m["loss"]}, "best_fn"),
+                     ({"keep_time_interval": 3600}, "keep_time"),
+                     ({"step_prefix": "ckpt"}, "step_prefix"),
+                     ({"todelete_subdir": "trash"}, "todelete_subdir")]:
+        with pytest.raises(U, match=name):
+            ocp.CheckpointManager(root, options=ocp.CheckpointManagerOptions(**kw))
+    with pytest.raises(U, match="use_ocdbt"):
+        ocp.PyTreeCheckpointHandler(use_ocdbt=False)
+    with pytest.raises(U, match="transforms"):
+        ocp.args.PyTreeRestore({}, transforms={})
+    with pytest.raises(U, match="ArraySave"):
+        ocp.args.ArraySave(np.zeros(2))
+    x = {"x": np.zeros(3, np.float32)}
+    with ocp.CheckpointManager(root) as mngr:
+        with pytest.raises(U, match="chunk_byte_size"):
+            save_args = {"x": ocp.SaveArgs(chunk_byte_size=1 << 20)}
+            mngr.save(0, args=ocp.args.StandardSave(x, save_args=save_args))
+        with pytest.raises(U, match="custom_metadata"):
+            mngr.save(0, args=ocp.args.StandardSave(x), custom_metadata={"a": 1})
+        for method in ("delete", "best_step", "reached_preemption", "item_metadata"):
+            with pytest.raises(U, match=method):
+                getattr(mngr, method)(0)
+        assert mngr.all_steps() == []
+        assert issubclass(U, NotImplementedError) and issubclass(U, mhckpt.InvalidArgumentError)
+
+
+def test_standalone_checkpointers(comm, jd, root):
+    """``StandardCheckpointer().save(path, state)`` / ``.restore(path, abstract)``,
+    as Flax's guides use it; a second save needs force=True."""
+    import os
+
+    data, shardings, state = make_state(jd)
+    path = os.path.join(root, "state")
+    with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(path, state)
+        ckptr.wait_until_finished()
+        got = ckptr.restore(path, abstract_of(jd, shardings, data))
+        for k, v in data.items():
+            check_jax(comm, jd, got["params"][k], v, shardings[k], f"restore: {k}")
+        raises_everywhere(comm, ValueError, lambda: ckptr.save(path, state), contains=["already exists"])
+        doubled = jd.jax.tree.map(lambda x: x + x, state)
+        ckptr.save(path, doubled, force=True)
+        got = ckptr.restore(path, args=ocp.args.StandardRestore(abstract_of(jd, shardings, data)))
+        check_jax(comm, jd, got["params"]["w"], data["w"] + data["w"], shardings["w"], "after force=True")
+        assert got["epoch"] == 6
+    meta = os.path.join(root, "meta")
+    ocp.Checkpointer(ocp.JsonCheckpointHandler()).save(meta, args=ocp.args.JsonSave({"a": [1, 2]}))
+    assert ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(meta) == {"a": [1, 2]}
+
+
+def test_restore_without_target_keeps_lists(comm, jd, root):
+    layers = [{"w": np.full((2, 2), i, np.float32)} for i in range(3)]
+    state = {"layers": layers, "pair": (np.arange(3, dtype=np.int16), 5), "top": np.ones(1, np.uint8)}
+    with ocp.CheckpointManager(root) as mngr:
+        mngr.save(0, args=ocp.args.StandardSave(state))
+        mngr.wait_until_finished()
+        got = mngr.restore(0)
+    assert isinstance(got["layers"], list) and len(got["layers"]) == 3
+    assert isinstance(got["pair"], list) and got["pair"][1] == 5
+    for i in range(3):
+        all_equal_bytes(comm, got["layers"][i]["w"], layers[i]["w"], f"layers/{i}/w")
+    all_equal_bytes(comm, got["pair"][0], state["pair"][0], "pair/0")
