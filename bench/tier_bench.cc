@@ -30,8 +30,8 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "bench/bench_util.h"
@@ -90,7 +90,8 @@ class Bench {
     nlohmann::json out;
     out["baseline_memcpy_s"] = Median(Repeat([&] { Memcpy(); }));
     out["baseline_send_s"] = Median(Repeat([&] { SendToCopyHolder(); }));
-    out["baseline_s"] = out["baseline_memcpy_s"].get<double>() + out["baseline_send_s"].get<double>();
+    out["baseline_s"] =
+        out["baseline_memcpy_s"].get<double>() + out["baseline_send_s"].get<double>();
 
     Clean();
     {
@@ -106,8 +107,10 @@ class Bench {
     {
       auto two = Open(true);
       Save(*two, step++, SaveTier::kPersistent);  // warm-up
-      for (int r = 0; r < f_.reps; ++r) stall.push_back(Save(*two, step++, SaveTier::kPersistent).first);
-      for (int r = 0; r < f_.reps; ++r) local.push_back(Save(*two, step++, SaveTier::kLocal).second);
+      for (int r = 0; r < f_.reps; ++r)
+        stall.push_back(Save(*two, step++, SaveTier::kPersistent).first);
+      for (int r = 0; r < f_.reps; ++r)
+        local.push_back(Save(*two, step++, SaveTier::kLocal).second);
     }
     // Recovery needs a second node to keep the lost one's copies.
     const int recovery_reps = Size() > f_.ranks_per_node ? f_.reps : 0;
@@ -123,7 +126,8 @@ class Bench {
       open.push_back(MaxOverRanks(Since(t0)));
       auto tiers = two->Steps();
       if (!tiers.ok() || tiers->empty() || tiers->back().step != saved || !tiers->back().local) {
-        Fail(fmt::format("step {} is not restorable from the local tier after the node loss", saved));
+        Fail(fmt::format("step {} is not restorable from the local tier after the node loss",
+                         saved));
       }
       recovery.push_back(Restore(*two, saved, RestoreSource::kLocal));
       if (!DropCaches()) Fail("cannot drop the page cache (needs root)");
@@ -158,9 +162,7 @@ class Bench {
 
   // The rank that keeps this rank's copy: the same position on the next node.
   int CopyHolder(int rank) const { return (rank + f_.ranks_per_node) % Size(); }
-  int CopySender(int rank) const {
-    return (rank - f_.ranks_per_node + Size()) % Size();
-  }
+  int CopySender(int rank) const { return (rank - f_.ranks_per_node + Size()) % Size(); }
 
   void SendToCopyHolder() {
     if (Size() <= f_.ranks_per_node) return;  // one node: no copy
@@ -169,7 +171,8 @@ class Bench {
     for (size_t at = 0; at < data_.size(); at += kPiece) {
       const int n = static_cast<int>(std::min(kPiece, data_.size() - at));
       req.emplace_back();
-      MPI_Irecv(scratch_.data() + at, n, MPI_BYTE, CopySender(Rank()), 1, MPI_COMM_WORLD, &req.back());
+      MPI_Irecv(scratch_.data() + at, n, MPI_BYTE, CopySender(Rank()), 1, MPI_COMM_WORLD,
+                &req.back());
       req.emplace_back();
       MPI_Isend(data_.data() + at, n, MPI_BYTE, CopyHolder(Rank()), 1, MPI_COMM_WORLD, &req.back());
     }

@@ -7,8 +7,8 @@
 #include <future>
 #include <iterator>
 #include <map>
-#include <utility>
 #include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 #include "base/log.h"
@@ -137,18 +137,34 @@ Status AgreeOnSharedInputs(const std::string& root, const Options& o, const Comm
   // The local tier: on or off, and the options that decide its protocol.
   const int64_t local = o.local_dir.empty() ? 0 : 1;
   const auto deadline_ms = static_cast<int64_t>(o.persistent_deadline_seconds * 1000);
-  std::vector<int64_t> votes{transfer,    -transfer,    verify,
-                             -verify,     root_hash,    -root_hash,
-                             local,       -local,       o.persistent_every,
-                             -o.persistent_every,       o.local_copies,
-                             -o.local_copies,           o.local_max_to_keep,
-                             -o.local_max_to_keep,      o.local_parity_group,
-                             -o.local_parity_group,     deadline_ms,
+  std::vector<int64_t> votes{transfer,
+                             -transfer,
+                             verify,
+                             -verify,
+                             root_hash,
+                             -root_hash,
+                             local,
+                             -local,
+                             o.persistent_every,
+                             -o.persistent_every,
+                             o.local_copies,
+                             -o.local_copies,
+                             o.local_max_to_keep,
+                             -o.local_max_to_keep,
+                             o.local_parity_group,
+                             -o.local_parity_group,
+                             deadline_ms,
                              -deadline_ms};
   comm.AllreduceMax(&votes);  // max and -min of each
-  const char* names[] = {"transfer",         "verify_replicas", "root path", "local_dir (set or not)",
-                         "persistent_every", "local_copies",    "local_max_to_keep",
-                         "local_parity_group", "persistent_deadline_seconds"};
+  const char* names[] = {"transfer",
+                         "verify_replicas",
+                         "root path",
+                         "local_dir (set or not)",
+                         "persistent_every",
+                         "local_copies",
+                         "local_max_to_keep",
+                         "local_parity_group",
+                         "persistent_deadline_seconds"};
   for (size_t i = 0; i < std::size(names); ++i) {
     if (votes[2 * i] != -votes[2 * i + 1]) {
       return InvalidArgument(fmt::format("Options::{} differs between ranks", names[i]));
@@ -202,7 +218,7 @@ io::StorageOptions StorageFor(const Options& options) {
 
 }  // namespace
 
-ManagerImpl::ManagerImpl(Comm comm, std::string root, Options options, bool async)
+ManagerImpl::ManagerImpl(Comm comm, std::string root, const Options& options, bool async)
     : comm_(std::move(comm)),
       root_(std::move(root)),
       options_(options),
@@ -273,8 +289,7 @@ void ManagerImpl::SubmitSave(std::shared_ptr<SaveJob> job, std::string where) {
         if (d.ok() && comm_.rank() == 0 && options_.max_to_keep > 0) RunRetention(job->step);
       });
     }
-    const bool retain =
-        s.ok() && comm_.rank() == 0 && options_.max_to_keep > 0 && !job->drain;
+    const bool retain = s.ok() && comm_.rank() == 0 && options_.max_to_keep > 0 && !job->drain;
     RecordSave(s, job->timings, retain);
     if (retain) RunRetention(job->step);
   };
@@ -453,8 +468,8 @@ Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(MPI_Comm comm
   Status s = CheckOptions(options, dup.rank());
   if (s.ok()) s = CheckRootPath(root, dup.rank());
   if (s.ok() && options.local_dir == root) {
-    s = InvalidArgument(fmt::format("rank {}: Options::local_dir is the root '{}' itself",
-                                    dup.rank(), root));
+    s = InvalidArgument(
+        fmt::format("rank {}: Options::local_dir is the root '{}' itself", dup.rank(), root));
   }
   MHCKPT_RETURN_IF_ERROR(AgreeAll(s, dup));
   MHCKPT_RETURN_IF_ERROR(AgreeOnSharedInputs(root, options, dup));

@@ -106,10 +106,10 @@ class LocalRestoreRun {
 
   Status Run() {
     // 1.
-    MHCKPT_RETURN_IF_ERROR(AgreeAll(
-        Guarded(fmt::format("rank {}: restore of local step {}", rank_, m_.step),
-                [&] { return CheckRequests(m_, arrays_, options_, rank_); }),
-        comm_));
+    MHCKPT_RETURN_IF_ERROR(
+        AgreeAll(Guarded(fmt::format("rank {}: restore of local step {}", rank_, m_.step),
+                         [&] { return CheckRequests(m_, arrays_, options_, rank_); }),
+                 comm_));
     // 2.
     wants_ = DecodeWants(m_, comm_.AllGatherBytes(EncodeWants(m_, arrays_)));
     MakePieces();
@@ -187,7 +187,8 @@ class LocalRestoreRun {
     const std::byte* box = it->second.data() + files_.offset[ai][bi];
     if (!options_.verify_checksums) return box;
     const int64_t rows = b.box.count.empty() ? 1 : b.box.count[0];
-    const uint64_t row_bytes = rows > 0 ? BoxBytes(b.box, a.dtype) / static_cast<uint64_t>(rows) : 0;
+    const uint64_t row_bytes =
+        rows > 0 ? BoxBytes(b.box, a.dtype) / static_cast<uint64_t>(rows) : 0;
     const int64_t per = std::max<int64_t>(b.chunk_rows, 1);
     int64_t first = 0, last = 0;
     if (!b.box.count.empty()) {
@@ -285,7 +286,7 @@ class LocalRestoreRun {
   std::vector<size_t> dest_start_;  // per request array: its first in dest_
   std::map<size_t, size_t> request_of_array_;
   std::vector<std::vector<std::byte>> device_copies_;  // moves keep their data()
-  std::map<int, io::MappedFile> mapped_;  // writer -> its file on this node
+  std::map<int, io::MappedFile> mapped_;               // writer -> its file on this node
   std::set<std::tuple<size_t, size_t, int64_t>> checked_;
   std::map<int, std::string> out_;  // asker -> the pieces served to it
   Status local_;

@@ -195,8 +195,8 @@ Status LocalTier::Open(const Comm& comm, const Options& options) {
     s = Guarded(fmt::format("rank {}: local dir '{}'", rank, dir_), [&]() -> Status {
       MHCKPT_RETURN_IF_ERROR(store_->Create());
       MHCKPT_RETURN_IF_ERROR(store_->CheckWritable());
-      MHCKPT_ASSIGN_OR_RETURN(ownership_,
-                              store_->Acquire({options.root_lease_seconds, options.root_wait_seconds}));
+      MHCKPT_ASSIGN_OR_RETURN(
+          ownership_, store_->Acquire({options.root_lease_seconds, options.root_wait_seconds}));
       MHCKPT_ASSIGN_OR_RETURN(std::vector<int64_t> garbage, store_->StepsWithoutMarker());
       for (int64_t g : garbage) MHCKPT_RETURN_IF_ERROR(store_->RemoveStep(g));
       MHCKPT_ASSIGN_OR_RETURN(std::vector<std::string> retired, store_->RetiredSteps());
@@ -225,8 +225,7 @@ Status LocalTier::Open(const Comm& comm, const Options& options) {
   std::vector<std::string> reports = comm.GatherBytes(leader ? report.dump() : "[]", 0);
   std::string view_text;
   if (rank == 0) {
-    s = Guarded("rank 0: local tier recovery",
-                [&] { view_text = Recover(reports).dump(); });
+    s = Guarded("rank 0: local tier recovery", [&] { view_text = Recover(reports).dump(); });
     if (!s.ok()) view_text = "[]";
   }
   comm.BroadcastBytes(&view_text, 0);
@@ -305,7 +304,7 @@ nlohmann::json LocalTier::Holdings(int64_t step, const io::Marker& m, int64_t ha
       if (size.ok() && *size == group.segment) blocks.push_back(r);
     }
   }
-  return {{"step", step}, {"hash", hash},       {"world_size", m.world_size},
+  return {{"step", step},  {"hash", hash},     {"world_size", m.world_size},
           {"files", held}, {"blocks", blocks}, {"groups", groups}};
 }
 
@@ -339,7 +338,8 @@ nlohmann::json LocalTier::Recover(const std::vector<std::string>& reports) const
   }
   auto ranks_of_nodes = [&](const std::vector<int>& nodes) {
     std::vector<int> ranks;
-    for (int n : nodes) ranks.insert(ranks.end(), nodes_.ranks_of(n).begin(), nodes_.ranks_of(n).end());
+    for (int n : nodes)
+      ranks.insert(ranks.end(), nodes_.ranks_of(n).begin(), nodes_.ranks_of(n).end());
     std::sort(ranks.begin(), ranks.end());
     return ranks;
   };
@@ -382,7 +382,8 @@ nlohmann::json LocalTier::Recover(const std::vector<std::string>& reports) const
     }
     std::vector<std::vector<int>> parity_holders(static_cast<size_t>(s.world_size));
     for (const auto& [w, nodes] : s.block_nodes) {
-      if (w >= 0 && w < s.world_size) parity_holders[static_cast<size_t>(w)] = ranks_of_nodes(nodes);
+      if (w >= 0 && w < s.world_size)
+        parity_holders[static_cast<size_t>(w)] = ranks_of_nodes(nodes);
     }
     view.push_back({{"step", step},
                     {"source", s.source},
@@ -445,8 +446,8 @@ Status LocalTier::Rebuild(const Comm& comm, const LocalStep& s, int lost, int re
   };
   io::MappedFile out;
   if (rank == rebuilder) {
-    Result<io::MappedFile> f = io::MappedFile::Create(FilePath(step, lost),
-                                                      files.bytes[static_cast<size_t>(lost)]);
+    Result<io::MappedFile> f =
+        io::MappedFile::Create(FilePath(step, lost), files.bytes[static_cast<size_t>(lost)]);
     if (f.ok()) {
       out = std::move(f).value();
     } else {
@@ -460,8 +461,8 @@ Status LocalTier::Rebuild(const Comm& comm, const LocalStep& s, int lost, int re
     // of the other members in it.
     std::vector<std::pair<std::string, std::pair<int, uint64_t>>> pieces;  // path, (source, k)
     const int block = group.members[static_cast<size_t>(bi)];
-    pieces.push_back({ParityPath(step, block),
-                      {parity_holders.at(static_cast<size_t>(block)).front(), 0}});
+    pieces.push_back(
+        {ParityPath(step, block), {parity_holders.at(static_cast<size_t>(block)).front(), 0}});
     for (int i = 0; i < group.size(); ++i) {
       if (i == li || i == bi) continue;
       const int m = group.members[static_cast<size_t>(i)];
@@ -537,16 +538,16 @@ Status LocalTier::Write(const Comm& comm, const io::Marker& plan, const StagedBo
     }
     // Written (one copy, into pages the write allocates: a full tmpfs is
     // ENOSPC here), then mapped to send.
-    MHCKPT_ASSIGN_OR_RETURN(own,
-                            io::MappedFile::CreateByWrites(FilePath(step, rank), bytes_of(rank), pieces));
+    MHCKPT_ASSIGN_OR_RETURN(
+        own, io::MappedFile::CreateByWrites(FilePath(step, rank), bytes_of(rank), pieces));
     return fault::Hit("local_write");
   });
   const std::vector<int> holders = nodes_.CopyHolders(rank, copies_);
   const std::vector<int> senders = nodes_.CopiesHeldBy(rank, copies_);
   std::vector<io::MappedFile> copies(senders.size());
   for (size_t i = 0; s.ok() && i < senders.size(); ++i) {
-    Result<io::MappedFile> f = io::MappedFile::Create(FilePath(step, senders[i]),
-                                                      bytes_of(senders[i]));
+    Result<io::MappedFile> f =
+        io::MappedFile::Create(FilePath(step, senders[i]), bytes_of(senders[i]));
     if (f.ok()) {
       copies[i] = std::move(f).value();
     } else {
@@ -629,7 +630,8 @@ Status LocalTier::Commit(const Comm& comm, const io::Marker& marker, const std::
       parity_ > 0 ? nodes_.ParityGroups(parity_) : std::vector<std::vector<int>>();
   if (nodes_.leads(comm.rank())) {
     // The parity groups of the save, for a rebuild after the nodes changed.
-    if (!groups.empty()) s = io::WriteFileAtomic(GroupsPath(marker.step), nlohmann::json(groups).dump());
+    if (!groups.empty())
+      s = io::WriteFileAtomic(GroupsPath(marker.step), nlohmann::json(groups).dump());
     if (s.ok()) s = store_->SyncStep(marker.step);
     if (s.ok()) s = fault::Hit("before_local_marker");
     if (s.ok()) s = store_->PutMarker(marker, text);

@@ -114,7 +114,9 @@ struct ParityGroup {
   ParityGroup(std::vector<int> ranks, const WriterFiles& files);
   [[nodiscard]] int size() const { return static_cast<int>(members.size()); }
   /// Which segment of member i the block of member j holds (i != j).
-  [[nodiscard]] int SegmentIn(int i, int j) const { return ((j - i - 1) % size() + size()) % size(); }
+  [[nodiscard]] int SegmentIn(int i, int j) const {
+    return ((j - i - 1) % size() + size()) % size();
+  }
   /// The member whose block holds segment k of member i.
   [[nodiscard]] int BlockOf(int i, int k) const { return (i + 1 + k) % size(); }
   /// Index of `rank` in members, or -1.

@@ -11,9 +11,9 @@
 #include <memory>
 #include <mutex>
 #include <set>
-#include <utility>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/comm.h"
@@ -46,7 +46,7 @@ struct SaveJob {
 
 class ManagerImpl {
  public:
-  ManagerImpl(Comm comm, std::string root, Options options, bool async);
+  ManagerImpl(Comm comm, std::string root, const Options& options, bool async);
 
   /// After Open's last agreement: the root store, the root's lock and lease (rank 0 with
   /// Options::own_root, else null) and the caller thread's communicator.

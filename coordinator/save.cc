@@ -361,9 +361,10 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
       if (!abandoned.ok()) impl_.RecordError(abandoned);
       t_.persistent = false;
       if (rank_ == 0) {
-        Logger()->warn("mhckpt: step {}: not written to the shared root: the write of step {} "
-                       "is stuck there",
-                       job_.step, v[0]);
+        Logger()->warn(
+            "mhckpt: step {}: not written to the shared root: the write of step {} "
+            "is stuck there",
+            job_.step, v[0]);
       }
       return true;
     }
@@ -385,9 +386,8 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
     impl_.MarkDrainStarted(job_.step);
     // Rank 0 creates the step in the shared root here, not in the plan round
     // (PrepareStep): refusing a committed one, on every rank alike.
-    Status s = rank_ == 0 ? Guarded("rank 0: create the step", [&] {
-      return impl_.store_->CreateStep(job_.step);
-    })
+    Status s = rank_ == 0 ? Guarded("rank 0: create the step",
+                                    [&] { return impl_.store_->CreateStep(job_.step); })
                           : OkStatus();
     MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, *comm_));
     return Persistent();
@@ -419,8 +419,8 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
     comm_->AllreduceMax(&votes);
     if (votes[3] != -votes[4]) {
       if (rank_ == 0 && !changed) RemoveStepDir();
-      return InvalidArgument(
-          fmt::format("save of step {}: ranks disagree on its tier (SaveOptions::tier)", job_.step));
+      return InvalidArgument(fmt::format(
+          "save of step {}: ranks disagree on its tier (SaveOptions::tier)", job_.step));
     }
     t_.plan_cached = votes[0] == 0 && votes[1] == -votes[2];
     if (t_.plan_cached) {
@@ -631,8 +631,14 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
       plan_.arrays[i].offset = writer_->FileOffset(i);
     }
     if (ReserveEverywhere()) {
-      Writes w{plan_, job_.snapshot, rank_, impl_.options_.transfer == Transfer::kCollective, 0,
-               {}, from_local_ ? &from_local_ : nullptr, false};
+      Writes w{plan_,
+               job_.snapshot,
+               rank_,
+               impl_.options_.transfer == Transfer::kCollective,
+               0,
+               {},
+               from_local_ ? &from_local_ : nullptr,
+               false};
       if (from_local_) {
         w.sums = std::move(local_sums_);
         w.have_sums = true;
@@ -684,8 +690,8 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
   Status Commit(const std::vector<std::string>& reports) {
     Status s = FillChecksums(reports, &plan_);
     if (s.ok() && impl_.IsAbandoned(job_.step)) {
-      s = IoError(fmt::format("step {}: the shared root's write was abandoned; no marker",
-                              job_.step));
+      s = IoError(
+          fmt::format("step {}: the shared root's write was abandoned; no marker", job_.step));
     }
     // The names of the step's files durable before the marker's can be: with
     // only the marker's rename and the fsync after it, a file system that does

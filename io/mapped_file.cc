@@ -47,8 +47,8 @@ Result<MappedFile> MappedFile::CreateByWrites(const std::string& path, uint64_t 
     if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) s = Errno("cannot size", path, errno);
     for (const Piece& p : pieces) {
       for (uint64_t done = 0; s.ok() && done < p.size;) {
-        const ssize_t n = ::pwrite(fd, p.data + done, p.size - done,
-                                   static_cast<off_t>(p.offset + done));
+        const ssize_t n =
+            ::pwrite(fd, p.data + done, p.size - done, static_cast<off_t>(p.offset + done));
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) {
           s = Errno(fmt::format("cannot write {} bytes at {} of", p.size - done, p.offset + done),

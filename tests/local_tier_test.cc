@@ -81,8 +81,8 @@ Status RestoreAndCheck(CheckpointManager& m, int64_t step, int parts, int part,
   return s;
 }
 
-std::unique_ptr<CheckpointManager> OpenTwoTier(const std::string& dir, MPI_Comm comm = MPI_COMM_WORLD,
-                                               int world = Size()) {
+std::unique_ptr<CheckpointManager> OpenTwoTier(const std::string& dir,
+                                               MPI_Comm comm = MPI_COMM_WORLD, int world = Size()) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
   auto m = CheckpointManager::Open(comm, dir + "/shared", TwoTierOptions(dir, rank, world));
@@ -393,7 +393,8 @@ TEST(TwoTiersDeadline, AStuckSharedRootIsAbandonedAndTrainingGoesOn) {
     if (t.step == 1 || t.step == 2) EXPECT_FALSE(t.persistent) << "step " << t.step;
   }
   EXPECT_TRUE(steps->back().persistent);
-  EXPECT_TRUE(RestoreAndCheck(*m, steps->back().step, Size(), Rank(), RestoreSource::kPersistent).ok());
+  EXPECT_TRUE(
+      RestoreAndCheck(*m, steps->back().step, Size(), Rank(), RestoreSource::kPersistent).ok());
 }
 
 // A local dir that cannot be made: Open fails on every rank alike.
@@ -405,8 +406,8 @@ TEST(TwoTiers, UnusableLocalDirFailsOpenEverywhere) {
     }
   }
   MPI_Barrier(MPI_COMM_WORLD);
-  auto m = CheckpointManager::Open(MPI_COMM_WORLD, dir + "/shared",
-                                   TwoTierOptions(dir, Rank(), Size()));
+  auto m =
+      CheckpointManager::Open(MPI_COMM_WORLD, dir + "/shared", TwoTierOptions(dir, Rank(), Size()));
   ASSERT_FALSE(m.ok());
   EXPECT_TRUE(SameOnAllRanks(m.status()));
   EXPECT_NE(m.status().message().find("node0"), std::string::npos) << m.status().ToString();
