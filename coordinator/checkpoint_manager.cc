@@ -156,18 +156,18 @@ Status AgreeOnSharedInputs(const std::string& root, const Options& o, const Comm
                              deadline_ms,
                              -deadline_ms};
   comm.AllreduceMax(&votes);  // max and -min of each
-  const char* names[] = {"transfer",
-                         "verify_replicas",
-                         "root path",
-                         "local_dir (set or not)",
-                         "persistent_every",
-                         "local_copies",
-                         "local_max_to_keep",
-                         "local_parity_group",
-                         "persistent_deadline_seconds"};
-  for (size_t i = 0; i < std::size(names); ++i) {
+  const char* what[] = {"Options::transfer",
+                        "Options::verify_replicas",
+                        "the root path",
+                        "Options::local_dir (set or not)",
+                        "Options::persistent_every",
+                        "Options::local_copies",
+                        "Options::local_max_to_keep",
+                        "Options::local_parity_group",
+                        "Options::persistent_deadline_seconds"};
+  for (size_t i = 0; i < std::size(what); ++i) {
     if (votes[2 * i] != -votes[2 * i + 1]) {
-      return InvalidArgument(fmt::format("Options::{} differs between ranks", names[i]));
+      return InvalidArgument(fmt::format("{} differs between ranks", what[i]));
     }
   }
   return OkStatus();
