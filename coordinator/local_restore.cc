@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -53,6 +54,19 @@ struct Piece {
   int server = 0;
   uint64_t bytes = 0;
 };
+
+// Where `region` (inside `box`) starts in the row-major bytes of `box`, if
+// those bytes are one contiguous run (the region spans whole rows: every
+// dimension but the first is the box's own); nullopt otherwise.
+std::optional<size_t> ContiguousAt(const Box& box, const Box& region, size_t elem) {
+  if (box.count.empty()) return 0;
+  size_t row = elem;
+  for (size_t d = 1; d < box.count.size(); ++d) {
+    if (region.start[d] != box.start[d] || region.count[d] != box.count[d]) return std::nullopt;
+    row *= static_cast<size_t>(box.count[d]);
+  }
+  return static_cast<size_t>(region.start[0] - box.start[0]) * row;
+}
 
 std::string EncodeWants(const io::Marker& m, std::span<const ArrayToRestore> arrays) {
   std::vector<int64_t> v;
@@ -206,36 +220,76 @@ class LocalRestoreRun {
     return box;
   }
 
+  // A piece goes as a message of its own, straight from the server's
+  // mapped file into the asker's destination, when its bytes are one run on
+  // both sides (the same sharding as the save's, say); else it is packed.
+  bool Direct(const Piece& p) const {
+    const size_t elem = DTypeSize(m_.arrays[p.want->array].dtype);
+    return p.want->rank != p.server &&
+           ContiguousAt(m_.arrays[p.want->array].boxes[p.box].box, p.region, elem) &&
+           ContiguousAt(p.want->box, p.region, elem);
+  }
+
   void Serve() {
+    // Zeros for a direct piece after an error, sized once: pending sends
+    // point into it.
+    uint64_t widest = 0;
+    for (const Piece& p : pieces_) {
+      if (p.server == rank_ && Direct(p)) widest = std::max(widest, p.bytes);
+    }
+    zeros_.assign(widest, std::byte{0});
     for (const Piece& p : pieces_) {
       if (p.server != rank_) continue;
       const Want& w = *p.want;
       const io::MarkerArray& a = m_.arrays[w.array];
+      const Box& stored = a.boxes[p.box].box;
+      const size_t elem = DTypeSize(a.dtype);
+      const bool direct = Direct(p);
       std::string& out = out_[w.rank];
       const size_t at = out.size();
-      if (w.rank != rank_) out.resize(at + p.bytes);
-      if (!local_.ok()) continue;  // the asker still gets its bytes' worth
-      local_ = Guarded(fmt::format("restore of local step {}", m_.step), [&]() -> Status {
-        MHCKPT_ASSIGN_OR_RETURN(const std::byte* box, StoredBytes(w.array, p.box, p.region));
-        const size_t elem = DTypeSize(a.dtype);
-        if (w.rank == rank_) {
-          CopyRegion(box, a.boxes[p.box].box, DestinationOf(w), w.box, p.region, elem);
-        } else {
-          CopyRegion(box, a.boxes[p.box].box, reinterpret_cast<std::byte*>(out.data() + at),
-                     p.region, p.region, elem);
-        }
-        return OkStatus();
-      });
+      if (w.rank != rank_ && !direct) out.resize(at + p.bytes);
+      const std::byte* box = nullptr;
+      if (local_.ok()) {
+        local_ = Guarded(fmt::format("restore of local step {}", m_.step), [&]() -> Status {
+          MHCKPT_ASSIGN_OR_RETURN(box, StoredBytes(w.array, p.box, p.region));
+          if (w.rank == rank_) {
+            CopyRegion(box, stored, DestinationOf(w), w.box, p.region, elem);
+          } else if (!direct) {
+            CopyRegion(box, stored, reinterpret_cast<std::byte*>(out.data() + at), p.region,
+                       p.region, elem);
+          }
+          return OkStatus();
+        });
+      }
+      if (direct) {
+        // After an error the asker still gets its bytes' worth (zeros).
+        const std::byte* src = local_.ok() && box != nullptr
+                                   ? box + *ContiguousAt(stored, p.region, elem)
+                                   : zeros_.data();
+        comm_.PostSend(src, p.bytes, w.rank, kPieceTag, &direct_sends_);
+      }
     }
   }
 
+
+
+  // The direct pieces (in piece order) and then one packed message per pair
+  // of ranks; MPI keeps the order of messages between two ranks on one tag,
+  // and both sides post in the same order.
   void Exchange() {
-    std::map<int, uint64_t> in;  // bytes from each server
+    std::map<int, uint64_t> in;  // packed bytes from each server
+    std::vector<MPI_Request> requests;
     for (const Piece& p : pieces_) {
-      if (p.want->rank == rank_ && p.server != rank_) in[p.server] += p.bytes;
+      if (p.want->rank != rank_ || p.server == rank_) continue;
+      if (Direct(p)) {
+        const size_t elem = DTypeSize(m_.arrays[p.want->array].dtype);
+        comm_.PostReceive(DestinationOf(*p.want) + *ContiguousAt(p.want->box, p.region, elem),
+                          p.bytes, p.server, kPieceTag, &requests);
+      } else {
+        in[p.server] += p.bytes;
+      }
     }
     std::map<int, std::string> received;
-    std::vector<MPI_Request> requests;
     for (auto& [peer, bytes] : in) {
       std::string& buf = received[peer];
       buf.resize(bytes);
@@ -243,13 +297,14 @@ class LocalRestoreRun {
     }
     for (auto& [peer, buf] : out_) {
       if (peer != rank_ && !buf.empty()) {
-        comm_.PostSend(buf.data(), buf.size(), peer, kPieceTag, &requests);
+        comm_.PostSend(buf.data(), buf.size(), peer, kPieceTag, &direct_sends_);
       }
     }
     Comm::WaitAll(&requests);
+    Comm::WaitAll(&direct_sends_);
     std::map<int, size_t> at;
     for (const Piece& p : pieces_) {
-      if (p.want->rank != rank_ || p.server == rank_) continue;
+      if (p.want->rank != rank_ || p.server == rank_ || Direct(p)) continue;
       const std::byte* src =
           reinterpret_cast<const std::byte*>(received[p.server].data()) + at[p.server];
       at[p.server] += p.bytes;
@@ -288,7 +343,9 @@ class LocalRestoreRun {
   std::vector<std::vector<std::byte>> device_copies_;  // moves keep their data()
   std::map<int, io::MappedFile> mapped_;               // writer -> its file on this node
   std::set<std::tuple<size_t, size_t, int64_t>> checked_;
-  std::map<int, std::string> out_;  // asker -> the pieces served to it
+  std::map<int, std::string> out_;       // asker -> the packed pieces served to it
+  std::vector<MPI_Request> direct_sends_;  // the pieces sent as they are, then the packs
+  std::vector<std::byte> zeros_;
   Status local_;
 };
 
