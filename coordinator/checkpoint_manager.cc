@@ -277,10 +277,11 @@ void ManagerImpl::SubmitSave(std::shared_ptr<SaveJob> job, std::string where) {
     Status s = Guarded(where, [&] { return RunSave(*job); });
     // Release staging memory before reporting (a drain that still reads it
     // releases it when it ends).
-    if (!job->drain) job->snapshot = Snapshot();
-    if (job->drain) {
+    const bool drains = static_cast<bool>(job->drain);  // read before the drain can reset it
+    if (!drains) job->snapshot = Snapshot();
+    if (drains) {
       // The shared root's part goes on beside the I/O thread (DrainMode).
-      BeginDrain(job->step);
+      BeginDrain();
       drain_->Submit([this, job, where] {
         Status d = Guarded(where, [&] { return job->drain(); });
         job->drain = nullptr;  // frees the save's state
@@ -289,7 +290,7 @@ void ManagerImpl::SubmitSave(std::shared_ptr<SaveJob> job, std::string where) {
         if (d.ok() && comm_.rank() == 0 && options_.max_to_keep > 0) RunRetention(job->step);
       });
     }
-    const bool retain = s.ok() && comm_.rank() == 0 && options_.max_to_keep > 0 && !job->drain;
+    const bool retain = s.ok() && comm_.rank() == 0 && options_.max_to_keep > 0 && !drains;
     RecordSave(s, job->timings, retain);
     if (retain) RunRetention(job->step);
   };
@@ -347,10 +348,9 @@ void ManagerImpl::StartDrain(Comm comm) {
   drain_ = std::make_unique<IoThread>();
 }
 
-void ManagerImpl::BeginDrain(int64_t step) {
+void ManagerImpl::BeginDrain() {
   std::lock_guard<std::mutex> lock(mu_);
   ++drains_queued_;
-  (void)step;
 }
 
 void ManagerImpl::MarkDrainStarted(int64_t step) {

@@ -171,7 +171,7 @@ class ManagerImpl {
   // Drain mode: the shared root's parts, their communicator, and (under mu_)
   // which step's part runs since when, how many are queued, which were
   // abandoned.
-  void BeginDrain(int64_t step);
+  void BeginDrain();
   void EndDrain(int64_t step, const Status& s);
   Comm drain_comm_;
   int64_t draining_step_ = -1;
