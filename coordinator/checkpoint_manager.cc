@@ -277,22 +277,24 @@ void ManagerImpl::SubmitSave(std::shared_ptr<SaveJob> job, std::string where) {
     Status s = Guarded(where, [&] { return RunSave(*job); });
     // Release staging memory before reporting (a drain that still reads it
     // releases it when it ends).
-    const bool drains = static_cast<bool>(job->drain);  // read before the drain can reset it
+    const bool drains = static_cast<bool>(job->drain);
     if (!drains) job->snapshot = Snapshot();
+    // A drain is counted before the save is recorded (WaitUntilFinished then
+    // sees it), and starts after (it writes the job's timings).
+    if (drains) BeginDrain();
+    const bool retain = s.ok() && comm_.rank() == 0 && options_.max_to_keep > 0 && !drains;
+    RecordSave(s, job->timings, retain);
+    if (retain) RunRetention(job->step);
     if (drains) {
       // The shared root's part goes on beside the I/O thread (DrainMode).
-      BeginDrain();
       drain_->Submit([this, job, where] {
         Status d = Guarded(where, [&] { return job->drain(); });
         job->drain = nullptr;  // frees the save's state
         job->snapshot = Snapshot();
-        EndDrain(job->step, d);
+        EndDrain(job->step, d, job->timings);
         if (d.ok() && comm_.rank() == 0 && options_.max_to_keep > 0) RunRetention(job->step);
       });
     }
-    const bool retain = s.ok() && comm_.rank() == 0 && options_.max_to_keep > 0 && !drains;
-    RecordSave(s, job->timings, retain);
-    if (retain) RunRetention(job->step);
   };
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -359,10 +361,15 @@ void ManagerImpl::MarkDrainStarted(int64_t step) {
   drain_started_ = std::chrono::steady_clock::now();
 }
 
-void ManagerImpl::EndDrain(int64_t step, const Status& s) {
+void ManagerImpl::EndDrain(int64_t step, const Status& s, const SaveTimings& t) {
   std::lock_guard<std::mutex> lock(mu_);
   --drains_queued_;
   draining_step_ = -1;
+  // LastSaveTimings: the shared root's part of the latest drained save.
+  last_timings_.write = t.write;
+  last_timings_.flush = t.flush;
+  last_timings_.commit = t.commit;
+  last_timings_.written_bytes = t.written_bytes;
   if (abandoned_.count(step)) {
     Logger()->warn("mhckpt: step {}: the shared root's write ended after it was abandoned: {}",
                    step, s.ok() ? "OK" : s.ToString());

@@ -336,6 +336,9 @@ struct SaveTimings {
   double budget_wait = 0;  ///< waiting for staging memory (caller thread)
   double snapshot = 0;     ///< copying into host staging memory (caller thread)
   double plan = 0;         ///< gather, validate, pick writers, create the step directory
+  /// With Options::persistent_deadline_seconds the shared root's part runs
+  /// after the save is recorded: write, flush, commit and written_bytes are
+  /// then those of the latest such part to end.
   double write = 0;        ///< create datasets and write boxes
   double flush = 0;        ///< make the data file durable and close it
   double commit = 0;       ///< agree, write the marker, agree

@@ -172,7 +172,7 @@ class ManagerImpl {
   // which step's part runs since when, how many are queued, which were
   // abandoned.
   void BeginDrain();
-  void EndDrain(int64_t step, const Status& s);
+  void EndDrain(int64_t step, const Status& s, const SaveTimings& t);
   Comm drain_comm_;
   int64_t draining_step_ = -1;
   std::chrono::steady_clock::time_point drain_started_;
