@@ -6,7 +6,7 @@ another world size checks what is on disk.
     crash_test.py phases --job BIN --work DIR --mpiexec "mpiexec --oversubscribe ..." [--np 2,3,4]
                          [--share I/N]
     crash_test.py local  --job BIN --work DIR --mpiexec "..." [--np 2,3,4] [--share I/N]
-    crash_test.py random --job BIN --work DIR --mpiexec "..." [--trials 20] [--seed S]
+    crash_test.py random --job BIN --work DIR --mpiexec "..." [--trials 20] [--seed S] [--local]
 
 phases: for every fault point x action (exit, kill) at each world size, job A
   saves step 1, job B saves step 2 with MHCKPT_FAULT on one rank and must die
@@ -45,6 +45,18 @@ random: `crash_job loop` at a random world size in 2..4, SIGKILL of a random
   are backtraced with gdb and killed). Every --fresh-root-every trials (or
   --max-steps-per-root committed steps), a check restores every committed step
   and the test moves on to a fresh root (this bounds disk use and check time).
+
+  With --local the loop saves with the local tier (nodes simulated as in
+  mode local; --persistent-every 3), and a kill leaves every node's local dir
+  in place (a process crash, not a node loss). Local steps may then go
+  (local retention keeps 2; a check on fewer nodes may not see them), so the
+  rules change: each check must list exactly what the files predict for its
+  nodes (local_oracle) and restore what it restores bit-exactly; a step of
+  the shared root, seen by a check or acknowledged to the loop (save k of a
+  loop job goes there if k % 3 == 0), must never go; and the newest step
+  acknowledged to the loop must be listed by a check on the same nodes or
+  more (unless a node outside the loop's job kept another save of that step
+  number, which the local tier trusts neither of: counted apart).
 
   Long run (docs/RELIABILITY.md):
     crash_test.py random --trials 300 --seed 4 --job build/bin/crash_job \
@@ -467,9 +479,13 @@ def local_oracle(root, base, nodes):
         marked = [n for n, files in by_node.items() if "commit.json" in files]
         if not marked:
             continue
-        path = os.path.join(base, "node%d" % marked[0], "step_%010d" % s, "commit.json")
-        with open(path) as f:
-            world = json.load(f)["world_size"]
+        texts = set()
+        for n in marked:
+            with open(os.path.join(base, "node%d" % n, "step_%010d" % s, "commit.json")) as f:
+                texts.add(f.read())
+        if len(texts) != 1:
+            continue  # nodes hold different saves of the step: neither counts
+        world = json.loads(texts.pop())["world_size"]
         held = set()
         for n in marked:
             held |= by_node[n]
@@ -481,6 +497,20 @@ def local_oracle(root, base, nodes):
         tiers[str(s)] = ("both" if s in persistent and s in local
                          else "local" if s in local else "persistent")
     return sorted(persistent | local), tiers
+
+
+def local_conflicts(base, nodes):
+    """The local steps of which nodes 0..nodes-1 hold different markers."""
+    out = set()
+    for s, by_node in local_steps_on_disk(base, nodes).items():
+        texts = set()
+        for n, files in by_node.items():
+            if "commit.json" in files:
+                with open(os.path.join(base, "node%d" % n, "step_%010d" % s, "commit.json")) as f:
+                    texts.add(f.read())
+        if len(texts) > 1:
+            out.add(s)
+    return out
 
 
 def expect_local_check(rc, report, want, tiers):
@@ -748,16 +778,34 @@ def run_random(args):
     stats = dict(trials=0, kills=0, kills_all_ranks=0, steps_committed=0, acknowledged=0,
                  broken=0, lost=0, restores_verified=0, uncommitted_cleaned=0,
                  marker_tmp_seen=0, hangs=0, errors=0, roots=0, max_exit_after_kill_s=0.0)
+    if args.local:
+        stats.update(wrong_listing=0, acknowledged_all=0, acknowledged_persistent=0,
+                     newest_checked=0, newest_in_conflict=0)
+    base = os.path.join(work, "local0")  # --local: BASE/node<N> per simulated node
+
+    def local_args(np):
+        if not args.local:
+            return []
+        return ["--local-dir", base, "--ranks-per-node", str(LOCAL_RPN.get(np, 1)),
+                "--persistent-every", str(args.persistent_every)]
     seen = set()       # steps ever seen committed by a check
     acked = set()      # steps the job was told were committed
     lost = set()
     verified = set()
     broken = set()
 
-    def record_check(np, steps):
+    def nodes_of(np):
+        return -(-np // LOCAL_RPN.get(np, 1))
+
+    def record_check(np, steps, loop_np=None, newest_acked=None):
         # Restore and Verify take ~10-20 ms a step at 4 ranks on 2 busy cores.
         timeout = JOB_TIMEOUT + 0.1 * (len(seen) + 1000)
-        rc, report, out = runner.check(np, root, steps=steps, rows=rows, timeout=timeout)
+        if args.local:
+            # What the files predict for a job on the check's nodes.
+            want = local_oracle(root, base, nodes_of(np))
+            conflicts = local_conflicts(base, nodes_of(np))
+        rc, report, out = runner.check(np, root, steps=steps, rows=rows, timeout=timeout,
+                                       extra=local_args(np))
         if report is None:
             stats["errors"] += 1
             print("  check at np%d printed no report (rc %s):\n%s" % (np, rc, out[-3000:]))
@@ -768,30 +816,55 @@ def run_random(args):
                 stats["uncommitted_cleaned"] += 1
                 stats["marker_tmp_seen"] += e["marker_tmp"]
         now = set(committed)
-        newly_lost = (seen | acked) - now - lost
-        # Steps are saved in order from latest+1: a gap is a lost step too.
-        if committed:
-            newly_lost |= set(range(1, committed[-1] + 1)) - now - lost
+        if not args.local:
+            newly_lost = (seen | acked) - now - lost
+            # Steps are saved in order from latest+1: a gap is a lost step too.
+            if committed:
+                newly_lost |= set(range(1, committed[-1] + 1)) - now - lost
+        else:
+            # Local steps come and go (local retention keeps 2; a check on
+            # fewer nodes may not see them): the shared root's steps must
+            # stay (retention is off), and the newest step acknowledged to the
+            # loop must be listed by a check on its nodes or more.
+            if (committed, report.get("tiers")) != want:
+                stats["wrong_listing"] += 1
+                print("  LISTING at np%d: %s with tiers %s; the files predict %s"
+                      % (np, committed, report.get("tiers"), want))
+            persistent = {int(k) for k, t in report.get("tiers", {}).items() if t != "local"}
+            newly_lost = (seen | acked) - now - lost
+            if newest_acked is not None and nodes_of(np) >= nodes_of(loop_np):
+                if newest_acked in now:
+                    stats["newest_checked"] += 1
+                elif newest_acked in conflicts:
+                    # A node outside the loop's job kept another save of the
+                    # step (an earlier job's): the local tier trusts neither.
+                    stats["newest_in_conflict"] += 1
+                    print("  newest acknowledged step %d not listed: nodes hold different "
+                          "saves of it" % newest_acked)
+                else:
+                    newly_lost.add(newest_acked)
+            committed_in_root = sorted(persistent)
         if newly_lost:
             print("  LOST steps %s (committed now: %s)" % (sorted(newly_lost), committed))
             lost.update(newly_lost)
         for s, why in report["failed"].items():
             print("  BROKEN step %s: %s" % (s, why))
             broken.add(int(s))
-        if report["dirs_after_open"] != committed:
+        root_steps = committed_in_root if args.local else committed
+        if report["dirs_after_open"] != root_steps:
             stats["errors"] += 1
             print("  directories after Open %s, committed %s"
-                  % (report["dirs_after_open"], committed))
+                  % (report["dirs_after_open"], root_steps))
         if rc != 0 and not report["failed"]:
             stats["errors"] += 1
             print("  check exited %s:\n%s" % (rc, out[-3000:]))
-        seen.update(now)
+        seen.update(committed_in_root if args.local else now)
         verified.update(report["checked_ok"])
         stats["restores_verified"] += len(report["checked_ok"])
 
     def rotate():
         """A full check of the root, then a fresh one (bounds disk and check time)."""
-        nonlocal root
+        nonlocal root, base
         record_check(rng.choice([1, 2, 3, 4]), "all")
         stats["steps_committed"] += len(seen)
         stats["acknowledged"] += len(acked)
@@ -800,8 +873,10 @@ def run_random(args):
         for s in (seen, acked, lost, verified, broken):
             s.clear()
         shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
         stats["roots"] += 1
         root = os.path.join(work, "ckpt%d" % stats["roots"])
+        base = os.path.join(work, "local%d" % stats["roots"])
 
     for trial in range(1, args.trials + 1):
         np = rng.choice([2, 3, 4])
@@ -812,9 +887,9 @@ def run_random(args):
         # does if no earlier one did.
         kill_all = kill_all or (trial == args.trials > 1 and stats["kills_all_ranks"] == 0)
         shutil.rmtree(pid_dir, ignore_errors=True)
-        job = runner.start(np, "loop", root, "--rows", rows)
+        job = runner.start(np, "loop", root, "--rows", rows, *local_args(np))
         pids = wait_for_pids(pid_dir, np, job)
-        victims, exit_after_kill = [], 0.0
+        victims, exit_after_kill, newest_acked = [], 0.0, None
         if pids is None:
             stats["errors"] += 1
             rc, out = runner.finish(job, timeout=5)
@@ -842,9 +917,19 @@ def run_random(args):
             elif rc == 0:
                 stats["errors"] += 1
                 print("trial %d: the loop exited 0 after a SIGKILL" % trial)
+            k = 0
             for line in out.splitlines():
                 if line.startswith("committed "):
-                    acked.add(int(line.split()[1]))
+                    step = int(line.split()[1])
+                    newest_acked = step
+                    # --local: save k of a loop job goes to the shared root
+                    # if k % persistent_every == 0; the others may go.
+                    if not args.local or k % args.persistent_every == 0:
+                        acked.add(step)
+                    if args.local:
+                        stats["acknowledged_all"] += 1
+                        stats["acknowledged_persistent"] += k % args.persistent_every == 0
+                    k += 1
         stats["trials"] += 1
         # Restore every step not verified yet, the newest, and a few old ones.
         old = sorted(verified)
@@ -852,7 +937,7 @@ def run_random(args):
         first_new = max(verified) + 1 if verified else 1
         steps = ",".join(str(s) for s in sample + ["%d-" % first_new])
         before = len(seen)
-        record_check(check_np, steps)
+        record_check(check_np, steps, np, newest_acked)
         print("trial %3d: loop np%d, killed rank %s after %.2f s, exit %.2f s later, check np%d: "
               "%d new steps, %d committed in root %d"
               % (trial, np, "all" if kill_all else victims, delay, exit_after_kill, check_np,
@@ -864,6 +949,12 @@ def run_random(args):
 
     stats["hangs"] = runner.hangs
     print("\nRANDOM-KILLS " + json.dumps(stats, sort_keys=True))
+    if args.local:
+        print("two tiers: listings that differ from the files' prediction %(wrong_listing)d, "
+              "steps acknowledged to the job %(acknowledged_all)d (of them in the shared root "
+              "%(acknowledged_persistent)d), newest acknowledged step listed by a check on the "
+              "same or more nodes %(newest_checked)d times (not listed because another node "
+              "held a different save of it: %(newest_in_conflict)d)" % stats)
     print("trials %(trials)d, kills %(kills)d (all ranks at once: %(kills_all_ranks)d), "
           "steps committed %(steps_committed)d (acknowledged to the job: %(acknowledged)d), "
           "broken commits %(broken)d, earlier steps lost %(lost)d, restores verified "
@@ -908,6 +999,11 @@ def main():
                          "fresh root")
     ap.add_argument("--max-steps-per-root", type=int, default=600,
                     help="random: also start a fresh root once this many steps are committed")
+    ap.add_argument("--local", action="store_true",
+                    help="random: the loop saves with the local tier (nodes simulated as in "
+                         "mode local); see run_random")
+    ap.add_argument("--persistent-every", type=int, default=3,
+                    help="random --local: Options::persistent_every of the loop")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
     if args.seed is None:
