@@ -24,8 +24,8 @@ namespace {
 constexpr int kCopyTag = 7101;
 
 // One node's report at recovery: for each committed step, the hash of its
-// marker text, the world size at save, and the writers whose files it holds
-// whole. Encoded as int64 values in a string.
+// marker text, the world size at save, the marker's creation time, and the
+// writers whose files it holds whole. Encoded as int64 values in a string.
 std::string EncodeValues(const std::vector<int64_t>& v) {
   return {reinterpret_cast<const char*>(v.data()), v.size() * sizeof(int64_t)};
 }
@@ -122,7 +122,7 @@ Status LocalTier::Open(const Comm& comm, const Options& options) {
   nodes_ = Nodes::Discover(comm, options.node_id);
   const int rank = comm.rank();
   const bool leader = nodes_.leads(rank);
-  std::vector<int64_t> report;  // per step: step, hash, world size, n, n writers
+  std::vector<int64_t> report;  // per step: step, hash, world size, created, n, n writers
   std::map<int64_t, std::string> texts;
   Status s;
   if (leader) {
@@ -151,7 +151,7 @@ Status LocalTier::Open(const Comm& comm, const Options& options) {
           Result<uint64_t> size = io::MappedFile::Size(FilePath(e.step, w));
           if (size.ok() && *size == files.bytes[static_cast<size_t>(w)]) held.push_back(w);
         }
-        report.insert(report.end(), {e.step, TextHash(text), m.world_size,
+        report.insert(report.end(), {e.step, TextHash(text), m.world_size, m.created_unix_ms,
                                      static_cast<int64_t>(held.size())});
         report.insert(report.end(), held.begin(), held.end());
         texts[e.step] = std::move(text);
@@ -164,54 +164,75 @@ Status LocalTier::Open(const Comm& comm, const Options& options) {
   }
   MHCKPT_RETURN_IF_ERROR(AgreeAll(s, comm));
 
-  // Rank 0: the steps whose every writer file survives on some node.
+  // Rank 0: the steps whose every writer file survives on some node. Nodes
+  // may hold different saves of one step: a job that could not restore a
+  // local step (its nodes lacked some of the step's files) saves that step
+  // number again, while a node outside that job keeps the older save. The
+  // newest save (by its marker's creation time) is the step, restorable if
+  // it is whole; nodes remove the others below.
   std::vector<std::string> reports = comm.GatherBytes(EncodeValues(report), 0);
   std::vector<int64_t> view;  // n, then per step: step, source rank, per writer: n, nodes
   if (rank == 0) {
-    struct Seen {
-      int64_t hash = 0;
+    struct Save {
       int world_size = 0;
-      bool conflict = false;
+      int64_t created = 0;
       int source = -1;
       std::map<int, std::vector<int>> nodes_of_writer;
     };
-    std::map<int64_t, Seen> seen;
+    std::map<int64_t, std::map<int64_t, Save>> seen;  // step -> marker hash -> save
     for (int r = 0; r < comm.size(); ++r) {
       std::vector<int64_t> v = DecodeValues(reports[static_cast<size_t>(r)]);
-      for (size_t i = 0; i + 4 <= v.size();) {
+      for (size_t i = 0; i + 5 <= v.size();) {
         const int64_t step = v[i], hash = v[i + 1];
-        const auto ws = static_cast<int>(v[i + 2]);
-        const auto n = static_cast<size_t>(v[i + 3]);
-        Seen& e = seen[step];
+        const auto n = static_cast<size_t>(v[i + 4]);
+        Save& e = seen[step][hash];
         if (e.source < 0) {
-          e.hash = hash;
-          e.world_size = ws;
+          e.world_size = static_cast<int>(v[i + 2]);
+          e.created = v[i + 3];
           e.source = r;
-        } else if (e.hash != hash) {
-          e.conflict = true;  // two different saves of one step: trust neither
         }
-        for (size_t k = 0; k < n && i + 4 + k < v.size(); ++k) {
-          e.nodes_of_writer[static_cast<int>(v[i + 4 + k])].push_back(nodes_.node_of(r));
+        for (size_t k = 0; k < n && i + 5 + k < v.size(); ++k) {
+          e.nodes_of_writer[static_cast<int>(v[i + 5 + k])].push_back(nodes_.node_of(r));
         }
-        i += 4 + n;
+        i += 5 + n;
       }
     }
     std::vector<int64_t> whole;
-    for (const auto& [step, e] : seen) {
-      std::vector<int> lost;
-      for (int w = 0; w < e.world_size; ++w) {
-        if (!e.nodes_of_writer.count(w)) lost.push_back(w);
+    std::map<int64_t, const Save*> chosen;
+    for (const auto& [step, saves] : seen) {
+      const Save* newest = nullptr;
+      bool tie = false;
+      for (const auto& [hash, e] : saves) {
+        if (newest == nullptr || e.created > newest->created) {
+          newest = &e;
+          tie = false;
+        } else if (e.created == newest->created) {
+          tie = true;
+        }
       }
-      if (e.conflict) {
-        Logger()->warn("mhckpt: local step {}: nodes hold different saves of it; not restorable",
-                       step);
+      std::vector<int> lost;
+      for (int w = 0; w < newest->world_size; ++w) {
+        if (!newest->nodes_of_writer.count(w)) lost.push_back(w);
+      }
+      if (tie) {
+        Logger()->warn(
+            "mhckpt: local step {}: nodes hold different saves of it made at the same time; not "
+            "restorable",
+            step);
       } else if (!lost.empty()) {
         Logger()->info(
             "mhckpt: local step {} cannot be restored: no node of this job holds the boxes of "
             "rank(s) {} (of {} at save)",
-            step, fmt::join(lost, ","), e.world_size);
+            step, fmt::join(lost, ","), newest->world_size);
       } else {
+        if (saves.size() > 1) {
+          Logger()->warn(
+              "mhckpt: local step {}: nodes hold {} different saves of it; the newest is used, "
+              "nodes remove the others",
+              step, saves.size());
+        }
         whole.push_back(step);
+        chosen[step] = newest;
       }
     }
     if (static_cast<int>(whole.size()) > keep_) {
@@ -219,7 +240,7 @@ Status LocalTier::Open(const Comm& comm, const Options& options) {
     }
     view.push_back(static_cast<int64_t>(whole.size()));
     for (int64_t step : whole) {
-      const Seen& e = seen[step];
+      const Save& e = *chosen.at(step);
       view.insert(view.end(), {step, e.source, e.world_size});
       for (int w = 0; w < e.world_size; ++w) {
         const std::vector<int>& ns = e.nodes_of_writer.at(w);
@@ -241,8 +262,10 @@ Status LocalTier::Open(const Comm& comm, const Options& options) {
   }
   comm.BroadcastValues(&view, 0);
 
-  // The markers of the restorable steps, from a node that holds each.
+  // The markers of the restorable steps, from a node that holds each. A
+  // node that holds another save of a kept step removes it below.
   std::set<int64_t> kept;
+  std::set<int64_t> stale;
   Status parsed;
   for (size_t i = 1, n = static_cast<size_t>(view.at(0)), k = 0; k < n; ++k) {
     const int64_t step = view[i];
@@ -251,6 +274,9 @@ Status LocalTier::Open(const Comm& comm, const Options& options) {
     i += 3;
     std::string text = rank == source ? texts[step] : std::string();
     comm.BroadcastBytes(&text, source);
+    if (auto mine = texts.find(step); mine != texts.end() && mine->second != text) {
+      stale.insert(step);
+    }
     auto local = std::make_shared<LocalStep>();
     local->holders.resize(ws);
     for (size_t w = 0; w < ws; ++w) {
@@ -280,7 +306,7 @@ Status LocalTier::Open(const Comm& comm, const Options& options) {
   Status removed;
   if (leader) {
     for (const auto& [step, text] : texts) {
-      if (!kept.count(step)) removed = store_->RemoveStep(step);
+      if (!kept.count(step) || stale.count(step)) removed = store_->RemoveStep(step);
     }
   }
   return AgreeAll(removed, comm);

@@ -30,8 +30,12 @@
 // steps with the writer files it holds whole (the expected size); rank 0
 // finds the steps whose every writer file survives on some node of this
 // job — at any world size — and broadcasts that view, with each such step's
-// marker. Nodes remove the local steps nobody can restore. The view is the
-// same on every rank, and each later local commit adds to it.
+// marker. Nodes may hold two saves of one step number (a job that could not
+// restore a local step saved it again while a node outside that job kept the
+// older save): the newest save (its marker's creation time) is the step.
+// Nodes remove the local steps nobody can restore, and older saves of kept
+// ones. The view is the same on every rank, and each later local commit adds
+// to it.
 #pragma once
 
 #include <cstdint>

@@ -25,7 +25,8 @@
 // (the local one if it holds the step), and a step that the shared root holds
 // too also from the shared root (RestoreSource::kPersistent); Verify runs on
 // the steps the shared root holds (it reads the shared root). The report adds
-// "tiers": {step: "local" | "persistent" | "both"}.
+// "tiers": {step: "local" | "persistent" | "both"} and "world_size_at_save":
+// {step: world size} (Describe).
 //
 // The state is a few sharded and replicated arrays whose contents depend only
 // on the step (and --rows), so any later job can predict every byte. Every rank
@@ -359,6 +360,14 @@ int Check(const Args& a, int p, int r) {
     committed.push_back(step);
     tiers[step] = {step, persistent, local};
     tier_names[std::to_string(step)] = persistent && local ? "both" : local ? "local" : "persistent";
+  }
+  if (!a.local_dir.empty() && r == 0) {  // which save of each step this job sees
+    nlohmann::json saved_at = nlohmann::json::object();
+    for (int64_t step : committed) {
+      auto d = (*mgr)->Describe(step);
+      saved_at[std::to_string(step)] = d.ok() ? d->world_size : -1;
+    }
+    report["world_size_at_save"] = saved_at;
   }
   if (!a.local_dir.empty()) report["tiers"] = tier_names;
 

@@ -55,8 +55,8 @@ random: `crash_job loop` at a random world size in 2..4, SIGKILL of a random
   the shared root, seen by a check or acknowledged to the loop (save k of a
   loop job goes there if k % 3 == 0), must never go; and the newest step
   acknowledged to the loop must be listed by a check on the same nodes or
-  more (unless a node outside the loop's job kept another save of that step
-  number, which the local tier trusts neither of: counted apart).
+  more (also when a node outside the loop's job kept an older save of that
+  step number, made by an earlier job: the newest save is the step).
 
   Long run (docs/RELIABILITY.md):
     crash_test.py random --trials 300 --seed 4 --job build/bin/crash_job \
@@ -472,23 +472,29 @@ def local_oracle(root, base, nodes):
     implementation of the recovery rule independent of the library's): the
     shared root's steps with a commit marker, and the newest LOCAL_KEEP local
     steps whose every writer file w<R>.bin lies on some node (of those) that
-    holds the step's marker. Returns (steps, {step: "local"|"persistent"|"both"})."""
+    holds the step's marker — of the step's newest save, where nodes hold
+    different saves of it (markers that differ; the newest by created_unix_ms,
+    none on a tie). Returns (steps, {step: "local"|"persistent"|"both"})."""
     persistent = {s for s, files in on_disk(root).items() if "commit.json" in files}
     whole = []
     for s, by_node in sorted(local_steps_on_disk(base, nodes).items()):
         marked = [n for n, files in by_node.items() if "commit.json" in files]
         if not marked:
             continue
-        texts = set()
+        text_of = {}
         for n in marked:
             with open(os.path.join(base, "node%d" % n, "step_%010d" % s, "commit.json")) as f:
-                texts.add(f.read())
-        if len(texts) != 1:
-            continue  # nodes hold different saves of the step: neither counts
-        world = json.loads(texts.pop())["world_size"]
+                text_of[n] = f.read()
+        created = {t: json.loads(t)["created_unix_ms"] for t in text_of.values()}
+        newest = max(created.values())
+        if sum(1 for c in created.values() if c == newest) > 1:
+            continue  # two saves made at the same moment: neither counts
+        text = [t for t, c in created.items() if c == newest][0]
+        world = json.loads(text)["world_size"]
         held = set()
         for n in marked:
-            held |= by_node[n]
+            if text_of[n] == text:
+                held |= by_node[n]
         if all("w%d.bin" % w in held for w in range(world)):
             whole.append(s)
     local = set(whole[-LOCAL_KEEP:])
@@ -622,6 +628,7 @@ def run_local_phases(args):
         # by --share.
         share, shares = args.share
         item = iter(range(1 << 30))
+        stale_control = np == 3  # needs a node that alone cannot restore step 2
 
         def mine():
             return next(item) % shares == share
@@ -693,6 +700,33 @@ def run_local_phases(args):
             problems += expect_local_check(crc, report, *want)
             fail("local np%d control: nodes 0 and 1 (a partner pair) lost, falls back to the "
                  "shared root" % np, problems, cout)
+
+        if stale_control and not args.no_controls and mine():
+            # Job B on node 0 alone cannot restore step 2 (node 0 lacks rank
+            # 1's boxes), so it removes its copy and saves step 2 again, at 1
+            # rank; nodes 1 and 2 keep job A's save. A job on all 3 nodes must
+            # restore B's, the newest, and nodes 1 and 2 drop A's.
+            cases += 1
+            d = os.path.join(base, "control-stale-save")
+            fresh_copy(template, d)
+            rc, out = runner.run(1, "save", os.path.join(d, "ckpt"), 2, 2, "--tier", "local",
+                                 *tier_args(d, 1))
+            problems = [] if rc == 0 else ["job B (node 0, step 2 again) exited %s" % rc]
+            # (Step 1 stays whole on nodes 1 and 2.)
+            want = ([1, 2], {"1": "both", "2": "local"})
+            oracle = local_oracle(os.path.join(d, "ckpt"), os.path.join(d, "local"), nodes)
+            if oracle != want:
+                problems.append("the files say %s, expected %s" % (oracle, want))
+            crc, report, cout = check(d, np, rpn)
+            problems += expect_local_check(crc, report, *want)
+            if report is not None and report.get("world_size_at_save", {}).get("2") != 1:
+                problems.append("step 2 is not job B's save (at 1 rank): world sizes %s"
+                                % report.get("world_size_at_save"))
+            left = local_steps_on_disk(os.path.join(d, "local"), nodes).get(2, {})
+            if sorted(left) != [0]:
+                problems.append("step 2 left on nodes %s after the check, expected [0]" % sorted(left))
+            fail("local np%d control: a stale save of step 2 on nodes outside a job; the newest "
+                 "save wins" % np, problems, out + cout)
 
         for case_point, action in ((p, a) for p in LOCAL_POINTS for a in ACTIONS):
             if not mine():
@@ -780,7 +814,7 @@ def run_random(args):
                  marker_tmp_seen=0, hangs=0, errors=0, roots=0, max_exit_after_kill_s=0.0)
     if args.local:
         stats.update(wrong_listing=0, acknowledged_all=0, acknowledged_persistent=0,
-                     newest_checked=0, newest_in_conflict=0)
+                     newest_checked=0, stale_saves_seen=0)
     base = os.path.join(work, "local0")  # --local: BASE/node<N> per simulated node
 
     def local_args(np):
@@ -803,7 +837,9 @@ def run_random(args):
         if args.local:
             # What the files predict for a job on the check's nodes.
             want = local_oracle(root, base, nodes_of(np))
-            conflicts = local_conflicts(base, nodes_of(np))
+            # Steps of which nodes hold different saves (a job on fewer nodes
+            # saved the step number again): the newest save must win.
+            stats["stale_saves_seen"] += len(local_conflicts(base, nodes_of(np)))
         rc, report, out = runner.check(np, root, steps=steps, rows=rows, timeout=timeout,
                                        extra=local_args(np))
         if report is None:
@@ -835,12 +871,6 @@ def run_random(args):
             if newest_acked is not None and nodes_of(np) >= nodes_of(loop_np):
                 if newest_acked in now:
                     stats["newest_checked"] += 1
-                elif newest_acked in conflicts:
-                    # A node outside the loop's job kept another save of the
-                    # step (an earlier job's): the local tier trusts neither.
-                    stats["newest_in_conflict"] += 1
-                    print("  newest acknowledged step %d not listed: nodes hold different "
-                          "saves of it" % newest_acked)
                 else:
                     newly_lost.add(newest_acked)
             committed_in_root = sorted(persistent)
@@ -953,8 +983,8 @@ def run_random(args):
         print("two tiers: listings that differ from the files' prediction %(wrong_listing)d, "
               "steps acknowledged to the job %(acknowledged_all)d (of them in the shared root "
               "%(acknowledged_persistent)d), newest acknowledged step listed by a check on the "
-              "same or more nodes %(newest_checked)d times (not listed because another node "
-              "held a different save of it: %(newest_in_conflict)d)" % stats)
+              "same or more nodes %(newest_checked)d times, steps of which the check's nodes "
+              "held different saves %(stale_saves_seen)d" % stats)
     print("trials %(trials)d, kills %(kills)d (all ranks at once: %(kills_all_ranks)d), "
           "steps committed %(steps_committed)d (acknowledged to the job: %(acknowledged)d), "
           "broken commits %(broken)d, earlier steps lost %(lost)d, restores verified "
