@@ -26,7 +26,7 @@ failed launch ended, the harness lists what every node's tmpfs holds
 (/proc/<slurmd>/root/...); the relaunch must restore the newest step that
 survived: the newest of the shared root's committed steps and of the local
 steps whose every writer file lies on a node of the relaunch that holds the
-step's marker (the newest 2 such; same marker everywhere), from the tier that
+step's marker (the newest 2 such; of a step saved twice, the newest save), from the tier that
 rule names. Its restore fingerprint must equal the one the demo printed when
 it saved that step ("saving step=S fingerprint F": a step committed only in
 the local tier may never get its "committed" line).
@@ -301,8 +301,9 @@ def local_snapshot(cluster, nodes, sub):
 def local_restorable(snap, nodes):
     """The local steps a job on `nodes` can restore, ascending (the rule of
     coordinator/local_tier.h, from the files alone): the step's marker on
-    some of them, the same wherever it is, and every writer's file w<R>.bin
-    on one of those; the newest LOCAL_KEEP of them."""
+    some of them and every writer's file w<R>.bin on one of those — of the
+    step's newest save where nodes hold different ones (the newest by the
+    marker's created_unix_ms; none on a tie); the newest LOCAL_KEEP of them."""
     by_step = {}
     for node in nodes:
         for step, (text, world, files) in snap.get(node, {}).items():
@@ -310,8 +311,12 @@ def local_restorable(snap, nodes):
                 by_step.setdefault(step, []).append((text, world, files))
     whole = []
     for step, held in sorted(by_step.items()):
-        if len({t for t, _, _ in held}) != 1:
-            continue  # two different saves of one step: neither counts
+        created = {t: json.loads(t)["created_unix_ms"] for t, _, _ in held}
+        newest = max(created.values())
+        if sum(1 for c in created.values() if c == newest) > 1:
+            continue  # two saves made at the same moment: neither counts
+        text = [t for t, c in created.items() if c == newest][0]
+        held = [h for h in held if h[0] == text]
         world = held[0][1]
         files = set().union(*(f for _, _, f in held))
         if all("w%d.bin" % w in files for w in range(world)):
