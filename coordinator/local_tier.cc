@@ -233,13 +233,17 @@ Status LocalTier::Open(const Comm& comm, const Options& options) {
 
   // The markers of the restorable steps, from a node that holds each, and
   // the files of lost ranks rebuilt from parity.
-  std::set<int64_t> kept;
+  std::set<int64_t> kept, stale;
   Status local;
   for (const nlohmann::json& v : view) {
     const auto step = v.at("step").get<int64_t>();
     const int source = v.at("source").get<int>();
     std::string text = rank == source ? texts[step] : std::string();
     comm.BroadcastBytes(&text, source);
+    // This node holds another (older) save of the step: removed below.
+    if (auto mine = texts.find(step); mine != texts.end() && mine->second != text) {
+      stale.insert(step);
+    }
     auto ls = std::make_shared<LocalStep>();
     ls->holders = v.at("holders").get<std::vector<std::vector<int>>>();
     ls->parity_groups = v.at("groups").get<std::vector<std::vector<int>>>();
@@ -272,7 +276,7 @@ Status LocalTier::Open(const Comm& comm, const Options& options) {
   Status removed;
   if (leader) {
     for (const auto& [step, text] : texts) {
-      if (!kept.count(step)) removed = store_->RemoveStep(step);
+      if (!kept.count(step) || stale.count(step)) removed = store_->RemoveStep(step);
     }
   }
   return AgreeAll(removed, comm);
@@ -304,33 +308,41 @@ nlohmann::json LocalTier::Holdings(int64_t step, const io::Marker& m, int64_t ha
       if (size.ok() && *size == group.segment) blocks.push_back(r);
     }
   }
-  return {{"step", step},  {"hash", hash},     {"world_size", m.world_size},
-          {"files", held}, {"blocks", blocks}, {"groups", groups}};
+  return {{"step", step},
+          {"hash", hash},
+          {"world_size", m.world_size},
+          {"created", m.created_unix_ms},
+          {"files", held},
+          {"blocks", blocks},
+          {"groups", groups}};
 }
 
 // Rank 0: from every node's report, the steps this job can restore, newest
 // `keep_`, each with the holders of every file and the rebuilds it needs.
 nlohmann::json LocalTier::Recover(const std::vector<std::string>& reports) const {
-  struct Seen {
-    int64_t hash = 0;
+  // Nodes may hold different saves of one step number: a job that could not
+  // restore a local step (its nodes lacked some of the step's files) saves
+  // that step again, while a node outside that job keeps the older save. The
+  // newest save (its marker's creation time) is the step, restorable if it
+  // is whole; two made at the same time count for neither. Nodes remove the
+  // others (Open).
+  struct Save {
     int world_size = 0;
-    bool conflict = false;
+    int64_t created = 0;
     int source = -1;
     std::vector<std::vector<int>> groups;
     std::map<int, std::vector<int>> file_nodes, block_nodes;
   };
-  std::map<int64_t, Seen> seen;
+  std::map<int64_t, std::map<int64_t, Save>> seen;  // step -> marker hash -> save
   for (size_t r = 0; r < reports.size(); ++r) {
     const int node = nodes_.node_of(static_cast<int>(r));
     for (const nlohmann::json& e : nlohmann::json::parse(reports[r])) {
-      Seen& s = seen[e.at("step").get<int64_t>()];
+      Save& s = seen[e.at("step").get<int64_t>()][e.at("hash").get<int64_t>()];
       if (s.source < 0) {
-        s.hash = e.at("hash").get<int64_t>();
         s.world_size = e.at("world_size").get<int>();
+        s.created = e.at("created").get<int64_t>();
         s.source = static_cast<int>(r);
         s.groups = e.at("groups").get<std::vector<std::vector<int>>>();
-      } else if (s.hash != e.at("hash").get<int64_t>()) {
-        s.conflict = true;  // two different saves of one step: trust neither
       }
       for (int w : e.at("files")) s.file_nodes[w].push_back(node);
       for (int w : e.at("blocks")) s.block_nodes[w].push_back(node);
@@ -344,12 +356,25 @@ nlohmann::json LocalTier::Recover(const std::vector<std::string>& reports) const
     return ranks;
   };
   nlohmann::json view = nlohmann::json::array();
-  for (auto& [step, s] : seen) {
-    if (s.conflict) {
-      Logger()->warn("mhckpt: local step {}: nodes hold different saves of it; not restorable",
-                     step);
+  for (auto& [step, saves] : seen) {
+    Save* newest = nullptr;
+    bool tie = false;
+    for (auto& [hash, e] : saves) {
+      if (newest == nullptr || e.created > newest->created) {
+        newest = &e;
+        tie = false;
+      } else if (e.created == newest->created) {
+        tie = true;
+      }
+    }
+    if (tie) {
+      Logger()->warn(
+          "mhckpt: local step {}: nodes hold different saves of it made at the same time; not "
+          "restorable",
+          step);
       continue;
     }
+    Save& s = *newest;
     std::vector<int> lost;
     nlohmann::json rebuild = nlohmann::json::array();
     for (int w = 0; w < s.world_size; ++w) {
@@ -375,6 +400,12 @@ nlohmann::json LocalTier::Recover(const std::vector<std::string>& reports) const
           "rank(s) {} (of {} at save)",
           step, fmt::join(lost, ","), s.world_size);
       continue;
+    }
+    if (saves.size() > 1) {
+      Logger()->warn(
+          "mhckpt: local step {}: nodes hold {} different saves of it; the newest is used, nodes "
+          "remove the others",
+          step, saves.size());
     }
     std::vector<std::vector<int>> holders(static_cast<size_t>(s.world_size));
     for (int w = 0; w < s.world_size; ++w) {

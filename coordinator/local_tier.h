@@ -27,11 +27,17 @@
 //
 // Recovery (Open, collective): each node's lowest rank takes ownership of
 // its local dir, removes steps without a marker, and reports its committed
-// steps with the writer files it holds whole (the expected size); rank 0
-// finds the steps whose every writer file survives on some node of this
-// job — at any world size — and broadcasts that view, with each such step's
-// marker. Nodes remove the local steps nobody can restore. The view is the
-// same on every rank, and each later local commit adds to it.
+// steps with the writer files and parity blocks it holds whole (the expected
+// size); rank 0 finds the steps whose every writer file survives on some
+// node of this job, or can be rebuilt from its parity group — at any world
+// size — and broadcasts that view, with each such step's marker; lost files
+// are rebuilt (Rebuild). Nodes may hold two saves of one step number (a job
+// that could not restore a local step saved it again while a node outside
+// that job kept the older save): the newest save (its marker's creation
+// time, so the clocks of the jobs' rank-0 hosts must agree) is the step.
+// Nodes remove the local steps nobody can restore, and older saves of kept
+// ones. The view is the same on every rank, and each later local commit adds
+// to it.
 #pragma once
 
 #include <cstdint>

@@ -48,6 +48,13 @@ int Main(int argc, char** argv) {
                  "Keep only the newest N committed steps (0: all)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_option("--local-dir", flags.local_dir,
+                 "Node-local directory (a tmpfs or local disk) for the local tier: every save is "
+                 "committed there first, with a copy on another node (Options::local_dir)");
+  app.add_option("--persistent-every", flags.persistent_every,
+                 "With --local-dir: every Nth save also goes to --dir (Options::persistent_every)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--log-every", flags.log_every, "Print the mean loss every N steps")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

@@ -71,6 +71,20 @@ Result<std::unique_ptr<Trainer>> RestoreTrainer(CheckpointManager& mgr, int64_t 
   return trainer;
 }
 
+// With the local tier: where a restore of committed step `step` reads, " (local
+// tier)" if that tier holds it, else " (shared root)". Rank 0's answer is
+// the one printed (the tiers' view is the same on every rank).
+std::string TierOf(const CheckpointManager& mgr, int64_t step) {
+  auto steps = mgr.Steps();
+  bool local = false;
+  if (steps.ok()) {
+    for (const CheckpointManager::StepTiers& t : *steps) {
+      if (t.step == step) local = t.local;
+    }
+  }
+  return local ? " (local tier)" : " (shared root)";
+}
+
 // A save handed to the I/O thread, not yet known to be committed.
 struct PendingSave {
   int64_t step = 0;
@@ -81,18 +95,20 @@ struct PendingSave {
 // Collective: waits for `pending` to commit and prints its timings and
 // fingerprint.
 Status ConfirmSave(CheckpointManager& mgr, const PendingSave& pending, uint64_t bytes,
-                   const Console& out) {
+                   bool local_tier, const Console& out) {
   auto t0 = Clock::now();
   MHCKPT_RETURN_IF_ERROR(mgr.WaitUntilFinished());
   const double waited = Since(t0);
   const SaveTimings t = mgr.LastSaveTimings();  // rank 0's clocks
-  const double background = t.plan + t.write + t.flush + t.commit + t.gc;
+  const double background = t.plan + t.local + t.write + t.flush + t.commit + t.gc;
   out.Line(
       "committed step={}: {:.1f} MiB; Save() blocked training {:.3f} s (snapshot {:.3f}); "
-      "background {:.3f} s = plan {:.3f} + write {:.3f} + flush {:.3f} + commit {:.3f} + gc "
-      "{:.3f} ({:.0f} MiB/s); waited {:.3f} s for it",
-      pending.step, MiB(bytes), pending.blocked, t.snapshot, background, t.plan, t.write, t.flush,
-      t.commit, t.gc, background > 0 ? MiB(bytes) / background : 0.0, waited);
+      "background {:.3f} s = plan {:.3f} + {}write {:.3f} + flush {:.3f} + commit {:.3f} + gc "
+      "{:.3f} ({:.0f} MiB/s); waited {:.3f} s for it{}",
+      pending.step, MiB(bytes), pending.blocked, t.snapshot, background, t.plan,
+      local_tier ? fmt::format("local tier {:.3f} + ", t.local) : "", t.write, t.flush, t.commit,
+      t.gc, background > 0 ? MiB(bytes) / background : 0.0, waited,
+      !local_tier ? "" : t.persistent ? "; in both tiers" : "; in the local tier only");
   out.Line("fingerprint step={} {}", pending.step, FingerprintHex(pending.fingerprint));
   return OkStatus();
 }
@@ -108,6 +124,8 @@ Status RunTraining(const TrainFlags& flags, MPI_Comm comm) {
 
   Options options;
   options.max_to_keep = flags.max_to_keep;
+  options.local_dir = flags.local_dir;
+  options.persistent_every = flags.persistent_every;
   MHCKPT_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointManager> mgr,
                           CheckpointManager::Open(comm, flags.dir, options));
   if (!mgr->async()) out.Line("note: MPI lacks MPI_THREAD_MULTIPLE; saves are synchronous");
@@ -123,8 +141,9 @@ Status RunTraining(const TrainFlags& flags, MPI_Comm comm) {
     const double restore_s = Since(t0);
     std::vector<ArrayToSave> arrays = trainer->ArraysToSave();
     const uint64_t fp = GlobalFingerprint(arrays, comm);
-    out.Line("restored step={} from {} at {} rank{}: {:.1f} MiB in {:.3f} s", *latest, flags.dir,
-             size, size == 1 ? "" : "s", MiB(GlobalBytes(arrays)), restore_s);
+    out.Line("restored step={} from {}{} at {} rank{}: {:.1f} MiB in {:.3f} s", *latest, flags.dir,
+             flags.local_dir.empty() ? "" : TierOf(*mgr, *latest), size, size == 1 ? "" : "s", MiB(GlobalBytes(arrays)),
+             restore_s);
     out.Line("fingerprint step={} {}", *latest, FingerprintHex(fp));
   } else {
     if (latest) {
@@ -150,6 +169,7 @@ Status RunTraining(const TrainFlags& flags, MPI_Comm comm) {
                                  {"model", "MLP " + config.Describe()},
                                  {"seed", std::to_string(config.seed)}};
 
+  const bool local_tier = !flags.local_dir.empty();
   std::optional<PendingSave> pending;
   double loss_sum = 0;
   int64_t loss_count = 0;
@@ -164,7 +184,7 @@ Status RunTraining(const TrainFlags& flags, MPI_Comm comm) {
     }
     if ((flags.save_every > 0 && step % flags.save_every == 0) || step == flags.steps) {
       // At most one save in flight: the previous one must have committed.
-      if (pending) MHCKPT_RETURN_IF_ERROR(ConfirmSave(*mgr, *pending, state_bytes, out));
+      if (pending) MHCKPT_RETURN_IF_ERROR(ConfirmSave(*mgr, *pending, state_bytes, local_tier, out));
       std::vector<ArrayToSave> arrays = trainer->ArraysToSave();
       PendingSave p{step, GlobalFingerprint(arrays, comm), 0};
       auto t0 = Clock::now();
@@ -179,10 +199,14 @@ Status RunTraining(const TrainFlags& flags, MPI_Comm comm) {
         Status agreed = mgr->WaitUntilFinished();
         return agreed.ok() ? saved : agreed;
       }
+      // The state's fingerprint as it was saved, before it is known to
+      // commit: a step that commits in the local tier but not in the shared
+      // root (the job died in between) never gets its "committed" line.
+      out.Line("saving step={} fingerprint {}", step, FingerprintHex(p.fingerprint));
       pending = p;
     }
   }
-  if (pending) MHCKPT_RETURN_IF_ERROR(ConfirmSave(*mgr, *pending, state_bytes, out));
+  if (pending) MHCKPT_RETURN_IF_ERROR(ConfirmSave(*mgr, *pending, state_bytes, local_tier, out));
   out.Line("done: step {} in {:.1f} s", trainer->step(), Since(start));
   return OkStatus();
 }

@@ -20,6 +20,8 @@ struct TrainFlags {
   bool model_mib_given = false;
   bool resume = false;
   int max_to_keep = 3;
+  std::string local_dir;     ///< Options::local_dir ("": one tier)
+  int persistent_every = 1;  ///< Options::persistent_every
   int64_t log_every = 10;
   uint64_t seed = 1;
   int64_t global_batch = 64;

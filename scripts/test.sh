@@ -4,7 +4,8 @@
 #   1. scripts/bootstrap.sh (apt packages, configure, build into build/)
 #   2. the donation regression test under AddressSanitizer (build-address/)
 #      and ThreadSanitizer (build-thread/); the bad-input suite under ASan,
-#      two managers saving at once in one process (the HDF5 lock) under TSan
+#      two managers saving at once in one process (the HDF5 lock) and the
+#      local tier (its drain thread beside the I/O thread) under TSan
 #   3. python/setup_venv.sh: the Python venv (python/.venv; the first run
 #      downloads jax and torch) and `pip install .` of the mhckpt package, for
 #      the python.* tests; MHCKPT_PYTHON_TESTS=0 skips it and leaves those tests out

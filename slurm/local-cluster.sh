@@ -16,7 +16,18 @@
 #   - slurmd n1..nN (slurmd -N nK), each in its own UTS namespace whose
 #     hostname is nK, so that the tasks of a job see one host per node (Open
 #     MPI's shared-memory transport crashes when "different nodes" share a
-#     hostname), listening on 127.0.0.1:PORT+K.
+#     hostname), listening on 127.0.0.1:PORT+K;
+#   - and in its own mount namespace, with node-local storage: a tmpfs of its
+#     own mounted at LOCAL (BASE/local by default), which only that node's
+#     processes (its slurmd, and the job steps and tasks it starts) see. The
+#     same path names a different tmpfs on every node, as a node-local disk
+#     or /dev/shm does on a real cluster (for Options::local_dir). From
+#     outside, node nK's is /proc/<its slurmd's pid>/root/LOCAL.
+#
+#   slurm/local-cluster.sh wipe n2   # node n2's local storage is lost: its
+#                                    # tmpfs is replaced by an empty one
+#                                    # (a node that died and came back, or
+#                                    # its replacement)
 # Nothing but 127.0.0.1 is used. Job state and node spools are wiped at every
 # bring-up (stale PMIx sockets from an earlier cluster break srun --mpi=pmix).
 # "up" is idempotent: a cluster already up with N healthy nodes is left alone;
@@ -29,6 +40,9 @@
 #   MHCKPT_SLURM_PORT   slurmctld's port; node K listens on PORT+K (default 17000)
 #   MHCKPT_SLURM_CPUS   CPUs each node advertises (default 2)
 #   MHCKPT_SLURM_TIMEOUT  seconds to wait for each daemon to come up (default 30)
+#   MHCKPT_SLURM_LOCAL  where each node mounts its own tmpfs (default BASE/local)
+#   MHCKPT_SLURM_LOCAL_MIB  the size of each node's tmpfs (default 1024; tmpfs
+#                       takes memory only for what is written)
 # Needs root (munged runs as user munge; slurmd runs jobs as their user) and
 # the Debian packages slurm-wlm and munge (scripts/bootstrap.sh installs them).
 set -euo pipefail
@@ -37,6 +51,8 @@ BASE=${MHCKPT_SLURM_BASE:-/tmp/mhckpt-slurm}
 PORT=${MHCKPT_SLURM_PORT:-17000}
 CPUS=${MHCKPT_SLURM_CPUS:-2}
 TIMEOUT=${MHCKPT_SLURM_TIMEOUT:-30}
+LOCAL=${MHCKPT_SLURM_LOCAL:-$BASE/local}
+LOCAL_MIB=${MHCKPT_SLURM_LOCAL_MIB:-1024}
 CONF=$BASE/slurm.conf
 PIDS=$BASE/pids
 # Every daemon started here carries this marker in its environment (and so do
@@ -52,10 +68,11 @@ die() {
 
 usage() {
   cat >&2 <<EOF
-usage: $0 up N | down | status
-  up N     start (or keep) a cluster of N slurmd nodes n1..nN on this machine
-  down     cancel its jobs, stop the daemons it started
-  status   its daemons and sinfo
+usage: $0 up N | down | status | wipe NODE
+  up N       start (or keep) a cluster of N slurmd nodes n1..nN on this machine
+  down       cancel its jobs, stop the daemons it started
+  status     its daemons and sinfo
+  wipe NODE  replace node NODE's local storage ($LOCAL) by an empty tmpfs
 base directory: $BASE (MHCKPT_SLURM_BASE), ports $PORT.. (MHCKPT_SLURM_PORT)
 EOF
   exit 2
@@ -113,7 +130,7 @@ tail_log() {
 
 check_tools() {
   local missing=()
-  for t in munged slurmctld slurmd sinfo scontrol srun unshare setsid runuser; do
+  for t in munged slurmctld slurmd sinfo scontrol srun unshare nsenter setsid runuser mountpoint; do
     command -v "$t" >/dev/null || missing+=("$t")
   done
   [ ${#missing[@]} -eq 0 ] ||
@@ -137,10 +154,19 @@ healthy() {
   [ "$(recorded_nodes)" = "$n" ] || return 1
   pid_alive "$(recorded_pid munged)" && pid_alive "$(recorded_pid slurmctld)" || return 1
   local k
-  for ((k = 1; k <= n; k++)); do pid_alive "$(recorded_pid "slurmd-n$k")" || return 1; done
+  for ((k = 1; k <= n; k++)); do
+    pid_alive "$(recorded_pid "slurmd-n$k")" || return 1
+    has_local_tmpfs "$(recorded_pid "slurmd-n$k")" || return 1
+  done
   local states
   states=$(sl sinfo -h -N -o '%N %T' 2>/dev/null) || return 1
   [ "$(echo "$states" | grep -cE ' (idle|allocated|mixed|completing)$')" -eq "$n" ]
+}
+
+# True if the process $1 sees a tmpfs of its own at LOCAL (its node's).
+has_local_tmpfs() {
+  [ "$(nsenter -t "$1" -m stat -f -c %T "$LOCAL" 2>/dev/null)" = tmpfs ] &&
+    [ "$(readlink "/proc/$1/ns/mnt")" != "$(readlink /proc/$$/ns/mnt)" ]
 }
 
 all_idle() {
@@ -357,9 +383,12 @@ do_up() {
     fail_up "slurmctld did not answer 'scontrol ping' within ${TIMEOUT} s (its log is above; $BASE/log/)"
   fi
 
+  # LOCAL exists outside too (empty): each node mounts its tmpfs over it.
+  mkdir -p "$LOCAL"
   for ((k = 1; k <= n; k++)); do
-    start_daemon "slurmd-n$k" "$BASE/log/slurmd-n$k.out" unshare --uts \
-      sh -c 'hostname "$1" && exec slurmd -D -f "$2" -N "$1"' sh "n$k" "$CONF"
+    start_daemon "slurmd-n$k" "$BASE/log/slurmd-n$k.out" unshare --uts --mount --propagation private \
+      sh -c 'hostname "$1" && mount -t tmpfs -o "size=$4m,mode=0755" "mhckpt-local-$1" "$3" &&
+             exec slurmd -D -f "$2" -N "$1"' sh "n$k" "$CONF" "$LOCAL" "$LOCAL_MIB"
   done
   if ! wait_for "$TIMEOUT" slurmctld all_idle "$n"; then
     sl sinfo -N >&2 || true
@@ -374,6 +403,22 @@ do_up() {
   print_usage_hint
 }
 
+# ---- wipe ------------------------------------------------------------------
+
+# Node $1 loses its local storage: its tmpfs at LOCAL is unmounted (lazily:
+# a process of the node may still hold a file open) and an empty one mounted,
+# inside the node's mount namespace.
+do_wipe() {
+  local node=$1 pid
+  pid=$(recorded_pid "slurmd-$node")
+  pid_alive "$pid" || die "wipe: node '$node' has no running slurmd (recorded: $(recorded_nodes) nodes)"
+  has_local_tmpfs "$pid" || die "wipe: node $node has no tmpfs of its own at $LOCAL"
+  nsenter -t "$pid" -m sh -c 'umount -l "$1" && mount -t tmpfs -o "size=$2m,mode=0755" "mhckpt-local-$3" "$1"' \
+    sh "$LOCAL" "$LOCAL_MIB" "$node" || die "wipe: remounting $LOCAL on $node failed"
+  has_local_tmpfs "$pid" || die "wipe: node $node has no tmpfs at $LOCAL after the wipe"
+  log "wipe: $node's local storage $LOCAL is a new, empty tmpfs"
+}
+
 # ---- status ----------------------------------------------------------------
 
 do_status() {
@@ -385,6 +430,9 @@ do_status() {
     pid=$(recorded_pid "$name")
     if pid_alive "$pid"; then
       echo "  $name: running (pid $pid)"
+      if [[ $name == slurmd-* ]]; then
+        echo "    local storage $LOCAL: $(nsenter -t "$pid" -m df -h --output=fstype,used,size "$LOCAL" 2>/dev/null | tail -n 1)"
+      fi
     else
       echo "  $name: NOT running"
       rc=1
@@ -410,6 +458,10 @@ case "${1:-}" in
   status)
     [ $# -eq 1 ] || usage
     do_status
+    ;;
+  wipe)
+    [ $# -eq 2 ] || usage
+    do_wipe "$2"
     ;;
   *) usage ;;
 esac

@@ -13,6 +13,23 @@ step. A round is written KIND:N>M[>...] (several failures in one round):
   sbatch:2>3   sbatch -N 2 slurm/train.sbatch; the node failure ends the job
                (NODE_FAIL); then sbatch -N 3 slurm/train.sbatch, which resumes
                because a committed step exists.
+  pair:3>3     (with --local) as sbatch, but two nodes fail at once: two
+               neighbours of the local tier's ring, which hold both copies of
+               one rank's boxes.
+
+--local: the demo saves with the local tier (--local-dir on each node's own
+tmpfs, slurm/local-cluster.sh; --persistent-every P). A failed node also loses
+its local storage (local-cluster.sh wipe: a node that comes back, or its
+replacement, starts empty), and a relaunch may use as many nodes as the failed
+launch (sbatch:3>3: the failed node resumed empty, a replacement). After a
+failed launch ended, the harness lists what every node's tmpfs holds
+(/proc/<slurmd>/root/...); the relaunch must restore the newest step that
+survived: the newest of the shared root's committed steps and of the local
+steps whose every writer file lies on a node of the relaunch that holds the
+step's marker (the newest 2 such; of a step saved twice, the newest save), from the tier that
+rule names. Its restore fingerprint must equal the one the demo printed when
+it saved that step ("saving step=S fingerprint F": a step committed only in
+the local tier may never get its "committed" line).
 
 A node failure, as a real one looks to Slurm and to the other ranks: SIGKILL of
 the demo's rank on that node (found through the node's UTS namespace), then
@@ -32,6 +49,7 @@ commits) and exits non-zero unless every check passed.
 
   slurm/stress.py --up 3 --rounds loop:3>2 --work /tmp/mhckpt-stress   # brings the cluster up and down
   slurm/stress.py --rounds 'loop:4>3>2,sbatch:2>3' ...                  # on a cluster already up
+  slurm/stress.py --up 3 --local --rounds 'loop:3>2,sbatch:3>3,pair:2>2' ...
 """
 import argparse
 import json
@@ -50,7 +68,11 @@ from fingerprint import file_fingerprint  # noqa: E402  (demo/fingerprint.py)
 HERE = os.path.dirname(os.path.abspath(__file__))
 FINGERPRINT = re.compile(r"^fingerprint step=(\d+) ([0-9a-f]{16})$", re.M)
 COMMITTED = re.compile(r"^committed step=(\d+):", re.M)
+COMMITTED_LOCAL_ONLY = re.compile(r"^committed step=(\d+):.*; in the local tier only$", re.M)
+SAVING = re.compile(r"^saving step=(\d+) fingerprint ([0-9a-f]{16})$", re.M)
 RESTORED = re.compile(r"^restored step=(\d+) from .* at (\d+) ranks?:", re.M)
+RESTORED_TIER = re.compile(r"^restored step=\d+ from .*\((local tier|shared root)\) at \d+ ranks?:", re.M)
+SBATCH_NODES = re.compile(r"^train\.sbatch: job \S+ on \d+ nodes \(([^)]*)\)", re.M)
 MODEL = re.compile(r"^model: .*; (\d+) ranks?,", re.M)
 DONE = re.compile(r"^done: step (\d+)", re.M)
 LOOP_ATTEMPT = re.compile(r"^relaunch-loop: attempt (\d+)/\d+: (\d+) nodes \(([^)]*)\)", re.M)
@@ -98,6 +120,16 @@ class Cluster:
         self.env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
         self.env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
         self.jobs = set()
+        # Each node's own tmpfs, at this path inside its mount namespace.
+        self.local = os.environ.get("MHCKPT_SLURM_LOCAL", os.path.join(self.base, "local"))
+
+    def slurmd_pid(self, node):
+        with open(os.path.join(self.base, "pids", "slurmd-%s.pid" % node)) as f:
+            return f.read().strip()
+
+    def node_local(self, node):
+        """Node `node`'s local storage, as seen from here."""
+        return "/proc/%s/root%s" % (self.slurmd_pid(node), self.local)
 
     def run(self, *cmd, timeout=30, check_rc=True):
         try:
@@ -183,10 +215,11 @@ class Cluster:
             self.run("scancel", jid, check_rc=False)
         self.jobs.clear()
 
-    def fail_node(self, node, demo):
+    def fail_node(self, node, demo, wipe=False):
         """The node dies: SIGKILL of every process on it (its UTS namespace)
-        but its slurmd — the job's ranks and slurmstepd — then the node is set
-        DOWN. Returns how many of the demo's ranks were killed."""
+        but its slurmd — the job's ranks and slurmstepd — then, with `wipe`,
+        its local storage is lost (local-cluster.sh wipe), then the node is
+        set DOWN. Returns how many of the demo's ranks were killed."""
         pid_file = os.path.join(self.base, "pids", "slurmd-%s.pid" % node)
         with open(pid_file) as f:
             slurmd = f.read().strip()
@@ -205,6 +238,8 @@ class Cluster:
                 ranks += is_rank
             except OSError:
                 pass
+        if wipe:
+            self.local_cluster("wipe", node, timeout=30)
         self.run("scontrol", "update", "NodeName=" + node, "State=DOWN", "Reason=stress")
         return ranks
 
@@ -238,6 +273,75 @@ def in_flight(root, after):
     return s if not os.path.exists(os.path.join(steps[s], "commit.json")) else None
 
 
+# ---- the local tier: what each node's tmpfs holds ----
+
+def local_snapshot(cluster, nodes, sub):
+    """{node: {step: (marker text or None, world size or None, file names)}} of
+    the local dir `sub` on each node."""
+    snap = {}
+    for node in nodes:
+        steps = {}
+        for step, path in step_dirs(os.path.join(cluster.node_local(node), sub)).items():
+            try:
+                files = set(os.listdir(path))
+            except OSError:
+                continue
+            text = read(os.path.join(path, "commit.json")) if "commit.json" in files else ""
+            world = None
+            if text:
+                try:
+                    world = json.loads(text)["world_size"]
+                except (ValueError, KeyError):
+                    text = ""
+            steps[step] = (text or None, world, files)
+        snap[node] = steps
+    return snap
+
+
+def local_restorable(snap, nodes):
+    """The local steps a job on `nodes` can restore, ascending (the rule of
+    coordinator/local_tier.h, from the files alone): the step's marker on
+    some of them and every writer's file w<R>.bin on one of those — of the
+    step's newest save where nodes hold different ones (the newest by the
+    marker's created_unix_ms; none on a tie); the newest LOCAL_KEEP of them."""
+    by_step = {}
+    for node in nodes:
+        for step, (text, world, files) in snap.get(node, {}).items():
+            if text:
+                by_step.setdefault(step, []).append((text, world, files))
+    whole = []
+    for step, held in sorted(by_step.items()):
+        created = {t: json.loads(t)["created_unix_ms"] for t, _, _ in held}
+        newest = max(created.values())
+        if sum(1 for c in created.values() if c == newest) > 1:
+            continue  # two saves made at the same moment: neither counts
+        text = [t for t, c in created.items() if c == newest][0]
+        held = [h for h in held if h[0] == text]
+        world = held[0][1]
+        files = set().union(*(f for _, _, f in held))
+        if all("w%d.bin" % w in files for w in range(world)):
+            whole.append(step)
+    return whole[-LOCAL_KEEP:]
+
+
+def local_in_flight(cluster, nodes, sub, after):
+    """The newest step above `after` in the local dir of some node of `nodes`
+    without its marker there, or None."""
+    newest = None
+    for node in nodes:
+        try:
+            dirs = step_dirs(os.path.join(cluster.node_local(node), sub))
+        except OSError:
+            continue
+        for s, path in dirs.items():
+            if s > after and not os.path.exists(os.path.join(path, "commit.json")):
+                newest = s if newest is None else max(newest, s)
+    return newest
+
+
+LOCAL_KEEP = 2  # Options::local_max_to_keep's default, which the demo keeps
+
+
 def read(path):
     try:
         with open(path, errors="replace") as f:
@@ -253,7 +357,12 @@ class Totals:
         self.rounds = 0
         self.launches = 0
         self.saves = 0                # committed steps (all kept: --max-to-keep 0)
-        self.failures = 0             # nodes failed
+        self.saves_local_only = 0     # --local: commits in the local tier only (the demo's lines)
+        self.failures = 0             # launches failed
+        self.nodes_failed = 0         # nodes failed (2 per pair failure)
+        self.pair_failures = 0        # --local: launches that lost both nodes of a ring pair
+        self.restores_local = 0       # --local: relaunches that restored from the local tier
+        self.restores_shared = 0      # --local: ... from the shared root
         self.mid_write = 0            # ... while a save was being written
         self.restores = 0             # relaunches that restored
         self.restores_verified = 0    # restore fingerprint == commit fingerprint == data.h5
@@ -264,25 +373,37 @@ class Totals:
         self.errors = []
 
     def line(self):
-        return ("rounds %d, launches %d, saves committed %d, failures injected %d "
+        text = ("rounds %d, launches %d, saves committed %d, failures injected %d "
                 "(%d during a write), restores verified %d of %d (%d against data.h5 only), "
                 "committed steps verified %d, broken commits %d, restore mismatches %d"
                 % (self.rounds, self.launches, self.saves, self.failures, self.mid_write,
                    self.restores_verified, self.restores, self.restores_file_only,
                    self.steps_verified, self.broken_commits, self.restore_mismatches))
+        if self.restores_local or self.restores_shared or self.saves_local_only:
+            text += ("; local tier: nodes failed (each losing its local storage) %d, of them in "
+                     "ring pairs %d, saves committed in the local tier only %d, restores from "
+                     "the local tier %d, from the shared root %d"
+                     % (self.nodes_failed, self.pair_failures, self.saves_local_only,
+                        self.restores_local, self.restores_shared))
+        return text
 
 
-def parse_round(text):
+def parse_round(text, local=False):
     kind, _, counts = text.partition(":")
     try:
         nodes = [int(x) for x in counts.split(">")]
     except ValueError:
         nodes = []
-    if kind not in ("loop", "sbatch") or len(nodes) < 2 or min(nodes) < 1:
-        raise SystemExit("bad round '%s': want loop:N>M[>...] or sbatch:N>M[>...]" % text)
+    if kind not in ("loop", "sbatch", "pair") or len(nodes) < 2 or min(nodes) < 1:
+        raise SystemExit("bad round '%s': want loop:N>M[>...], sbatch:N>M[>...] or pair:N>M[>...]"
+                         % text)
+    if kind == "pair" and (not local or min(nodes[:-1]) < 2):
+        raise SystemExit("round '%s': a pair round needs --local and 2 nodes in each failing launch"
+                         % text)
     for a, b in zip(nodes, nodes[1:]):
-        if a == b:
-            raise SystemExit("round '%s': each relaunch must change the node count" % text)
+        if a == b and not local:
+            raise SystemExit("round '%s': each relaunch must change the node count (without "
+                             "--local, where a failed node comes back empty)" % text)
         if kind == "loop" and b != a - 1:
             raise SystemExit("round '%s': the loop relaunches on the nodes left (N-1)" % text)
     if kind == "loop" and nodes[0] < 2:
@@ -292,14 +413,25 @@ def parse_round(text):
 
 def attempt_texts(kind, outputs):
     """The output of each launch, in order."""
-    if kind == "sbatch":
+    if kind != "loop":
         return outputs
     text = outputs[0]
     starts = [m.start() for m in LOOP_ATTEMPT.finditer(text)]
     return [text[a:b] for a, b in zip(starts, starts[1:] + [len(text)])]
 
 
-def wait_for_write(cluster, args, kind, outputs_fn, attempt, root, deadline, jid, rng):
+def launch_nodes(cluster, kind, text):
+    """The nodes a launch ran on, from its output."""
+    m = (LOOP_ATTEMPT if kind == "loop" else SBATCH_NODES).search(text)
+    if not m:
+        return []
+    nodes = m.group(3) if kind == "loop" else m.group(1)
+    if kind == "loop":
+        return nodes.split(",")
+    return cluster.run("scontrol", "show", "hostnames", nodes).stdout.split()
+
+
+def wait_for_write(cluster, args, kind, outputs_fn, attempt, root, deadline, jid, rng, sub=None):
     """Waits until this launch printed `want` commits (1 to --commits-before, at
     random) and a later save is being written, then a random fraction of
     --kill-delay more, so that failures land in different phases of a save.
@@ -328,10 +460,13 @@ def wait_for_write(cluster, args, kind, outputs_fn, attempt, root, deadline, jid
     else:
         raise StressError("launch %d: no %d commits within the time limit" % (attempt, want))
     last = max(commits)
-    # Catch a save in flight: its directory exists, its marker does not.
+    # Catch a save in flight: its directory exists, its marker does not (in
+    # the shared root, or with --local in a node's local dir).
     catch_deadline = min(deadline, time.time() + args.catch_seconds)
     while time.time() < catch_deadline:
         s = in_flight(root, last)
+        if s is None and sub is not None:
+            s = local_in_flight(cluster, nodes, sub, last)
         if s is not None:
             time.sleep(rng.uniform(0, args.kill_delay))
             return nodes, s
@@ -348,19 +483,27 @@ def run_round(cluster, args, index, spec, totals, rng):
     os.makedirs(work)
     t_round = time.time()
     deadline = t_round + args.round_timeout
-    log("== %s: %s on %s nodes" % (name, "relaunch loop" if kind == "loop" else "sbatch jobs",
-                                   " -> ".join(map(str, counts))))
+    log("== %s: %s on %s nodes%s" % (name, "relaunch loop" if kind == "loop" else "sbatch jobs",
+                                     " -> ".join(map(str, counts)),
+                                     ", two tiers" if args.local else ""))
     available = cluster.restore_nodes()
     check(max(counts) <= available, "%s needs %d nodes, the cluster has %d"
           % (name, max(counts), available))
 
     more = ["--log-every", str(args.save_every), "--seed", str(rng.randint(1, 1 << 30))]
+    # --local: the demo's local dir on each node's own tmpfs, one per round.
+    sub = name if args.local else None
+    if args.local:
+        more += ["--local-dir", os.path.join(cluster.local, sub),
+                 "--persistent-every", str(args.persistent_every)]
     demo_args = [args.demo, "--dir", root, "--steps", str(args.steps), "--save-every",
                  str(args.save_every), "--model-mib", str(args.model_mib), "--max-to-keep", "0"] + more
     outs = []
     jobs = []
     latest_at_failure = []   # per failed launch: newest committed step once it ended
     failed_in_flight = []    # per failed launch: the step being written (or None)
+    local_at_failure = []    # --local: per failed launch, every node's local dir once it ended
+    lost_pair = []           # per failed launch: two ring neighbours failed
     train_env = {"MHCKPT_CKPT_DIR": root, "MHCKPT_BIN_DIR": os.path.dirname(args.demo),
                  "MHCKPT_DEMO_STEPS": str(args.steps), "MHCKPT_DEMO_SAVE_EVERY": str(args.save_every),
                  "MHCKPT_DEMO_MIB": str(args.model_mib), "MHCKPT_DEMO_MAX_TO_KEEP": "0",
@@ -368,7 +511,7 @@ def run_round(cluster, args, index, spec, totals, rng):
                  "MHCKPT_SLURM_DIR": HERE}
 
     def submit(n, attempt):
-        out = os.path.join(work, "launch%d.out" % attempt if kind == "sbatch" else "job.out")
+        out = os.path.join(work, "launch%d.out" % attempt if kind != "loop" else "job.out")
         outs.append(out)
         if kind == "loop":
             jid = cluster.sbatch("--no-kill", "-N", str(n), "--ntasks-per-node=1", "-o", out,
@@ -395,23 +538,35 @@ def run_round(cluster, args, index, spec, totals, rng):
     outputs = lambda: [read(o) for o in outs]
     jid = submit(counts[0], 1)
     for attempt in range(1, len(counts)):
-        if kind == "sbatch" and attempt > 1:
+        if kind != "loop" and attempt > 1:
             make_room(counts[attempt - 1])
             jid = submit(counts[attempt - 1], attempt)
-        nodes, flying = wait_for_write(cluster, args, kind, outputs, attempt, root, deadline, jid, rng)
-        candidates = nodes[1:] if kind == "loop" else nodes   # the loop's batch host survives
-        victim = rng.choice(candidates)
-        killed = cluster.fail_node(victim, args.demo)
+        nodes, flying = wait_for_write(cluster, args, kind, outputs, attempt, root, deadline, jid, rng,
+                                       sub)
+        if kind == "pair":
+            # Rank k runs on the k-th node of the job (srun's block
+            # distribution, one task per node), and the local tier's ring
+            # keeps its copy on the next: nodes k and k + 1 hold both.
+            k = rng.randrange(len(nodes))
+            victims = [nodes[k], nodes[(k + 1) % len(nodes)]]
+        else:
+            candidates = nodes[1:] if kind == "loop" else nodes   # the loop's batch host survives
+            victims = [rng.choice(candidates)]
+        killed = sum(cluster.fail_node(v, args.demo, wipe=args.local) for v in victims)
         totals.failures += 1
-        log("launch %d on %s: failed node %s (SIGKILL of its processes, %d rank(s); State=DOWN) %s"
-            % (attempt, ",".join(nodes), victim, killed,
+        totals.nodes_failed += len(victims)
+        totals.pair_failures += kind == "pair"
+        lost_pair.append(kind == "pair")
+        log("launch %d on %s: failed node%s %s (SIGKILL of its processes, %d rank(s)%s; State=DOWN) %s"
+            % (attempt, ",".join(nodes), "s" if len(victims) > 1 else "", ",".join(victims), killed,
+               "; local storage wiped" if args.local else "",
                "while step %d was being written" % flying if flying is not None
                else "(no save caught in flight)"))
         failed_in_flight.append(flying)
         # The failed launch is over when the loop says so, or the job ended.
         while True:
             check(time.time() < deadline, "%s: launch %d did not end after the failure" % (name, attempt))
-            if kind == "sbatch":
+            if kind != "loop":
                 state = cluster.wait_job(jid, max(1, deadline - time.time()))
                 check(state in ("NODE_FAIL", "FAILED", "GONE"),
                       "launch %d ended %s after its node failed, expected NODE_FAIL" % (attempt, state))
@@ -421,8 +576,10 @@ def run_round(cluster, args, index, spec, totals, rng):
             check(cluster.job_state(jid) not in TERMINAL, "the relaunch loop's job ended early")
             time.sleep(0.1)
         latest_at_failure.append(max(committed_steps(cluster, root) or {None: 0}))
+        if args.local:
+            local_at_failure.append(local_snapshot(cluster, cluster.all_nodes(), sub))
         totals.launches += 1
-    if kind == "sbatch":
+    if kind != "loop":
         make_room(counts[-1])
         jid = submit(counts[-1], len(counts))
     state = cluster.wait_job(jid, max(1, deadline - time.time()))
@@ -446,6 +603,7 @@ def run_round(cluster, args, index, spec, totals, rng):
             fp = dict(fps).get(s)
             if fp:
                 printed[(int(s), ranks)] = fp
+        totals.saves_local_only += len(COMMITTED_LOCAL_ONLY.findall(text))
 
     # Every committed step: mhckpt verify, and data.h5 against the printed fingerprint.
     committed = committed_steps(cluster, root)
@@ -479,20 +637,65 @@ def run_round(cluster, args, index, spec, totals, rng):
         check(restore_fp[0] == str(step), "%s: launch %d: no fingerprint after its restore" % (name, i + 1))
         totals.restores += 1
         want_step = latest_at_failure[i - 1]
-        ok = step == want_step and ranks == counts[i]
         commit_fp = printed.get((step, counts[i - 1]))
-        ok = ok and file_fp.get(step) == restore_fp[1]
-        if commit_fp is not None:
-            ok = ok and commit_fp == restore_fp[1]
-        if ok:
-            totals.restores_verified += 1
-            if commit_fp is None:
-                totals.restores_file_only += 1
+        if not args.local:
+            ok = step == want_step and ranks == counts[i]
+            ok = ok and file_fp.get(step) == restore_fp[1]
+            if commit_fp is not None:
+                ok = ok and commit_fp == restore_fp[1]
+            if ok:
+                totals.restores_verified += 1
+                if commit_fp is None:
+                    totals.restores_file_only += 1
+            else:
+                totals.restore_mismatches += 1
+            log("launch %d: %d nodes, restored step %d (newest committed: %s) fingerprint %s; at commit %s, "
+                "data.h5 %s: %s" % (i + 1, counts[i], step, want_step, restore_fp[1], commit_fp or "(not printed)",
+                                    file_fp.get(step), "OK" if ok else "MISMATCH"))
         else:
-            totals.restore_mismatches += 1
-        log("launch %d: %d nodes, restored step %d (newest committed: %s) fingerprint %s; at commit %s, "
-            "data.h5 %s: %s" % (i + 1, counts[i], step, want_step, restore_fp[1], commit_fp or "(not printed)",
-                                file_fp.get(step), "OK" if ok else "MISMATCH"))
+            # The newest step with a surviving copy: the shared root's newest,
+            # or a newer (or the same) local step whose files survive on the
+            # relaunch's nodes, which the local tier then serves.
+            relaunch_nodes = launch_nodes(cluster, kind, text)
+            check(len(relaunch_nodes) == counts[i], "%s: launch %d ran on nodes %s, expected %d"
+                  % (name, i + 1, relaunch_nodes, counts[i]))
+            local = local_restorable(local_at_failure[i - 1], relaunch_nodes)
+            newest_local = local[-1] if local else 0
+            want_tier = "local tier" if local and newest_local >= want_step else "shared root"
+            want_step = max(want_step, newest_local)
+            tier = RESTORED_TIER.search(text)
+            tier = tier.group(1) if tier else None
+            # The fingerprint printed when the state was saved: the newest
+            # launch before this one that saved the step.
+            saved_fp = None
+            for j in range(i - 1, -1, -1):
+                saved_fp = dict(SAVING.findall(texts[j])).get(str(step))
+                if saved_fp:
+                    break
+            ok = (step == want_step and ranks == counts[i] and tier == want_tier
+                  and saved_fp == restore_fp[1])
+            if step in file_fp:
+                ok = ok and file_fp[step] == restore_fp[1]
+            if commit_fp is not None:
+                ok = ok and commit_fp == restore_fp[1]
+            if lost_pair[i - 1]:
+                # Both copies of a rank's boxes were lost: no local step can
+                # be whole, and the shared root's newest step is the answer.
+                ok = ok and tier == "shared root" and not local
+            if ok:
+                totals.restores_verified += 1
+                if tier == "local tier":
+                    totals.restores_local += 1
+                else:
+                    totals.restores_shared += 1
+            else:
+                totals.restore_mismatches += 1
+            log("launch %d: %d nodes (%s), restored step %d from the %s (newest surviving: %s in the "
+                "shared root, local steps %s on these nodes: step %d from the %s) fingerprint %s; "
+                "at save %s, at commit %s, data.h5 %s: %s"
+                % (i + 1, counts[i], ",".join(relaunch_nodes), step, tier, latest_at_failure[i - 1],
+                   local, want_step, want_tier, restore_fp[1], saved_fp, commit_fp or "(not printed)",
+                   file_fp.get(step, "(none: local only)"), "OK" if ok else "MISMATCH"))
         flying = failed_in_flight[i - 1]
         # The save being written when the node failed: never committed by the failed launch.
         if flying is not None:
@@ -529,10 +732,15 @@ def main():
                         help="relaunch-loop.sh --launcher: auto launches with mpirun when the surviving nodes "
                              "leave a gap in the allocation (n1,n3 of n1-n3), which Slurm 22.05's PMIx plugin "
                              "cannot wire up on the local cluster (docs/SLURM.md)")
+    parser.add_argument("--local", action="store_true",
+                        help="the demo saves with the local tier on each node's own tmpfs; a failed node "
+                             "loses it (see above)")
+    parser.add_argument("--persistent-every", type=int, default=3,
+                        help="--local: every Nth save of a launch also goes to the shared root")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="write the counts here as JSON")
     args = parser.parse_args()
-    rounds = [parse_round(r) for r in args.rounds.split(",") if r] * args.repeat
+    rounds = [parse_round(r, args.local) for r in args.rounds.split(",") if r] * args.repeat
     for f in (args.demo, args.cli):
         if not os.access(f, os.X_OK):
             raise SystemExit("stress: %s is not built (cmake --build build)" % f)
@@ -581,7 +789,9 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(vars(totals), seconds=round(elapsed, 1), rounds_spec=args.rounds,
-                           repeat=args.repeat, model_mib=args.model_mib, ok=status == 0), f, indent=1)
+                           repeat=args.repeat, model_mib=args.model_mib, local=args.local,
+                           persistent_every=args.persistent_every if args.local else None,
+                           ok=status == 0), f, indent=1)
     log("PASSED" if status == 0 else "FAILED: " + "; ".join(totals.errors or ["counts above"]))
     return status
 

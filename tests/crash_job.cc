@@ -14,6 +14,20 @@
 //       Verify on each, and prints one line "CRASHCHECK {json}" (rank 0).
 //       Exits 1 on any mismatch or failure.
 //
+// Every mode also takes the local tier's options (Options::local_dir):
+//   --local-dir BASE      turns it on; nodes are simulated on this machine:
+//                         rank R is on node R / K (Options::node_id) and its
+//                         node's local dir is BASE/node<R / K>
+//   --ranks-per-node K    (default 1)
+//   --persistent-every N  Options::persistent_every (default 1)
+//   --tier auto|local|persistent   SaveOptions::tier of every save (default auto)
+// With it, check restores each chosen step from the tier the manager picks
+// (the local one if it holds the step), and a step that the shared root holds
+// too also from the shared root (RestoreSource::kPersistent); Verify runs on
+// the steps the shared root holds (it reads the shared root). The report adds
+// "tiers": {step: "local" | "persistent" | "both"} and "world_size_at_save":
+// {step: world size} (Describe).
+//
 // The state is a few sharded and replicated arrays whose contents depend only
 // on the step (and --rows), so any later job can predict every byte. Every rank
 // of save and loop writes its pid to DIR/../pids/rank<R> (atomically), so that
@@ -26,6 +40,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -53,7 +68,24 @@ struct Args {
   int64_t rows = 2048;  // rows of params/w (1 KiB each); the state scales with it
   int64_t max_steps = -1;
   std::string steps = "all";
+  std::string local_dir;  // "": one tier
+  int ranks_per_node = 1;
+  int persistent_every = 1;
+  SaveTier tier = SaveTier::kAuto;
 };
+
+// The manager's options for rank r: the local tier's, if asked for.
+Options MakeOptions(const Args& a, int r) {
+  Options o;
+  o.max_to_keep = a.max_to_keep;
+  if (!a.local_dir.empty()) {
+    const int node = r / a.ranks_per_node;
+    o.local_dir = fmt::format("{}/node{}", a.local_dir, node);
+    o.node_id = node;
+    o.persistent_every = a.persistent_every;
+  }
+  return o;
+}
 
 struct Spec {
   std::string name;
@@ -146,7 +178,7 @@ void WritePid(const std::string& dir, int r) {
   fs::rename(tmp, pids / fmt::format("rank{}", r));
 }
 
-Status SaveStep(CheckpointManager& mgr, int64_t step, int64_t rows, int p, int r) {
+Status SaveStep(CheckpointManager& mgr, int64_t step, int64_t rows, int p, int r, SaveTier tier) {
   std::vector<std::vector<std::byte>> bufs;
   std::vector<ArrayToSave> arrays;
   std::vector<Spec> specs = Specs(rows);
@@ -159,7 +191,7 @@ Status SaveStep(CheckpointManager& mgr, int64_t step, int64_t rows, int p, int r
     }
     arrays.push_back(std::move(a));
   }
-  Status st = mgr.Save(step, arrays, {{"writer", "crash_job"}});
+  Status st = mgr.Save(step, arrays, {{"writer", "crash_job"}}, SaveOptions{tier});
   for (auto& b : bufs) std::memset(b.data(), 0xEE, b.size());  // Save has copied them
   Status waited = mgr.WaitUntilFinished();
   return st.ok() ? waited : st;
@@ -167,9 +199,7 @@ Status SaveStep(CheckpointManager& mgr, int64_t step, int64_t rows, int p, int r
 
 int SaveOrLoop(const Args& a, int p, int r) {
   WritePid(a.dir, r);
-  Options o;
-  o.max_to_keep = a.max_to_keep;
-  auto mgr = OpenAgreed(a.dir, o);
+  auto mgr = OpenAgreed(a.dir, MakeOptions(a, r));
   if (!mgr.ok()) return fmt::print(stderr, "rank {}: open: {}\n", r, mgr.status().ToString()), 1;
   int64_t first = a.first, last = a.last;
   if (a.mode == "loop") {
@@ -183,7 +213,7 @@ int SaveOrLoop(const Args& a, int p, int r) {
     last = a.max_steps < 0 ? INT64_MAX : next + a.max_steps - 1;
   }
   for (int64_t step = first; step <= last; ++step) {
-    Status st = SaveStep(**mgr, step, a.rows, p, r);
+    Status st = SaveStep(**mgr, step, a.rows, p, r, a.tier);
     if (!st.ok()) {
       fmt::print(stderr, "rank {}: step {}: {}\n", r, step, st.ToString());
       return 1;  // the same Status on every rank: all leave together
@@ -203,9 +233,11 @@ struct StepResult {
   uint64_t bytes = 0;
 };
 
-// Collective: restores `step` with the check sharding and compares every byte.
-StepResult CheckStep(CheckpointManager& mgr, int64_t step, int64_t rows, int p, int r) {
-  StepResult out{step};
+// Collective: restores `step` from `source` with the check sharding and
+// compares every byte; returns "" or what went wrong, adds the bytes compared
+// (over all ranks) to `compared`.
+std::string RestoreStep(CheckpointManager& mgr, int64_t step, int64_t rows, int p, int r,
+                        RestoreSource source, uint64_t* compared) {
   std::vector<Spec> specs = Specs(rows);
   std::vector<std::vector<std::byte>> bufs;
   std::vector<ArrayToRestore> arrays;
@@ -218,8 +250,9 @@ StepResult CheckStep(CheckpointManager& mgr, int64_t step, int64_t rows, int p, 
     }
     arrays.push_back(std::move(a));
   }
-  Status st = mgr.Restore(step, arrays, RestoreOptions{.strict = true});
+  Status st = mgr.Restore(step, arrays, RestoreOptions{.strict = true, .source = source});
   int bad = 0;
+  uint64_t bytes = 0;
   std::string first_bad;
   if (st.ok()) {
     size_t i = 0;
@@ -229,20 +262,40 @@ StepResult CheckStep(CheckpointManager& mgr, int64_t step, int64_t rows, int p, 
           first_bad =
               fmt::format("rank {}: array '{}' box {} differs", r, specs[k].name, BoxToString(b));
         }
-        out.bytes += bufs[i++].size();
+        bytes += bufs[i++].size();
       }
     }
   }
   int all_bad = 0;
   MPI_Allreduce(&bad, &all_bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  out.bytes = testing::SumOverRanks(out.bytes);
-  if (!st.ok()) {
-    out.error = "restore: " + st.ToString();
-  } else if (all_bad > 0) {
+  *compared += testing::SumOverRanks(bytes);
+  if (!st.ok()) return "restore: " + st.ToString();
+  if (all_bad > 0) {
     if (!first_bad.empty()) fmt::print(stderr, "step {}: {}\n", step, first_bad);
-    out.error = fmt::format("{} boxes differ", all_bad);
-  } else {
-    out.restored = true;
+    return fmt::format("{} boxes differ", all_bad);
+  }
+  return "";
+}
+
+// Collective: restores `step` and compares every byte — from the tier the
+// manager picks, and also from the shared root if both tiers hold it — then
+// verifies it if the shared root holds it (Verify reads the shared root).
+// `tiers` is rank 0's (the tiers' view is the same on every rank).
+StepResult CheckStep(CheckpointManager& mgr, int64_t step, int64_t rows, int p, int r,
+                     const CheckpointManager::StepTiers& tiers) {
+  StepResult out{step};
+  std::vector<std::pair<RestoreSource, std::string>> sources{{RestoreSource::kAny, ""}};
+  if (tiers.local && tiers.persistent) {
+    sources.emplace_back(RestoreSource::kPersistent, "from the shared root: ");
+  }
+  for (const auto& [source, what] : sources) {
+    std::string e = RestoreStep(mgr, step, rows, p, r, source, &out.bytes);
+    if (!e.empty()) out.error += (out.error.empty() ? "" : "; ") + what + e;
+  }
+  out.restored = out.error.empty();
+  if (!tiers.persistent) {
+    out.verified = out.restored;
+    return out;
   }
   Status v = mgr.Verify(step);
   if (v.ok()) {
@@ -282,19 +335,41 @@ int Check(const Args& a, int p, int r) {
     report["before_open"] = before;
   }
   MPI_Barrier(MPI_COMM_WORLD);  // nobody opens (and cleans) before rank 0 has looked
-  auto mgr = OpenAgreed(a.dir);
+  auto mgr = OpenAgreed(a.dir, MakeOptions(a, r));
   if (!mgr.ok()) return fmt::print(stderr, "rank {}: open: {}\n", r, mgr.status().ToString()), 1;
-  // Rank 0's list, so that every rank runs the same collectives.
-  std::vector<int64_t> committed;
+  // Rank 0's list, so that every rank runs the same collectives: per step,
+  // the step and its tiers (bit 0: shared root, bit 1: local tier).
+  std::vector<int64_t> listed;
   if (r == 0) {
-    auto c = (*mgr)->CommittedSteps();
-    if (c.ok()) committed = *c;
+    auto c = (*mgr)->Steps();
+    if (c.ok()) {
+      for (const auto& t : *c) listed.insert(listed.end(), {t.step, t.persistent + 2 * t.local});
+    }
     report["dirs_after_open"] = StepDirsOnDisk(a.dir);
   }
-  int64_t n = static_cast<int64_t>(committed.size());
+  int64_t n = static_cast<int64_t>(listed.size());
   MPI_Bcast(&n, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
-  committed.resize(static_cast<size_t>(n));
-  MPI_Bcast(committed.data(), static_cast<int>(n), MPI_INT64_T, 0, MPI_COMM_WORLD);
+  listed.resize(static_cast<size_t>(n));
+  MPI_Bcast(listed.data(), static_cast<int>(n), MPI_INT64_T, 0, MPI_COMM_WORLD);
+  std::vector<int64_t> committed;
+  std::map<int64_t, CheckpointManager::StepTiers> tiers;
+  nlohmann::json tier_names = nlohmann::json::object();
+  for (size_t i = 0; i + 1 < listed.size(); i += 2) {
+    const int64_t step = listed[i];
+    const bool persistent = (listed[i + 1] & 1) != 0, local = (listed[i + 1] & 2) != 0;
+    committed.push_back(step);
+    tiers[step] = {step, persistent, local};
+    tier_names[std::to_string(step)] = persistent && local ? "both" : local ? "local" : "persistent";
+  }
+  if (!a.local_dir.empty() && r == 0) {  // which save of each step this job sees
+    nlohmann::json saved_at = nlohmann::json::object();
+    for (int64_t step : committed) {
+      auto d = (*mgr)->Describe(step);
+      saved_at[std::to_string(step)] = d.ok() ? d->world_size : -1;
+    }
+    report["world_size_at_save"] = saved_at;
+  }
+  if (!a.local_dir.empty()) report["tiers"] = tier_names;
 
   std::vector<int64_t> chosen;
   if (a.steps == "all") {
@@ -319,7 +394,7 @@ int Check(const Args& a, int p, int r) {
   nlohmann::json ok = nlohmann::json::array(), failed = nlohmann::json::object();
   uint64_t bytes = 0;
   for (int64_t step : chosen) {
-    StepResult res = CheckStep(**mgr, step, a.rows, p, r);
+    StepResult res = CheckStep(**mgr, step, a.rows, p, r, tiers[step]);
     bytes += res.bytes;
     if (res.error.empty())
       ok.push_back(step);
@@ -361,10 +436,18 @@ std::optional<Args> ParseArgs(int argc, char** argv) {
       a.max_steps = std::stoll(v);
     else if (k == "--steps")
       a.steps = v;
+    else if (k == "--local-dir")
+      a.local_dir = v;
+    else if (k == "--ranks-per-node")
+      a.ranks_per_node = std::stoi(v);
+    else if (k == "--persistent-every")
+      a.persistent_every = std::stoi(v);
+    else if (k == "--tier" && (v == "auto" || v == "local" || v == "persistent"))
+      a.tier = v == "auto" ? SaveTier::kAuto : v == "local" ? SaveTier::kLocal : SaveTier::kPersistent;
     else
       return std::nullopt;
   }
-  if (i != argc || a.rows < 8) return std::nullopt;
+  if (i != argc || a.rows < 8 || a.ranks_per_node < 1) return std::nullopt;
   return a;
 }
 
@@ -380,7 +463,9 @@ int main(int argc, char** argv) {
         std::fprintf(stderr,
                      "usage: crash_job save DIR FIRST LAST [--max-to-keep K] [--rows R]\n"
                      "       crash_job loop DIR [--rows R] [--max-steps N]\n"
-                     "       crash_job check DIR [--steps all|none|S,S,S-,...] [--rows R]\n");
+                     "       crash_job check DIR [--steps all|none|S,S,S-,...] [--rows R]\n"
+                     "  any mode: [--local-dir BASE [--ranks-per-node K] [--persistent-every N]\n"
+                     "             [--tier auto|local|persistent]]\n");
       }
     } else if (args->mode == "check") {
       rc = mhckpt::Check(*args, p, r);

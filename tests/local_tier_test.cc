@@ -173,6 +173,10 @@ void SaveTwoSteps(const std::string& dir) {
 
 // Rank 0 removes the local dirs of `nodes` (the nodes are lost).
 void LoseNodes(const std::string& dir, const std::vector<int>& nodes) {
+  // Why a barrier first: each node's lowest rank drops its local dir's lease
+  // as its manager is destroyed, with no collective call after; rank 0 must
+  // not list a dir while another rank still unlinks in it.
+  MPI_Barrier(MPI_COMM_WORLD);
   if (Rank() == 0) {
     for (int n : nodes) std::filesystem::remove_all(dir + "/node" + std::to_string(n));
   }
