@@ -16,6 +16,10 @@
 //   before_marker   every rank reported; rank 0 is about to write the marker
 //   mid_marker      commit.json.tmp written and fsynced, not yet renamed
 //   retention       a step's marker is unlinked, its files not yet removed
+//   local_create    local tier: the node's step directory is made (its lowest rank)
+//   local_write     local tier: this rank's file w<R>.bin is written and hashed
+//   local_exchange  local tier: the copies (or parity segments) are exchanged
+//   before_local_marker  local tier: the node's step is synced, its marker not put
 //   root_busy       the root's lock is held by another job and Acquire is
 //                   about to wait for it (io/root_lock.h; use action=wait to
 //                   release the holder exactly then)

@@ -13,11 +13,19 @@
 #
 #   bench/run_tiers.sh [MIB=1024] [REPS=3]
 #
+# At 4 ranks the run uses MIB4 MiB per rank (default MIB/2): both simulated
+# nodes live in this machine's memory, so the local tier holds every byte
+# twice (its own file and the other node's copy) beside the processes' own
+# buffers, and a new local step is written before the old one is dropped —
+# about 5x the checkpoint at once, which 1 GiB per rank at 4 ranks does not
+# fit in 24 GiB.
+#
 # Environment: BUILD_DIR [build], CKPT_DIR [/var/tmp] (the shared root),
 # LOCAL_DIR [/dev/shm] (the nodes' local dirs), OUT (also write the JSON here).
 set -euo pipefail
 MIB=${1:-1024}
 REPS=${2:-3}
+MIB4=${MIB4:-$((MIB / 2))}
 BUILD_DIR=${BUILD_DIR:-build}
 CKPT_DIR=${CKPT_DIR:-/var/tmp}
 LOCAL_DIR=${LOCAL_DIR:-/dev/shm}
@@ -28,11 +36,13 @@ MPI=(mpirun --oversubscribe --bind-to none --mca mpi_yield_when_idle 1
      --mca btl_vader_single_copy_mechanism none)
 
 json=$(mktemp)
-trap 'rm -f "$json"' EXIT
-echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $MIB MiB per rank, $REPS reps, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+trap 'rm -f "$json"; rm -rf "$LOCAL_DIR/mhckpt-tier-bench" "$CKPT_DIR/mhckpt-tier-bench"' EXIT
+echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $MIB MiB per rank ($MIB4 at 4 ranks), $REPS reps, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 for case in "2 1" "4 2"; do
   read -r np per_node <<<"$case"
-  "${MPI[@]}" -np "$np" "$BIN" --mib "$MIB" --reps "$REPS" --ranks-per-node "$per_node" \
+  mib=$MIB
+  [ "$np" = 4 ] && mib=$MIB4
+  "${MPI[@]}" -np "$np" "$BIN" --mib "$mib" --reps "$REPS" --ranks-per-node "$per_node" \
     --dir "$CKPT_DIR/mhckpt-tier-bench" --local "$LOCAL_DIR/mhckpt-tier-bench" \
     --json "$json.$np" >/dev/null 2>&1
   cat "$json.$np" >>"$json"
@@ -48,11 +58,11 @@ while at < len(text.strip()):
     runs.append(r)
     while at < len(text) and text[at].isspace():
         at += 1
-print("| ranks (nodes) | memcpy + send s | local commit s | ratio | stall 1 tier s | stall 2 tiers s | ratio | recovery s | cold restore s | speed-up |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+print("| ranks (nodes) | MiB per rank | memcpy + send s | local commit s | ratio | stall 1 tier s | stall 2 tiers s | ratio | recovery s | cold restore s | speed-up |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for r in runs:
     nodes = r["ranks"] // r["ranks_per_node"]
-    print(f"| {r['ranks']} ({nodes}) | {r['baseline_s']:.3f} | {r['local_commit_s']:.3f} | "
+    print(f"| {r['ranks']} ({nodes}) | {r['mib_per_rank']} | {r['baseline_s']:.3f} | {r['local_commit_s']:.3f} | "
           f"{r['local_vs_baseline']:.2f}x | {r['stall_one_s']:.3f} | {r['stall_two_s']:.3f} | "
           f"{r['stall_two_vs_one']:.2f}x | {r['recovery_restore_s']:.3f} | {r['cold_restore_s']:.3f} | "
           f"{r.get('cold_vs_recovery', 0):.1f}x |")
