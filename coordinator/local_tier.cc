@@ -540,8 +540,13 @@ Status LocalTier::Write(const Comm& comm, const io::Marker& plan, const StagedBo
                         std::vector<BoxSum>* sums) {
   const int rank = comm.rank();
   const int64_t step = plan.step;
-  // 1. The step directory on every node.
-  Status s = nodes_.leads(rank) ? store_->CreateStep(step) : OkStatus();
+  // 1. The step directory on every node: the oldest local step's, recycled,
+  // when this commit would drop it anyway (its files keep their pages).
+  const std::optional<int64_t> recycled = TakeOldestToRecycle();
+  Status s;
+  if (nodes_.leads(rank)) {
+    s = recycled ? RecycleStep(rank, *recycled, step) : store_->CreateStep(step);
+  }
   if (!s.ok()) s = Status(s.code(), fmt::format("rank {}: local dir: {}", rank, s.message()));
   if (s.ok()) s = fault::Hit("local_create");
   if (Status agreed = AgreeAll(s, comm); !agreed.ok()) return s.ok() ? agreed : s;
@@ -597,6 +602,7 @@ Status LocalTier::Write(const Comm& comm, const io::Marker& plan, const StagedBo
     Result<io::MappedFile> f = io::MappedFile::Create(ParityPath(step, rank), group->segment);
     if (f.ok()) {
       block = std::move(f).value();
+      std::memset(block.data(), 0, block.size());  // the XOR of the segments goes into it
     } else {
       s = f.status();
     }
@@ -692,6 +698,44 @@ Status LocalTier::Commit(const Comm& comm, const io::Marker& marker, const std::
   }
   Add(marker.step, std::move(local));
   Keep(comm);
+  return OkStatus();
+}
+
+std::optional<int64_t> LocalTier::TakeOldestToRecycle() {
+  // Only when another step stays: with local_max_to_keep = 1 the newest
+  // step must survive until the new one is committed.
+  std::lock_guard<std::mutex> lock(mu_);
+  if (keep_ < 2 || static_cast<int>(view_.size()) < keep_) return std::nullopt;
+  const int64_t oldest = view_.begin()->first;
+  view_.erase(view_.begin());
+  return oldest;
+}
+
+// The node's lowest rank: step `old_step` becomes the directory of
+// `new_step`. Its marker goes first, durably (it is no longer a step), then
+// the directory is renamed, and the files this node will not write again are
+// removed: what is left is overwritten in place.
+Status LocalTier::RecycleStep(int rank, int64_t old_step, int64_t new_step) {
+  const std::string from = io::StepDir(dir_, old_step), to = io::StepDir(dir_, new_step);
+  if (io::PathExists(io::MarkerPath(dir_, new_step))) {
+    return AlreadyExists(fmt::format("local step {} is committed in '{}'", new_step, dir_));
+  }
+  if (!io::PathExists(io::MarkerPath(dir_, old_step))) return store_->CreateStep(new_step);
+  MHCKPT_RETURN_IF_ERROR(io::RemoveAll(to));
+  MHCKPT_RETURN_IF_ERROR(io::RemoveFile(io::MarkerPath(dir_, old_step)));
+  MHCKPT_RETURN_IF_ERROR(io::FsyncDir(from));
+  MHCKPT_RETURN_IF_ERROR(io::Rename(from, to));
+  MHCKPT_RETURN_IF_ERROR(io::FsyncDir(dir_));
+  std::set<std::string> writes;
+  for (int r : nodes_.ranks_of(nodes_.node_of(rank))) {
+    writes.insert(WriterFileName(r));
+    if (parity_ > 0) writes.insert(ParityFileName(r));
+    for (int sender : nodes_.CopiesHeldBy(r, copies_)) writes.insert(WriterFileName(sender));
+  }
+  MHCKPT_ASSIGN_OR_RETURN(std::vector<std::string> names, io::ListDir(to));
+  for (const std::string& name : names) {
+    if (!writes.count(name)) MHCKPT_RETURN_IF_ERROR(io::RemoveAll(to + "/" + name));
+  }
   return OkStatus();
 }
 

@@ -12,6 +12,11 @@
 //
 // The save of a local step (collective, on the I/O thread, after the plan):
 //   1. Each node's lowest rank creates the step directory; one agreement.
+//      When the node holds local_max_to_keep (>= 2) steps, the oldest, which
+//      this commit would drop, is recycled instead: its marker removed, its
+//      directory renamed to the new step's, and the files the node writes
+//      again kept, to be overwritten in place (fresh pages of a tmpfs cost a
+//      fault and a cleared page each; reused ones cost nothing).
 //   2. Each rank maps its own file (reserved in full first: a full tmpfs is
 //      an error here, not a SIGBUS later), copies its planned boxes into it
 //      and hashes them, and maps the files it receives; one agreement.
@@ -44,6 +49,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -192,6 +198,12 @@ class LocalTier {
   Status Rebuild(const Comm& comm, const LocalStep& s, int lost, int rebuilder,
                  const std::vector<std::vector<int>>& parity_holders);
   void Keep(const Comm& comm);  // save step 5
+  // Save step 1: the oldest local step, out of the view, when this save's
+  // commit would drop it (local_max_to_keep >= 2 steps held), or nullopt.
+  std::optional<int64_t> TakeOldestToRecycle();
+  // Save step 1, the node's lowest rank: step `old_step`'s directory made
+  // `new_step`'s, its files kept to be overwritten.
+  Status RecycleStep(int rank, int64_t old_step, int64_t new_step);
   void Add(int64_t step, std::shared_ptr<const LocalStep> s);
 
   const std::string dir_;

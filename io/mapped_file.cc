@@ -24,8 +24,11 @@ Status Errno(const std::string& what, const std::string& path, int err) {
 Result<MappedFile> MappedFile::Create(const std::string& path, uint64_t bytes) {
   MappedFile f;
   f.path_ = path;
-  f.fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // An existing file keeps its pages (a recycled step's: no fresh memory to
+  // fault in and clear); its size is set, and the caller overwrites it.
+  f.fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (f.fd_ < 0) return Errno("cannot create", path, errno);
+  if (::ftruncate(f.fd_, static_cast<off_t>(bytes)) != 0) return Errno("cannot size", path, errno);
   if (bytes > 0) {
     const int err = ::posix_fallocate(f.fd_, 0, static_cast<off_t>(bytes));
     if (err != 0) return Errno(fmt::format("cannot reserve {} bytes for", bytes), path, err);
@@ -41,7 +44,9 @@ Result<MappedFile> MappedFile::Create(const std::string& path, uint64_t bytes) {
 Result<MappedFile> MappedFile::CreateByWrites(const std::string& path, uint64_t bytes,
                                               std::span<const Piece> pieces) {
   {
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    // Not truncated: an existing file's pages are written over (pieces
+    // cover the whole file), not freed and allocated again.
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) return Errno("cannot create", path, errno);
     Status s;
     if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) s = Errno("cannot size", path, errno);

@@ -15,9 +15,11 @@ namespace mhckpt::io {
 
 class MappedFile {
  public:
-  /// Creates (or truncates) `path` with `bytes` bytes reserved on the file
-  /// system (posix_fallocate: a full tmpfs fails here with IoError, not later
-  /// with SIGBUS on a write into the mapping), mapped for writing.
+  /// Creates `path` (or reuses it, keeping the pages it has) with exactly
+  /// `bytes` bytes, all reserved on the file system (posix_fallocate: a full
+  /// tmpfs fails here with IoError, not later with SIGBUS on a write into
+  /// the mapping), mapped for writing. The contents are unspecified: the
+  /// caller writes every byte.
   static Result<MappedFile> Create(const std::string& path, uint64_t bytes);
   /// One piece of a file written by CreateByWrites.
   struct Piece {
@@ -25,10 +27,10 @@ class MappedFile {
     const std::byte* data = nullptr;
     uint64_t size = 0;
   };
-  /// Creates (or truncates) `path`, writes `pieces` into it with pwrite (a
-  /// full file system is IoError naming ENOSPC), and maps it for reading:
-  /// one copy of each byte, into pages the write allocates. `bytes` is the
-  /// file's size (the pieces lie within it).
+  /// Creates `path` (or reuses it, keeping its pages), sets its size to
+  /// `bytes`, writes `pieces` into it with pwrite (a full file system is
+  /// IoError naming ENOSPC), and maps it for reading: one copy of each byte.
+  /// The pieces must cover the whole file.
   static Result<MappedFile> CreateByWrites(const std::string& path, uint64_t bytes,
                                            std::span<const Piece> pieces);
   /// Maps `path` for reading. NotFound if it does not exist.
