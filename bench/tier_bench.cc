@@ -186,8 +186,7 @@ class Bench {
     if (two_tiers) {
       const int node = Rank() / f_.ranks_per_node;
       o.local_dir = fmt::format("{}/node{}", f_.local, node);
-      o.node_id = node;
-      o.local_max_to_keep = 1;
+      o.node_id = node;  // local_max_to_keep: the default, 2
     }
     auto m = CheckpointManager::Open(MPI_COMM_WORLD, f_.dir + (two_tiers ? "/two" : "/one"), o);
     Check(m.status(), "open");
