@@ -339,9 +339,9 @@ struct SaveTimings {
   /// With Options::persistent_deadline_seconds the shared root's part runs
   /// after the save is recorded: write, flush, commit and written_bytes are
   /// then those of the latest such part to end.
-  double write = 0;        ///< create datasets and write boxes
-  double flush = 0;        ///< make the data file durable and close it
-  double commit = 0;       ///< agree, write the marker, agree
+  double write = 0;   ///< create datasets and write boxes
+  double flush = 0;   ///< make the data file durable and close it
+  double commit = 0;  ///< agree, write the marker, agree
   /// Retention (rank 0): retiring the steps max_to_keep drops. It runs after
   /// the commit is announced, so it is not part of the commit
   /// (WaitUntilFinished still waits for it); freeing the retired steps' files

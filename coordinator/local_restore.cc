@@ -271,8 +271,6 @@ class LocalRestoreRun {
     }
   }
 
-
-
   // The direct pieces (in piece order) and then one packed message per pair
   // of ranks; MPI keeps the order of messages between two ranks on one tag,
   // and both sides post in the same order.
@@ -343,7 +341,7 @@ class LocalRestoreRun {
   std::vector<std::vector<std::byte>> device_copies_;  // moves keep their data()
   std::map<int, io::MappedFile> mapped_;               // writer -> its file on this node
   std::set<std::tuple<size_t, size_t, int64_t>> checked_;
-  std::map<int, std::string> out_;       // asker -> the packed pieces served to it
+  std::map<int, std::string> out_;         // asker -> the packed pieces served to it
   std::vector<MPI_Request> direct_sends_;  // the pieces sent as they are, then the packs
   std::vector<std::byte> zeros_;
   Status local_;

@@ -734,7 +734,7 @@ Status LocalTier::RecycleStep(int rank, int64_t old_step, int64_t new_step) {
   }
   MHCKPT_ASSIGN_OR_RETURN(std::vector<std::string> names, io::ListDir(to));
   for (const std::string& name : names) {
-    if (!writes.count(name)) MHCKPT_RETURN_IF_ERROR(io::RemoveAll(to + "/" + name));
+    if (!writes.count(name)) MHCKPT_RETURN_IF_ERROR(io::RemoveAll(fmt::format("{}/{}", to, name)));
   }
   return OkStatus();
 }

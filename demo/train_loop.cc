@@ -108,7 +108,9 @@ Status ConfirmSave(CheckpointManager& mgr, const PendingSave& pending, uint64_t 
       pending.step, MiB(bytes), pending.blocked, t.snapshot, background, t.plan,
       local_tier ? fmt::format("local tier {:.3f} + ", t.local) : "", t.write, t.flush, t.commit,
       t.gc, background > 0 ? MiB(bytes) / background : 0.0, waited,
-      !local_tier ? "" : t.persistent ? "; in both tiers" : "; in the local tier only");
+      !local_tier    ? ""
+      : t.persistent ? "; in both tiers"
+                     : "; in the local tier only");
   out.Line("fingerprint step={} {}", pending.step, FingerprintHex(pending.fingerprint));
   return OkStatus();
 }
@@ -142,8 +144,8 @@ Status RunTraining(const TrainFlags& flags, MPI_Comm comm) {
     std::vector<ArrayToSave> arrays = trainer->ArraysToSave();
     const uint64_t fp = GlobalFingerprint(arrays, comm);
     out.Line("restored step={} from {}{} at {} rank{}: {:.1f} MiB in {:.3f} s", *latest, flags.dir,
-             flags.local_dir.empty() ? "" : TierOf(*mgr, *latest), size, size == 1 ? "" : "s", MiB(GlobalBytes(arrays)),
-             restore_s);
+             flags.local_dir.empty() ? "" : TierOf(*mgr, *latest), size, size == 1 ? "" : "s",
+             MiB(GlobalBytes(arrays)), restore_s);
     out.Line("fingerprint step={} {}", *latest, FingerprintHex(fp));
   } else {
     if (latest) {
@@ -184,7 +186,8 @@ Status RunTraining(const TrainFlags& flags, MPI_Comm comm) {
     }
     if ((flags.save_every > 0 && step % flags.save_every == 0) || step == flags.steps) {
       // At most one save in flight: the previous one must have committed.
-      if (pending) MHCKPT_RETURN_IF_ERROR(ConfirmSave(*mgr, *pending, state_bytes, local_tier, out));
+      if (pending)
+        MHCKPT_RETURN_IF_ERROR(ConfirmSave(*mgr, *pending, state_bytes, local_tier, out));
       std::vector<ArrayToSave> arrays = trainer->ArraysToSave();
       PendingSave p{step, GlobalFingerprint(arrays, comm), 0};
       auto t0 = Clock::now();

@@ -359,7 +359,9 @@ int Check(const Args& a, int p, int r) {
     const bool persistent = (listed[i + 1] & 1) != 0, local = (listed[i + 1] & 2) != 0;
     committed.push_back(step);
     tiers[step] = {step, persistent, local};
-    tier_names[std::to_string(step)] = persistent && local ? "both" : local ? "local" : "persistent";
+    tier_names[std::to_string(step)] = persistent && local ? "both"
+                                       : local             ? "local"
+                                                           : "persistent";
   }
   if (!a.local_dir.empty() && r == 0) {  // which save of each step this job sees
     nlohmann::json saved_at = nlohmann::json::object();
@@ -443,7 +445,9 @@ std::optional<Args> ParseArgs(int argc, char** argv) {
     else if (k == "--persistent-every")
       a.persistent_every = std::stoi(v);
     else if (k == "--tier" && (v == "auto" || v == "local" || v == "persistent"))
-      a.tier = v == "auto" ? SaveTier::kAuto : v == "local" ? SaveTier::kLocal : SaveTier::kPersistent;
+      a.tier = v == "auto"    ? SaveTier::kAuto
+               : v == "local" ? SaveTier::kLocal
+                              : SaveTier::kPersistent;
     else
       return std::nullopt;
   }
