@@ -226,8 +226,9 @@ Status LocalTier::Open(const Comm& comm, const Options& options) {
   std::string view_text;
   if (rank == 0) {
     s = Guarded("rank 0: local tier recovery", [&] { view_text = Recover(reports).dump(); });
-    if (!s.ok()) view_text = "[]";
   }
+  // Why: only rank 0 decided; every rank must see its outcome.
+  MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, comm));
   comm.BroadcastBytes(&view_text, 0);
   const nlohmann::json view = nlohmann::json::parse(view_text);
 
