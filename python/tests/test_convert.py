@@ -75,7 +75,7 @@ def same(got, want, name):
                     reason="starts its own mpirun job: runs at world size 1 only")
 def test_orbax_checkpoint_converted(tmp_path, jax_dist):
     # jax_dist: jax.distributed starts before this test's first jax call (a
-    # later test of the session asks for it, and it must come first).
+    # later test of this pytest run asks for it, and it must come first).
     jax = jax_dist.jax
     ocp = pytest.importorskip("orbax.checkpoint")
     data = {
