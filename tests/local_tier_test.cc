@@ -156,9 +156,9 @@ TEST(TwoTiers, SaveOptionsChooseTheTier) {
   }
 }
 
-// Saves step 0 to both tiers and step 1 to the local tier only, then closes.
-void SaveTwoSteps(const std::string& dir) {
-  auto m = OpenTwoTier(dir);
+// Saves step 0 to both tiers and step 1 to the local tier only (with
+// persistent_every = 2), then closes `m`.
+void SaveTwoSteps(std::unique_ptr<CheckpointManager> m) {
   ASSERT_TRUE(m);
   for (int64_t step = 0; step < 2; ++step) {
     Step s(step, Rank(), Size());
@@ -187,7 +187,7 @@ void LoseNodes(const std::string& dir, const std::vector<int>& nodes) {
 // survivors' own files and copies, bit for bit.
 TEST(TwoTiers, RecoversAfterANodeIsReplaced) {
   const std::string dir = FreshDir();
-  SaveTwoSteps(dir);
+  SaveTwoSteps(OpenTwoTier(dir));
   const int last = NodeCount(Size()) - 1;
   LoseNodes(dir, {last});
   auto m = OpenTwoTier(dir);
@@ -208,7 +208,7 @@ TEST(TwoTiers, RecoversAfterANodeIsReplaced) {
 TEST(TwoTiers, LosingAPartnerPairFallsBackToTheSharedRoot) {
   if (NodeCount(Size()) < 2) GTEST_SKIP() << "needs two nodes";
   const std::string dir = FreshDir();
-  SaveTwoSteps(dir);
+  SaveTwoSteps(OpenTwoTier(dir));
   LoseNodes(dir, {0, 1});
   auto m = OpenTwoTier(dir);
   ASSERT_TRUE(m);
@@ -225,7 +225,7 @@ TEST(TwoTiers, LosingAPartnerPairFallsBackToTheSharedRoot) {
 TEST(TwoTiers, ResumesOnFewerNodes) {
   if (NodeCount(Size()) < 2) GTEST_SKIP() << "needs two nodes";
   const std::string dir = FreshDir();
-  SaveTwoSteps(dir);
+  SaveTwoSteps(OpenTwoTier(dir));
   const int last = NodeCount(Size()) - 1;
   LoseNodes(dir, {last});
   const int survivors = last * RanksPerNode(Size());
@@ -248,7 +248,7 @@ TEST(TwoTiers, ResumesOnFewerNodes) {
 // A flipped byte in a node's copy: an agreed DataLoss naming the array.
 TEST(TwoTiers, DamagedLocalBytesAreAnAgreedDataLoss) {
   const std::string dir = FreshDir();
-  SaveTwoSteps(dir);
+  SaveTwoSteps(OpenTwoTier(dir));
   if (Rank() == 0) {
     // Node 0 holds rank 0's own file, which serves rank 0's rows of "w".
     std::fstream f(io::StepDir(dir + "/node0", 1) + "/w0.bin",
@@ -287,22 +287,10 @@ std::unique_ptr<CheckpointManager> OpenParity(const std::string& dir) {
   return m.ok() ? std::move(m).value() : nullptr;
 }
 
-void SaveTwoStepsWithParity(const std::string& dir) {
-  auto m = OpenParity(dir);
-  ASSERT_TRUE(m);
-  for (int64_t step = 0; step < 2; ++step) {
-    Step s(step, Rank(), Size());
-    ASSERT_TRUE(m->Save(step, s.arrays).ok());
-  }
-  ASSERT_TRUE(m->WaitUntilFinished().ok());
-  m.reset();
-  MPI_Barrier(MPI_COMM_WORLD);
-}
-
 TEST(TwoTiersParity, RebuildsALostNodeFromParity) {
   if (Size() < 3) GTEST_SKIP() << "a parity group of three nodes or more";
   const std::string dir = FreshDir();
-  SaveTwoStepsWithParity(dir);
+  SaveTwoSteps(OpenParity(dir));
   if (Rank() == 0) {
     // Parity, not copies: each node holds its own file and a block of
     // 1/(g-1) of the largest file.
@@ -329,7 +317,7 @@ TEST(TwoTiersParity, RebuildsALostNodeFromParity) {
 TEST(TwoTiersParity, TwoLostNodesOfAGroupFallBack) {
   if (Size() < 3) GTEST_SKIP() << "a parity group of three nodes or more";
   const std::string dir = FreshDir();
-  SaveTwoStepsWithParity(dir);
+  SaveTwoSteps(OpenParity(dir));
   LoseNodes(dir, {0, 2});
   auto m = OpenParity(dir);
   ASSERT_TRUE(m);
