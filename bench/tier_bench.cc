@@ -199,7 +199,9 @@ class Bench {
     a[0].shards.push_back(Shard{Box{{box_.start[0], 0}, {rows_, 4096}}, data_.data()});
     MPI_Barrier(MPI_COMM_WORLD);
     auto t0 = Clock::now();
-    Check(m.Save(step, a, {}, SaveOptions{tier}), "save");
+    SaveOptions so;
+    so.tier = tier;
+    Check(m.Save(step, a, {}, so), "save");
     const double stall = Since(t0);
     Check(m.WaitUntilFinished(), "commit");
     const double commit = Since(t0);

@@ -22,6 +22,7 @@
 #include "io/marker.h"
 #include "io/root_store.h"
 #include "worker/copy.h"
+#include "worker/fault_guard.h"
 
 namespace mhckpt {
 
@@ -33,8 +34,11 @@ using internal::CheckStep;
 using internal::CheckUserMetadata;
 using internal::Comm;
 using internal::SaveJob;
+using internal::FillSnapshot;
+using internal::PrepareSnapshot;
 using internal::SnapshotOptions;
-using internal::TakeSnapshot;
+using internal::SnapshotCopy;
+using internal::WriteWatch;
 
 namespace {
 
@@ -274,6 +278,8 @@ void ManagerImpl::SubmitSave(std::shared_ptr<SaveJob> job, std::string where) {
   // Retention (rank 0) runs after the outcome is recorded, off the path to
   // the commit that WaitUntilFinished waits for; later jobs run after it.
   auto run = [this, job = std::move(job), where = std::move(where)] {
+    // A lazy save's copy ends before this rank enters the plan round.
+    if (job->copier.joinable()) job->copier.join();
     Status s = Guarded(where, [&] { return RunSave(*job); });
     // Release staging memory before reporting (a drain that still reads it
     // releases it when it ends).
@@ -512,11 +518,71 @@ Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(MPI_Comm comm
       impl->StartDrain(Comm::Duplicate(comm));
     }
   }
-  return std::unique_ptr<CheckpointManager>(new CheckpointManager(std::move(impl)));
+  std::unique_ptr<CheckpointManager> mgr(new CheckpointManager(std::move(impl)));
+  if (options.staging_reserve_bytes > 0) {
+    // Only a head start: without it the first save maps its own staging.
+    if (Status r = mgr->Reserve(options.staging_reserve_bytes); !r.ok()) {
+      Logger()->warn("mhckpt: rank {}: staging_reserve_bytes: {}", mgr->impl_->rank(), r.ToString());
+    }
+  }
+  return mgr;
+}
+
+namespace {
+
+// SaveOptions::protect_host: the host boxes a lazy save will copy.
+std::vector<internal::WriteWatch::Range> WatchRanges(
+    const std::vector<internal::SnapshotCopy>& copies, const internal::Snapshot& snapshot,
+    int rank, int64_t step) {
+  std::vector<internal::WriteWatch::Range> ranges;
+  for (const internal::SnapshotCopy& c : copies) {
+    if (c.memory != Memory::kHost || c.size == 0) continue;
+    ranges.push_back({c.src, c.size,
+                      fmt::format("mhckpt: rank {} wrote to array '{}', box {}, while the lazy "
+                                  "save of step {} was still copying it (wait on the save's "
+                                  "fence first; SaveOptions::protect_host); aborting\n",
+                                  rank, snapshot.arrays[c.array].name, BoxToString(c.box), step)});
+  }
+  return ranges;
+}
+
+}  // namespace
+
+void internal::FenceState::Complete(const Status& s) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    status = s;
+    done = true;
+  }
+  cv.notify_all();
+}
+
+Status internal::FenceState::Wait() {
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [this] { return done; });
+  return status;
+}
+
+bool internal::FenceState::Done() {
+  std::lock_guard<std::mutex> lock(mu);
+  return done;
+}
+
+Status SaveFence::Wait() const { return state_ ? state_->Wait() : OkStatus(); }
+
+bool SaveFence::Done() const { return !state_ || state_->Done(); }
+
+Status CheckpointManager::Reserve(uint64_t bytes) {
+  if (impl_->options().staging_budget_bytes != 0 &&
+      bytes > impl_->options().staging_budget_bytes) {
+    return OkStatus();
+  }
+  return impl_->pool().Reserve(bytes);
 }
 
 Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays,
-                               const UserMetadata& metadata, const SaveOptions& save_options) {
+                               const UserMetadata& metadata, const SaveOptions& save_options,
+                               SaveFence* fence) {
   auto job = std::make_shared<SaveJob>();
   auto t0 = std::chrono::steady_clock::now();
   job->step = step;
@@ -530,8 +596,21 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
   const std::string where = fmt::format("rank {}: save of step {}", rank, step);
   // Nothing may throw out of Save: this rank must still hand its job to the
   // I/O thread, or the other ranks would wait for it in the plan round.
-  job->local =
-      Guarded(where, [&] { return TakeSnapshot(arrays, so, impl_->pool(), &job->snapshot); });
+  std::vector<SnapshotCopy> copies;
+  job->local = Guarded(where, [&] { return PrepareSnapshot(arrays, so, &job->snapshot, &copies); });
+  // Lazy: the copies run on a thread of their own. Device boxes are copied
+  // here (a copy issued later would be ordered after work the caller queued
+  // on its stream since).
+  const bool lazy =
+      save_options.copy == CopyMode::kLazy && impl_->async() &&
+      std::none_of(copies.begin(), copies.end(),
+                   [](const SnapshotCopy& c) { return c.memory == Memory::kCuda && c.size > 0; });
+  if (!lazy) {
+    Status copied = Guarded(where, [&] {
+      return FillSnapshot(copies, so, job->local, impl_->pool(), &job->snapshot);
+    });
+    job->local = copied;
+  }
   if (job->local.ok()) job->local = CheckStep(step, rank);
   if (job->local.ok() && rank == 0) {
     job->local = Guarded(where, [&] {
@@ -545,14 +624,55 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
         "rank {}: '{}' was opened without ownership (Options::own_root is false): it cannot save",
         rank, impl_->root()));
   }
-  job->timings.budget_wait = job->snapshot.budget_wait_seconds;
-  job->timings.snapshot =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() -
-      job->timings.budget_wait;
   job->timings.local_bytes = job->snapshot.total_bytes;
   fault::SetStep(step);
   if (job->local.ok()) job->local = fault::Hit("after_snapshot");
   Status local = job->local;
+  auto state = std::make_shared<internal::FenceState>();
+  if (fence != nullptr) *fence = SaveFence(state);
+  if (!lazy) {
+    job->timings.budget_wait = job->snapshot.budget_wait_seconds;
+    job->timings.snapshot =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() -
+        job->timings.budget_wait;
+    state->Complete(local);
+    if (save_options.on_copied) save_options.on_copied(local);
+    impl_->SubmitSave(std::move(job), where);
+    return local;
+  }
+  auto watch = std::make_shared<WriteWatch>();
+  if (save_options.protect_host) {
+    Status s = watch->Protect(WatchRanges(copies, job->snapshot, rank, step));
+    if (job->local.ok() && !s.ok()) {
+      job->local = Status(s.code(), fmt::format("rank {}: {}", rank, s.message()));
+    }
+  }
+  so.guarded = true;
+  // The copier owns what it needs; the job is joined by the I/O thread
+  // (SubmitSave) before the plan round.
+  auto copy = [job_ptr = job.get(), copies = std::move(copies), so, state, watch,
+               check = save_options.check_after_copy, on_copied = save_options.on_copied,
+               pool = &impl_->pool(), where] {
+    auto start = std::chrono::steady_clock::now();
+    Status s = Guarded(where, [&] {
+      return FillSnapshot(copies, so, OkStatus(), *pool, &job_ptr->snapshot);
+    });
+    watch->Release();
+    job_ptr->timings.budget_wait = job_ptr->snapshot.budget_wait_seconds;
+    job_ptr->timings.snapshot =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() -
+        job_ptr->timings.budget_wait;
+    if (s.ok() && check) s = Guarded(where, check);
+    if (job_ptr->local.ok()) job_ptr->local = s;
+    state->Complete(s);
+    if (on_copied) (void)Guarded(where, [&] { on_copied(s); });
+  };
+  auto task = std::make_shared<decltype(copy)>(std::move(copy));
+  try {
+    job->copier = std::thread([task] { (*task)(); });
+  } catch (const std::system_error&) {
+    (*task)();  // no thread to be had: copy here
+  }
   impl_->SubmitSave(std::move(job), where);
   return local;
 }

@@ -39,7 +39,8 @@ class logger;
 
 namespace mhckpt {
 namespace internal {
-class ManagerImpl;  // coordinator/manager_impl.h
+class ManagerImpl;   // coordinator/manager_impl.h
+struct FenceState;   // coordinator/manager_impl.h
 }  // namespace internal
 
 /// Free-form key/value pairs stored in the commit marker (docs/FORMAT.md).
@@ -156,6 +157,14 @@ struct Options {
   /// The marker holds ~25 bytes per chunk, parsed by every rank at restore:
   /// for checkpoints of many TB, 16-64 MiB keeps it small (docs/SCALE.md).
   uint64_t checksum_chunk_bytes = 0;
+  /// The bytes this rank will stage per save, if known (e.g. its share of
+  /// the model and optimizer state): Open then maps that much staging memory
+  /// and touches it on a thread of its own while training starts, so that
+  /// the first Save costs a memcpy instead of page faults on fresh memory
+  /// (or waits only for what is left of the touching). Reserve does the same
+  /// later. 0 (the default): staging is mapped and touched by the first save.
+  /// Ignored if larger than staging_budget_bytes (when that is set).
+  uint64_t staging_reserve_bytes = 0;
 
   // ---- The local tier (docs/ARCHITECTURE.md, "Two tiers") ----
 
@@ -219,8 +228,62 @@ enum class SaveTier : uint8_t {
   kPersistent,  ///< the local tier (if any) and the shared root
 };
 
+/// When Save copies the caller's buffers.
+enum class CopyMode : uint8_t {
+  /// Save returns once every box is copied (the default).
+  kBlocking,
+  /// Save checks its input and returns; the copies run on mhckpt's threads
+  /// while the caller computes, and the SaveFence completes when every box
+  /// is copied. Until then the caller must not write, free, donate or
+  /// delete any buffer it saved (a training loop waits just before the
+  /// optimizer step). The rest of the save (plan, write, commit) starts
+  /// after the copy, in the background, as for a blocking save. Without
+  /// asynchronous saves (Options::async false, or no MPI_THREAD_MULTIPLE)
+  /// Save copies before it returns, as kBlocking does.
+  kLazy,
+};
+
+/// Completes when a lazy save has copied every box of this rank (an empty
+/// fence is complete). Copyable; every copy refers to the same save.
+class SaveFence {
+ public:
+  SaveFence() = default;
+  /// Local. Blocks until the copy has ended; returns its outcome on this
+  /// rank (OK, or the error that will fail the save on every rank through
+  /// WaitUntilFinished, e.g. a buffer freed during the copy).
+  Status Wait() const;
+  /// Local. Whether the copy has ended.
+  [[nodiscard]] bool Done() const;
+
+ private:
+  friend class CheckpointManager;
+  explicit SaveFence(std::shared_ptr<internal::FenceState> state) : state_(std::move(state)) {}
+  std::shared_ptr<internal::FenceState> state_;
+};
+
 struct SaveOptions {
   SaveTier tier = SaveTier::kAuto;
+  /// kLazy: Save returns before copying and hands back a SaveFence.
+  CopyMode copy = CopyMode::kBlocking;
+  /// With kLazy: called once on mhckpt's copying thread when the copy has
+  /// ended, with its outcome (as SaveFence::Wait returns). It must not call
+  /// the CheckpointManager.
+  std::function<void(const Status&)> on_copied;
+  /// With kLazy: called on the copying thread after every box is copied and
+  /// before the fence completes; an error it returns fails the save on every
+  /// rank. For layers above this API that can tell whether a buffer was
+  /// given away during the copy (the Python package asks JAX whether an
+  /// array was donated or deleted). It must not call the CheckpointManager.
+  std::function<Status()> check_after_copy;
+  /// With kLazy, for debugging: write-protect (mprotect) the whole pages of
+  /// every host buffer saved until its copy has ended, so that a write
+  /// before the fence kills the process at once with a message naming the
+  /// array, the rank and the box, instead of tearing the saved bytes. Costs
+  /// two mprotect calls per buffer and, on the next write after the fence, a
+  /// page fault per page (docs/PERFORMANCE.md). The first and last
+  /// partial pages of a buffer are not watched (they may hold other data).
+  /// Device buffers are not watched.
+  bool protect_host = false;
 };
 
 /// Which tier a restore reads.
@@ -395,8 +458,18 @@ class CheckpointManager {
   /// every rank's from WaitUntilFinished. Other ranks' metadata is ignored.
   /// `options` chooses the tier of this save (with Options::local_dir); every
   /// rank must pass the same, or the save fails with InvalidArgument.
+  /// With `options.copy` kLazy, Save returns before copying: `fence`, if
+  /// given, completes when every box of this rank is copied, and no buffer
+  /// may be written, freed or given away before then (CopyMode::kLazy).
   Status Save(int64_t step, std::span<const ArrayToSave> arrays, const UserMetadata& metadata = {},
-              const SaveOptions& options = {});
+              const SaveOptions& options = {}, SaveFence* fence = nullptr);
+
+  /// Local. Maps `bytes` of staging memory now and touches it on a thread of
+  /// its own (Options::staging_reserve_bytes, which Open passes here): a
+  /// later Save of up to that many bytes on this rank finds it ready. A
+  /// no-op if staging that large is held already, or if it would exceed
+  /// Options::staging_budget_bytes. IoError if the memory is refused.
+  Status Reserve(uint64_t bytes);
 
   /// Collective. Waits for every save started so far to commit or fail, and
   /// for the retention after it (max_to_keep, keep_period: the old steps are

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <thread>
 #include <span>
 #include <string>
 #include <utility>
@@ -42,6 +43,21 @@ struct SaveJob {
   /// In drain mode (Options::persistent_deadline_seconds): the shared root's
   /// part of the save, run on the drain thread after the local commit.
   std::function<Status()> drain;
+  /// A lazy save's copy (CopyMode::kLazy), joined by the I/O thread before
+  /// the plan round; it fills `snapshot` and merges its error into `local`.
+  std::thread copier;
+};
+
+/// What a SaveFence waits for: the end of a lazy save's copy.
+struct FenceState {
+  void Complete(const Status& s);
+  Status Wait();
+  bool Done();
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
 };
 
 class ManagerImpl {

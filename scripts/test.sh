@@ -26,11 +26,11 @@ scripts/bootstrap.sh
 if [ "${MHCKPT_SKIP_SANITIZERS:-0}" != 1 ]; then
   for san in address thread; do
     # Under ASan also the bad-input suite: bad inputs must not read out of bounds.
-    targets=(donation_test) tests='^donation\.'
-    [ "$san" = address ] && targets+=(bad_input_test) tests='^(donation|bad_input)\.'
+    targets=(donation_test lazy_save_test) tests='^(donation|lazy_save)\.'
+    [ "$san" = address ] && targets+=(bad_input_test) tests='^(donation|lazy_save|bad_input)\.'
     # Under TSan also two managers of one process saving at once (the HDF5 lock)
     # and the local tier (a drain thread writes the shared root beside the I/O thread).
-    [ "$san" = thread ] && targets+=(two_managers_test local_tier_test) tests='^(donation|two_managers|local_tier)\.'
+    [ "$san" = thread ] && targets+=(two_managers_test local_tier_test) tests='^(donation|lazy_save|two_managers|local_tier)\.'
     echo "== ${targets[*]} under -fsanitize=$san (build-$san/)"
     cmake -S . -B "build-$san" -DMHCKPT_SANITIZE=$san -DMHCKPT_WITH_CUDA=OFF >/dev/null
     cmake --build "build-$san" -j "$(nproc)" --target "${targets[@]}" >/dev/null

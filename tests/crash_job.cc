@@ -191,7 +191,7 @@ Status SaveStep(CheckpointManager& mgr, int64_t step, int64_t rows, int p, int r
     }
     arrays.push_back(std::move(a));
   }
-  Status st = mgr.Save(step, arrays, {{"writer", "crash_job"}}, SaveOptions{tier});
+  Status st = mgr.Save(step, arrays, {{"writer", "crash_job"}}, SaveOptions{.tier = tier});
   for (auto& b : bufs) std::memset(b.data(), 0xEE, b.size());  // Save has copied them
   Status waited = mgr.WaitUntilFinished();
   return st.ok() ? waited : st;

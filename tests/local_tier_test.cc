@@ -135,8 +135,8 @@ TEST(TwoTiers, SaveOptionsChooseTheTier) {
   auto m = OpenTwoTier(dir);
   ASSERT_TRUE(m);
   Step s0(0, Rank(), Size()), s1(1, Rank(), Size());
-  ASSERT_TRUE(m->Save(0, s0.arrays, {}, SaveOptions{SaveTier::kLocal}).ok());
-  ASSERT_TRUE(m->Save(1, s1.arrays, {}, SaveOptions{SaveTier::kPersistent}).ok());
+  ASSERT_TRUE(m->Save(0, s0.arrays, {}, SaveOptions{.tier = SaveTier::kLocal}).ok());
+  ASSERT_TRUE(m->Save(1, s1.arrays, {}, SaveOptions{.tier = SaveTier::kPersistent}).ok());
   ASSERT_TRUE(m->WaitUntilFinished().ok());
   auto steps = m->Steps();
   ASSERT_TRUE(steps.ok());
@@ -146,7 +146,7 @@ TEST(TwoTiers, SaveOptionsChooseTheTier) {
   // Ranks that disagree on the tier: an agreed error, nothing committed.
   Step s2(2, Rank(), Size());
   ASSERT_TRUE(
-      m->Save(2, s2.arrays, {}, SaveOptions{Rank() == 0 ? SaveTier::kLocal : SaveTier::kPersistent})
+      m->Save(2, s2.arrays, {}, SaveOptions{.tier = Rank() == 0 ? SaveTier::kLocal : SaveTier::kPersistent})
           .ok());
   Status s = m->WaitUntilFinished();
   if (Size() > 1) {

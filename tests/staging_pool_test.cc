@@ -25,6 +25,25 @@ TEST(StagingPool, ReusesBuffersBetweenSaves) {
   EXPECT_EQ(pool.allocated_bytes(), size_t{6} << 20);  // rounded to 2 MiB pages
 }
 
+TEST(StagingPool, ReserveMapsAheadAndTheFirstAcquireTakesIt) {
+  StagingPool pool;  // the default budget: one save
+  ASSERT_TRUE(pool.Reserve(7 << 20).ok());
+  EXPECT_EQ(pool.allocated_bytes(), size_t{8} << 20);
+  ASSERT_TRUE(pool.Reserve(5 << 20).ok());  // held already: nothing new
+  EXPECT_EQ(pool.allocated_bytes(), size_t{8} << 20);
+  auto b = pool.Acquire(6 << 20);  // waits for the touching if it has not ended
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(pool.allocated_bytes(), size_t{8} << 20);
+  std::memset(b->data(), 3, 6 << 20);
+  EXPECT_EQ(b->data()[(6 << 20) - 1], std::byte{3});
+}
+
+TEST(StagingPool, ReserveBeyondTheBudgetIsANoOp) {
+  StagingPool pool(4 << 20);
+  ASSERT_TRUE(pool.Reserve(16 << 20).ok());
+  EXPECT_EQ(pool.allocated_bytes(), 0u);
+}
+
 // No clock: the releaser gives the buffer back only once the second Acquire
 // is known to wait, and that Acquire must not return before it does.
 TEST(StagingPool, WaitsForBudgetInsteadOfAllocating) {

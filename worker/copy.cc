@@ -1,10 +1,13 @@
 #include "worker/copy.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <system_error>
 #include <thread>
 #include <vector>
+
+#include "worker/fault_guard.h"
 
 namespace mhckpt::internal {
 namespace {
@@ -12,31 +15,37 @@ namespace {
 // Below this a thread costs more than it saves.
 constexpr size_t kMinBytesPerThread = size_t{16} << 20;
 
-// Copies bytes [begin, end) of the concatenation of `tasks`.
-void CopyRange(std::span<const CopyTask> tasks, size_t begin, size_t end) {
+constexpr size_t kNoFault = SIZE_MAX;
+
+// Copies bytes [begin, end) of the concatenation of `tasks`; `guarded`: with
+// GuardedCopy, returning the index of the first task whose source faulted.
+size_t CopyRange(std::span<const CopyTask> tasks, size_t begin, size_t end, bool guarded) {
   size_t offset = 0;
-  for (const CopyTask& t : tasks) {
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    const CopyTask& t = tasks[i];
     size_t lo = std::max(begin, offset), hi = std::min(end, offset + t.bytes);
     if (lo < hi) {
-      std::memcpy(static_cast<std::byte*>(t.dst) + (lo - offset),
-                  static_cast<const std::byte*>(t.src) + (lo - offset), hi - lo);
+      void* dst = static_cast<std::byte*>(t.dst) + (lo - offset);
+      const void* src = static_cast<const std::byte*>(t.src) + (lo - offset);
+      if (!guarded) {
+        std::memcpy(dst, src, hi - lo);
+      } else if (!GuardedCopy(dst, src, hi - lo)) {
+        return i;
+      }
     }
     offset += t.bytes;
     if (offset >= end) break;
   }
+  return kNoFault;
 }
 
-}  // namespace
-
-void ParallelCopy(std::span<const CopyTask> tasks, int threads) {
+size_t CopyParallel(std::span<const CopyTask> tasks, int threads, bool guarded) {
   size_t total = 0;
   for (const CopyTask& t : tasks) total += t.bytes;
   size_t n =
       std::clamp<size_t>(total / kMinBytesPerThread, 1, static_cast<size_t>(std::max(1, threads)));
-  if (n == 1) {
-    CopyRange(tasks, 0, total);
-    return;
-  }
+  if (n == 1) return CopyRange(tasks, 0, total, guarded);
+  std::vector<size_t> faults(n, kNoFault);
   // Pieces end on 4 KiB boundaries, so threads do not share pages.
   size_t piece = (total / n + 4095) / 4096 * 4096;
   std::vector<std::thread> pool;
@@ -45,16 +54,29 @@ void ParallelCopy(std::span<const CopyTask> tasks, int threads) {
     size_t b = std::min(total, i * piece), e = std::min(total, (i + 1) * piece);
     if (i + 1 == n) e = total;
     try {
-      pool.emplace_back([=] { CopyRange(tasks, b, e); });
+      pool.emplace_back([=, &faults] { faults[i] = CopyRange(tasks, b, e, guarded); });
     } catch (const std::system_error&) {
       // No thread to be had (a process or memory limit): this thread copies
       // the piece itself, rather than let the exception leave the started
       // threads unjoined (std::terminate).
-      CopyRange(tasks, b, e);
+      faults[i] = CopyRange(tasks, b, e, guarded);
     }
   }
-  CopyRange(tasks, 0, std::min(total, piece));
+  faults[0] = CopyRange(tasks, 0, std::min(total, piece), guarded);
   for (std::thread& t : pool) t.join();
+  return *std::min_element(faults.begin(), faults.end());
+}
+
+}  // namespace
+
+void ParallelCopy(std::span<const CopyTask> tasks, int threads) {
+  (void)CopyParallel(tasks, threads, false);
+}
+
+std::optional<size_t> ParallelGuardedCopy(std::span<const CopyTask> tasks, int threads) {
+  size_t fault = CopyParallel(tasks, threads, true);
+  if (fault == kNoFault) return std::nullopt;
+  return fault;
 }
 
 PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <span>
 #include <utility>
 
@@ -25,6 +26,10 @@ struct CopyTask {
 /// Copies host memory with up to `threads` threads, splitting the total bytes
 /// evenly (a single large copy is split too). Small totals use one thread.
 void ParallelCopy(std::span<const CopyTask> tasks, int threads);
+/// ParallelCopy with GuardedCopy (worker/fault_guard.h): a source that
+/// faults (freed under the copy) ends its piece instead of the process.
+/// Returns the index of the first task that faulted, or nullopt.
+std::optional<size_t> ParallelGuardedCopy(std::span<const CopyTask> tasks, int threads);
 
 /// True if a CUDA device can be used. False when built without CUDA, or with
 /// no driver or device (cudaGetDeviceCount fails with error 35 on a machine

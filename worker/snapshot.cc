@@ -40,15 +40,6 @@ Result<size_t> CheckShard(const ArrayToSave& a, const Shard& s, int rank) {
   return bytes;
 }
 
-// One copy into the staging buffer, planned before the buffer exists.
-struct Copy {
-  const void* src;
-  size_t offset, size;
-  Memory memory;
-  int device;    // device memory: Shard::device
-  void* stream;  // device memory: Shard::stream
-};
-
 // Why array `a` cannot be saved at all (its name, dtype or shape), or OK.
 // `seen` holds the names checked so far on this rank.
 Status CheckArray(const ArrayToSave& a, int rank, std::set<std::string_view>& seen) {
@@ -95,7 +86,7 @@ Status CheckCounts(std::span<const ArrayToSave> arrays, int rank) {
 // to back, and plans their copies. Returns the first error; the arrays and
 // boxes after it are still checked and described.
 Status PlanCopies(std::span<const ArrayToSave> arrays, int rank, Snapshot* out,
-                  std::vector<Copy>* copies, size_t* total) {
+                  std::vector<SnapshotCopy>* copies, size_t* total) {
   Status first_error;
   auto note = [&](Status s) {
     if (first_error.ok() && !s.ok()) first_error = std::move(s);
@@ -127,7 +118,8 @@ Status PlanCopies(std::span<const ArrayToSave> arrays, int rank, Snapshot* out,
         continue;
       }
       out->arrays.back().boxes.push_back(StagedBox{s.box, *total, *bytes});
-      copies->push_back(Copy{s.data, *total, *bytes, s.memory, s.device, s.stream});
+      copies->push_back(SnapshotCopy{s.data, *total, *bytes, s.memory, s.device, s.stream,
+                                     out->arrays.size() - 1, s.box});
       *total += *bytes;
     }
   }
@@ -135,46 +127,73 @@ Status PlanCopies(std::span<const ArrayToSave> arrays, int rank, Snapshot* out,
 }
 
 // Step 3: host boxes on several threads, device boxes through CUDA.
-Status CopyBoxes(const std::vector<Copy>& copies, std::byte* buffer, int threads) {
+Status CopyBoxes(const std::vector<SnapshotCopy>& copies, const Snapshot& out,
+                 const SnapshotOptions& options) {
   std::vector<CopyTask> host, device;
-  for (const Copy& c : copies) {
-    CopyTask t{buffer + c.offset, c.src, c.size, c.device, c.stream};
+  std::vector<size_t> host_index;
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const SnapshotCopy& c = copies[i];
+    CopyTask t{out.buffer.data() + c.offset, c.src, c.size, c.device, c.stream};
     if (c.size == 0) continue;
-    (c.memory == Memory::kCuda ? device : host).push_back(t);
+    if (c.memory == Memory::kCuda) {
+      device.push_back(t);
+    } else {
+      host.push_back(t);
+      host_index.push_back(i);
+    }
   }
   Status s;
   if (!device.empty()) s = CopyDeviceToHost(device);
-  ParallelCopy(host, threads);
+  if (!options.guarded) {
+    ParallelCopy(host, options.threads);
+  } else if (std::optional<size_t> bad = ParallelGuardedCopy(host, options.threads)) {
+    const SnapshotCopy& c = copies[host_index[*bad]];
+    return InvalidArgument(fmt::format(
+        "array '{}', box {}: its memory was freed or made unreadable before the lazy save's "
+        "copy of it ended (wait on the save's fence before freeing, donating or deleting a "
+        "saved buffer)",
+        out.arrays[c.array].name, BoxToString(c.box)));
+  }
   return s;
 }
 
 }  // namespace
 
-Status TakeSnapshot(std::span<const ArrayToSave> arrays, const SnapshotOptions& options,
-                    StagingPool& pool, Snapshot* out) {
-  const int rank = options.rank;
-  // 1. Check every array and shard; size the staging buffer from the valid ones.
-  std::vector<Copy> copies;
+Status PrepareSnapshot(std::span<const ArrayToSave> arrays, const SnapshotOptions& options,
+                       Snapshot* out, std::vector<SnapshotCopy>* copies) {
   size_t total = 0;
-  Status first_error = PlanCopies(arrays, rank, out, &copies, &total);
+  Status s = PlanCopies(arrays, options.rank, out, copies, &total);
+  out->total_bytes = total;
+  return s;
+}
+
+Status FillSnapshot(const std::vector<SnapshotCopy>& copies, const SnapshotOptions& options,
+                    Status error, StagingPool& pool, Snapshot* out) {
+  const int rank = options.rank;
   auto with_rank = [rank](const Status& s) {
     return Status(s.code(), fmt::format("rank {}: {}", rank, s.message()));
   };
-
   // 2. Staging memory from the pool (reused between saves; may wait for budget).
-  Result<StagingBuffer> buffer = pool.Acquire(total, &out->budget_wait_seconds);
+  Result<StagingBuffer> buffer = pool.Acquire(out->total_bytes, &out->budget_wait_seconds);
   if (!buffer.ok()) {
     for (StagedArray& a : out->arrays) a.boxes.clear();
     out->total_bytes = 0;
-    return first_error.ok() ? with_rank(buffer.status()) : first_error;
+    return error.ok() ? with_rank(buffer.status()) : error;
   }
   out->buffer = std::move(buffer).value();
-  out->total_bytes = total;
 
   // 3. Copy.
-  Status copied = CopyBoxes(copies, out->buffer.data(), options.threads);
-  if (first_error.ok() && !copied.ok()) first_error = with_rank(copied);
-  return first_error;
+  Status copied = CopyBoxes(copies, *out, options);
+  if (error.ok() && !copied.ok()) error = with_rank(copied);
+  return error;
+}
+
+Status TakeSnapshot(std::span<const ArrayToSave> arrays, const SnapshotOptions& options,
+                    StagingPool& pool, Snapshot* out) {
+  // 1. Check every array and shard; size the staging buffer from the valid ones.
+  std::vector<SnapshotCopy> copies;
+  Status error = PrepareSnapshot(arrays, options, out, &copies);
+  return FillSnapshot(copies, options, std::move(error), pool, out);
 }
 
 }  // namespace mhckpt::internal

@@ -44,6 +44,21 @@ struct Snapshot {
 struct SnapshotOptions {
   int rank = 0;     ///< for error messages
   int threads = 1;  ///< for host copies
+  /// Host copies with GuardedCopy (worker/fault_guard.h): a lazy save's
+  /// source freed under the copy is an error naming the array, not a crash.
+  bool guarded = false;
+};
+
+/// One copy into the staging buffer, planned before the buffer exists.
+struct SnapshotCopy {
+  const void* src = nullptr;
+  size_t offset = 0;  ///< into the staging buffer
+  size_t size = 0;
+  Memory memory = Memory::kHost;
+  int device = -1;         ///< device memory: Shard::device
+  void* stream = nullptr;  ///< device memory: Shard::stream
+  size_t array = 0;        ///< index into Snapshot::arrays, for messages
+  Box box;
 };
 
 /// Checks `arrays` locally (names, dtypes, boxes inside shapes, null
@@ -59,5 +74,14 @@ struct SnapshotOptions {
 /// limits (base/types.h).
 Status TakeSnapshot(std::span<const ArrayToSave> arrays, const SnapshotOptions& options,
                     StagingPool& pool, Snapshot* out);
+
+/// TakeSnapshot in two halves, for a lazy save: PrepareSnapshot checks and
+/// describes `arrays` in `out` and plans `copies` (it reads no array bytes);
+/// FillSnapshot takes the staging buffer and copies. `error` is what
+/// PrepareSnapshot returned; FillSnapshot returns it or its own.
+Status PrepareSnapshot(std::span<const ArrayToSave> arrays, const SnapshotOptions& options,
+                       Snapshot* out, std::vector<SnapshotCopy>* copies);
+Status FillSnapshot(const std::vector<SnapshotCopy>& copies, const SnapshotOptions& options,
+                    Status error, StagingPool& pool, Snapshot* out);
 
 }  // namespace mhckpt::internal

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <system_error>
 
 #include <fmt/format.h>
 #include <utility>
@@ -23,6 +24,18 @@ std::byte* Map(size_t bytes) {
   // Faulting in 2 MiB pages is several times faster than 4 KiB ones here.
   madvise(p, bytes, MADV_HUGEPAGE);
   return static_cast<std::byte*>(p);
+}
+
+// Faults in every page of [p, p + bytes) for writing, without changing
+// their contents (fresh anonymous memory reads as zeros either way).
+void Touch(std::byte* p, size_t bytes) {
+#ifndef MADV_POPULATE_WRITE
+  constexpr int MADV_POPULATE_WRITE = 23;  // Linux 5.14
+#endif
+  if (madvise(p, bytes, MADV_POPULATE_WRITE) == 0) return;
+  for (size_t i = 0; i < bytes; i += 4096) {
+    reinterpret_cast<volatile std::byte*>(p)[i] = std::byte{0};
+  }
 }
 
 }  // namespace
@@ -51,6 +64,7 @@ void StagingBuffer::Release() {
 StagingPool::StagingPool(size_t budget_bytes) : budget_(budget_bytes) {}
 
 StagingPool::~StagingPool() {
+  if (toucher_.joinable()) toucher_.join();
   std::lock_guard<std::mutex> lock(mu_);
   while (!blocks_.empty()) FreeBlock(blocks_.size() - 1);
 }
@@ -75,9 +89,46 @@ int StagingPool::waiting() const {
 void StagingPool::FreeBlock(size_t index) {
   Block b = blocks_[index];
   blocks_.erase(blocks_.begin() + static_cast<std::ptrdiff_t>(index));
-  if (on_free_) on_free_(b.data);
+  if (on_free_ && b.hooked) on_free_(b.data);
   munmap(b.data, b.size);
   allocated_ -= b.size;
+}
+
+Status StagingPool::Reserve(size_t bytes) {
+  if (bytes == 0) return OkStatus();
+  const size_t want = RoundUp(bytes);
+  std::byte* p = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Block& b : blocks_) {
+      if (b.size >= want) return OkStatus();
+    }
+    if (budget_ != 0 && allocated_ + want > budget_) return OkStatus();
+    p = Map(want);
+    if (p == nullptr) {
+      return IoError(
+          fmt::format("cannot map {} bytes of staging memory: {}", want, std::strerror(errno)));
+    }
+    blocks_.push_back(Block{p, want, false, true, false});
+    allocated_ += want;
+  }
+  if (toucher_.joinable()) toucher_.join();
+  auto touch = [this, p, want] {
+    Touch(p, want);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (Block& b : blocks_) {
+        if (b.data == p) b.touching = false;
+      }
+    }
+    cv_.notify_all();
+  };
+  try {
+    toucher_ = std::thread(touch);
+  } catch (const std::system_error&) {
+    touch();  // no thread to be had: touch it here
+  }
+  return OkStatus();
 }
 
 Result<StagingBuffer> StagingPool::Acquire(size_t bytes, double* waited_seconds) {
@@ -93,14 +144,24 @@ Result<StagingBuffer> StagingPool::Acquire(size_t bytes, double* waited_seconds)
     size_t best = blocks_.size();
     bool any_in_use = false;
     for (size_t i = 0; i < blocks_.size(); ++i) {
-      any_in_use |= blocks_[i].in_use;
+      any_in_use |= blocks_[i].in_use || blocks_[i].touching;
       if (!blocks_[i].in_use && blocks_[i].size >= want &&
           (best == blocks_.size() || blocks_[i].size < blocks_[best].size)) {
         best = i;
       }
     }
+    if (best < blocks_.size() && blocks_[best].touching) {
+      // Reserve's thread is still touching it: wait for the rest.
+      ++waiting_;
+      cv_.wait(lock);
+      --waiting_;
+      continue;
+    }
     if (best < blocks_.size()) {
       blocks_[best].in_use = true;
+      // Pinned at first use: a device to pin for is known by then.
+      if (!blocks_[best].hooked && on_new_) on_new_(blocks_[best].data, blocks_[best].size);
+      blocks_[best].hooked = true;
       out.pool_ = this;
       out.data_ = blocks_[best].data;
       out.size_ = bytes;
@@ -108,7 +169,7 @@ Result<StagingBuffer> StagingPool::Acquire(size_t bytes, double* waited_seconds)
     }
     // 2. Make room: free blocks nobody uses are too small to serve anyone now.
     for (size_t i = blocks_.size(); i-- > 0;) {
-      if (!blocks_[i].in_use && allocated_ + want > budget) FreeBlock(i);
+      if (!blocks_[i].in_use && !blocks_[i].touching && allocated_ + want > budget) FreeBlock(i);
     }
     // 3. A new block, within the budget (or alone, if larger than the budget).
     if (allocated_ + want <= budget || !any_in_use) {

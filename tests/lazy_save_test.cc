@@ -1,0 +1,218 @@
+// Lazy saves (SaveOptions::copy = CopyMode::kLazy) and staging built ahead
+// (Options::staging_reserve_bytes): the bytes restored are the bytes at the
+// time of the fence; a buffer that becomes unreadable during the copy, or a
+// layer above that reports a donated array, fails the save on every rank
+// with the same error and leaves no commit marker; a watched buffer is
+// writable again after the fence.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+
+#include "coordinator/checkpoint_manager.h"
+#include "tests/test_util.h"
+
+namespace mhckpt {
+namespace {
+
+using testing::Fill;
+using testing::FreshDir;
+using testing::OpenForTest;
+using testing::Rank;
+using testing::SameOnAllRanks;
+using testing::Size;
+
+// One array of `rows` rows of 1 KiB per rank, row-sharded, in page-aligned
+// memory of its own (so that a test may protect or unmap it).
+class Buffer {
+ public:
+  explicit Buffer(int64_t rows_per_rank) : rows_(rows_per_rank) {
+    bytes_ = static_cast<size_t>(rows_) * kCols * 4;
+    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    data_ = p == MAP_FAILED ? nullptr : static_cast<std::byte*>(p);
+  }
+  ~Buffer() {
+    if (data_ != nullptr) munmap(data_, bytes_);
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  static constexpr int64_t kCols = 256;
+  [[nodiscard]] std::vector<int64_t> Shape() const { return {rows_ * Size(), kCols}; }
+  [[nodiscard]] Box LocalBox() const { return Box{{rows_ * Rank(), 0}, {rows_, kCols}}; }
+  // Fills the buffer with the values of `seed`; returns them.
+  std::vector<std::byte> Set(uint64_t seed) {
+    std::vector<std::byte> v = Fill(DType::kFloat32, Shape(), LocalBox(), seed);
+    std::memcpy(data_, v.data(), v.size());
+    return v;
+  }
+  [[nodiscard]] std::vector<ArrayToSave> Arrays(const std::string& name) const {
+    return {{name, DType::kFloat32, Shape(), {Shard{LocalBox(), data_}}}};
+  }
+  [[nodiscard]] std::byte* data() const { return data_; }
+  [[nodiscard]] size_t bytes() const { return bytes_; }
+
+ private:
+  int64_t rows_;
+  size_t bytes_ = 0;
+  std::byte* data_ = nullptr;
+};
+
+std::vector<std::byte> RestoreLocal(CheckpointManager& m, int64_t step, const Buffer& like,
+                                    const std::string& name, Status* s) {
+  std::vector<std::byte> out(like.bytes());
+  std::vector<ArrayToRestore> r{{name, DType::kFloat32, {{like.LocalBox(), out.data()}}}};
+  *s = m.Restore(step, r);
+  return out;
+}
+
+SaveOptions Lazy() {
+  SaveOptions so;
+  so.copy = CopyMode::kLazy;
+  return so;
+}
+
+TEST(LazySave, RestoresTheBytesOfTheFenceAfterTheBuffersAreOverwritten) {
+  auto m = OpenForTest(FreshDir());
+  ASSERT_TRUE(m);
+  ASSERT_TRUE(m->async()) << "lazy saves need the asynchronous path";
+  Buffer buf(300);
+  std::vector<std::vector<std::byte>> saved;
+  std::atomic<int> callbacks{0};
+  for (int step = 0; step < 3; ++step) {
+    saved.push_back(buf.Set(100 + step));
+    SaveOptions so = Lazy();
+    so.on_copied = [&callbacks](const Status& s) {
+      if (s.ok()) ++callbacks;
+    };
+    SaveFence fence;
+    ASSERT_TRUE(m->Save(step, buf.Arrays("w"), {}, so, &fence).ok());
+    ASSERT_TRUE(fence.Wait().ok());
+    EXPECT_TRUE(fence.Done());
+    // The training step after the fence overwrites what was saved.
+    std::memset(buf.data(), 0xEE, buf.bytes());
+  }
+  Status s = m->WaitUntilFinished();
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(callbacks.load(), 3);
+  for (int step = 0; step < 3; ++step) {
+    std::vector<std::byte> got = RestoreLocal(*m, step, buf, "w", &s);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_TRUE(got == saved[step]) << "step " << step;
+  }
+}
+
+TEST(LazySave, UnreadableBufferFailsTheSaveOnEveryRankNamingTheArray) {
+  auto m = OpenForTest(FreshDir());
+  ASSERT_TRUE(m);
+  Buffer buf(64);
+  buf.Set(7);
+  const int bad = Size() - 1;
+  // As if freed under the copy: the copier's read of it faults.
+  if (Rank() == bad) ASSERT_EQ(mprotect(buf.data(), buf.bytes(), PROT_NONE), 0);
+  SaveFence fence;
+  ASSERT_TRUE(m->Save(5, buf.Arrays("params/w"), {}, Lazy(), &fence).ok());
+  Status copied = fence.Wait();
+  if (Rank() == bad) {
+    ASSERT_EQ(mprotect(buf.data(), buf.bytes(), PROT_READ | PROT_WRITE), 0);
+    EXPECT_EQ(copied.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(copied.message().find("params/w"), std::string::npos) << copied.ToString();
+  } else {
+    EXPECT_TRUE(copied.ok()) << copied.ToString();
+  }
+  Status s = m->WaitUntilFinished();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("params/w"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("rank " + std::to_string(bad)), std::string::npos) << s.ToString();
+  EXPECT_TRUE(SameOnAllRanks(s));
+  auto steps = m->CommittedSteps();
+  ASSERT_TRUE(steps.ok());
+  EXPECT_TRUE(steps->empty()) << "no commit marker after a failed save";
+}
+
+TEST(LazySave, CheckAfterCopyErrorFailsTheSaveOnEveryRank) {
+  auto m = OpenForTest(FreshDir());
+  ASSERT_TRUE(m);
+  Buffer buf(16);
+  buf.Set(3);
+  SaveOptions so = Lazy();
+  // What the Python package reports for a jax.Array donated during the copy.
+  if (Rank() == 0) {
+    so.check_after_copy = [] {
+      return InvalidArgument("rank 0: array 'w' was donated before its save's fence");
+    };
+  }
+  SaveFence fence;
+  ASSERT_TRUE(m->Save(1, buf.Arrays("w"), {}, so, &fence).ok());
+  EXPECT_EQ(fence.Wait().ok(), Rank() != 0);
+  Status s = m->WaitUntilFinished();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("donated"), std::string::npos) << s.ToString();
+  EXPECT_TRUE(SameOnAllRanks(s));
+  auto steps = m->CommittedSteps();
+  ASSERT_TRUE(steps.ok());
+  EXPECT_TRUE(steps->empty());
+  // The manager goes on: the next save commits.
+  ASSERT_TRUE(m->Save(2, buf.Arrays("w"), {}, Lazy()).ok());
+  EXPECT_TRUE(m->WaitUntilFinished().ok());
+}
+
+TEST(LazySave, WatchedBuffersAreWritableAgainAfterTheFence) {
+  auto m = OpenForTest(FreshDir());
+  ASSERT_TRUE(m);
+  Buffer buf(200);
+  std::vector<std::byte> saved = buf.Set(11);
+  SaveOptions so = Lazy();
+  so.protect_host = true;
+  SaveFence fence;
+  ASSERT_TRUE(m->Save(0, buf.Arrays("w"), {}, so, &fence).ok());
+  ASSERT_TRUE(fence.Wait().ok());
+  std::memset(buf.data(), 0x11, buf.bytes());  // would kill the process if still watched
+  Status s = m->WaitUntilFinished();
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  std::vector<std::byte> got = RestoreLocal(*m, 0, buf, "w", &s);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(got == saved);
+}
+
+TEST(LazySave, InputErrorsAreReturnedBySaveAsWhenBlocking) {
+  auto m = OpenForTest(FreshDir());
+  ASSERT_TRUE(m);
+  Buffer buf(8);
+  std::vector<ArrayToSave> a = buf.Arrays("w");
+  if (Rank() == 0) a[0].shards[0].box.start[0] = buf.Shape()[0] - 7;  // one row beyond the array
+  SaveFence fence;
+  Status local = m->Save(0, a, {}, Lazy(), &fence);
+  EXPECT_EQ(local.ok(), Rank() != 0);
+  (void)fence.Wait();
+  Status s = m->WaitUntilFinished();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_TRUE(SameOnAllRanks(s));
+}
+
+TEST(StagingReserve, OpenMapsStagingAheadAndTheFirstSaveUsesIt) {
+  Buffer buf(1024);  // 1 MiB per rank
+  Options o;
+  o.staging_reserve_bytes = buf.bytes();
+  auto m = OpenForTest(FreshDir(), o);
+  ASSERT_TRUE(m);
+  const size_t reserved = m->StagingBytes();
+  EXPECT_GE(reserved, buf.bytes());
+  std::vector<std::byte> saved = buf.Set(5);
+  ASSERT_TRUE(m->Save(0, buf.Arrays("w")).ok());
+  Status s = m->WaitUntilFinished();
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(m->StagingBytes(), reserved) << "the first save mapped staging of its own";
+  std::vector<std::byte> got = RestoreLocal(*m, 0, buf, "w", &s);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(got == saved);
+  // A second Reserve of what is held already maps nothing.
+  ASSERT_TRUE(m->Reserve(buf.bytes()).ok());
+  EXPECT_EQ(m->StagingBytes(), reserved);
+}
+
+}  // namespace
+}  // namespace mhckpt
