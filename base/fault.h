@@ -10,6 +10,7 @@
 //
 // Points (where the protocol calls Hit):
 //   after_snapshot  Save has copied, before the job is queued (caller thread)
+//   lazy_copy       a lazy save's copying thread is about to copy
 //   plan            the I/O thread starts the plan round
 //   mid_write       this rank has written at least after_bytes of its boxes
 //   after_flush     the data file is durable and closed on this rank

@@ -655,6 +655,7 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
                pool = &impl_->pool(), where] {
     auto start = std::chrono::steady_clock::now();
     Status s = Guarded(where, [&] {
+      MHCKPT_RETURN_IF_ERROR(fault::Hit("lazy_copy"));
       return FillSnapshot(copies, so, OkStatus(), *pool, &job_ptr->snapshot);
     });
     watch->Release();

@@ -27,7 +27,7 @@ from ._errors import (
     UnsupportedError,
 )
 from ._leaves import new_array as empty
-from ._manager import CheckpointManager
+from ._manager import CheckpointManager, SaveFence
 from ._shard import Shard
 
 __version__ = "0.1.0"
@@ -42,6 +42,7 @@ __all__ = [
     "InvalidArgumentError",
     "IoError",
     "NotFoundError",
+    "SaveFence",
     "Shard",
     "UnsupportedError",
     "empty",

@@ -251,6 +251,32 @@ def numpy_into(name: str, dtype: str, dest: np.ndarray, start: List[int], result
     return RestoreArray(name, dtype, shards, fin)
 
 
+def local_bytes(leaf: Any) -> int:
+    """The bytes this process stages when it saves ``leaf`` (for
+    ``CheckpointManager.reserve``): each distinct box it holds, once. A
+    ``jax.ShapeDtypeStruct`` with a sharding (``jax.eval_shape``) counts as
+    the array it describes; values and leaves of unknown kinds count 0."""
+    if leaf is None or is_value(leaf):
+        return 0
+    if isinstance(leaf, Shard):
+        return int(np.asarray(leaf.local).nbytes)
+    if is_jax_array(leaf) or is_jax_struct(leaf):
+        item = np.dtype(leaf.dtype).itemsize
+        sharding = getattr(leaf, "sharding", None)
+        if sharding is None:
+            return int(np.prod(leaf.shape, dtype=np.int64)) * item
+        boxes = {tuple(box_of_slices(index, leaf.shape)[0] + box_of_slices(index, leaf.shape)[1])
+                 for index in sharding.addressable_devices_indices_map(tuple(leaf.shape)).values()}
+        n = len(leaf.shape)
+        return sum(int(np.prod(b[n:], dtype=np.int64)) * item for b in boxes)
+    if is_torch_tensor(leaf):
+        local = leaf.to_local() if hasattr(leaf, "to_local") else leaf
+        return int(local.numel()) * int(local.element_size())
+    if hasattr(leaf, "nbytes"):
+        return int(leaf.nbytes)
+    return 0
+
+
 def not_found(name: str, step: int) -> NotFoundError:
     return NotFoundError(f"step {step} has no array or value '{name}'")
 

@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/fault.h"
 #include "coordinator/checkpoint_manager.h"
 
 namespace nb = nanobind;
@@ -266,6 +267,38 @@ MPI_Comm CommFromHandle(std::optional<uintptr_t> handle) {
   return reinterpret_cast<MPI_Comm>(*handle);  // NOLINT(performance-no-int-to-ptr)
 }
 
+// A Python object that mhckpt's threads keep alive (a lazy save's arrays):
+// its reference is dropped with the GIL held, on whichever thread drops it
+// last, or leaked once the interpreter is gone.
+std::shared_ptr<nb::object> KeepAlive(nb::object o) {
+  return {new nb::object(std::move(o)), [](nb::object* p) {
+            if (Py_IsInitialized() == 0) {
+              (void)p->release();
+            } else {
+              nb::gil_scoped_acquire gil;
+              p->reset();
+            }
+            delete p;
+          }};
+}
+
+// What a lazy save returns: waits (without the GIL) for its copy to end.
+class PyFence {
+ public:
+  explicit PyFence(SaveFence fence) : fence_(std::move(fence)) {}
+  // This rank's copy outcome: "" if OK, else the message of the error that
+  // fails the save on every rank (raised, agreed, by wait_until_finished).
+  std::string Wait() const {
+    nb::gil_scoped_release release;
+    Status s = fence_.Wait();
+    return s.ok() ? std::string() : s.ToString();
+  }
+  bool Done() const { return fence_.Done(); }
+
+ private:
+  SaveFence fence_;
+};
+
 class PyManager {
  public:
   PyManager(std::optional<uintptr_t> comm, std::string root, const Options& options) {
@@ -281,24 +314,54 @@ class PyManager {
   // Collective. `py_error` is an error the Python layer found on this rank;
   // it and any bad buffer here are agreed before the save starts, so that
   // every rank raises the same exception and none waits alone in the plan.
-  void Save(int64_t step, const std::vector<SaveSpec>& specs,
-            const std::map<std::string, std::string>& metadata, const std::string& tier,
-            const PyError& py_error) {
+  //
+  // `lazy`: Save returns before copying (CopyMode::kLazy) and the returned
+  // fence completes when it has copied. `check`, called with the GIL on the
+  // copying thread after the copy, returns None or why the save must fail
+  // (an array donated during the copy); it holds the saved objects, so that
+  // none is freed before then.
+  PyFence Save(int64_t step, const std::vector<SaveSpec>& specs,
+               const std::map<std::string, std::string>& metadata, const std::string& tier,
+               bool lazy, bool protect_host, nb::object check, const PyError& py_error) {
     std::vector<ArrayToSave> arrays;
     SaveOptions so;
     Status local = Convert(py_error, [&] {
       arrays = ToSave(specs);
       so.tier = TierFromName(tier);
     });
+    if (lazy) {
+      so.copy = CopyMode::kLazy;
+      so.protect_host = protect_host;
+      if (!check.is_none()) {
+        so.check_after_copy = [keep = KeepAlive(std::move(check)), rank = rank_]() -> Status {
+          nb::gil_scoped_acquire gil;
+          try {
+            nb::object why = (*keep)();
+            if (why.is_none()) return OkStatus();
+            return InvalidArgument("rank " + std::to_string(rank) + ": " +
+                                   nb::cast<std::string>(why));
+          } catch (const std::exception& e) {
+            return Internal("rank " + std::to_string(rank) + ": the lazy save's check raised: " +
+                            e.what());
+          }
+        };
+      }
+    }
+    SaveFence fence;
     Blocking([&](CheckpointManager& mgr) {
       Status s = mgr.Agree(local);
       // Save's own error (a box outside the array, a negative step) is this
       // rank's alone; the save still runs and fails on every rank alike, so
       // wait_until_finished raises it, agreed. Raising it here too would
       // raise on some ranks only.
-      if (s.ok()) (void)mgr.Save(step, arrays, metadata, so);
+      if (s.ok()) (void)mgr.Save(step, arrays, metadata, so, &fence);
       return s;
     });
+    return PyFence(std::move(fence));
+  }
+
+  void Reserve(uint64_t bytes) {
+    Blocking([&](CheckpointManager& mgr) { return mgr.Reserve(bytes); });
   }
 
   void Wait() {
@@ -394,6 +457,13 @@ class PyManager {
 
   std::unique_ptr<CheckpointManager> mgr_;
   int rank_ = 0;
+
+ public:
+  // Without the GIL: a lazy save's check takes it on the copying thread,
+  // which the teardown waits for.
+  ~PyManager() { Close(); }
+  PyManager(const PyManager&) = delete;
+  PyManager& operator=(const PyManager&) = delete;
 };
 
 // Initialises MPI with MPI_THREAD_MULTIPLE unless someone (mpi4py, the
@@ -468,6 +538,8 @@ NB_MODULE(_core, m) {
   m.doc() = "mhckpt's C++ core. Use the mhckpt package, not this module.";
 
   m.def("_set_error_factory", [](nb::object f) { ErrorFactory() = std::move(f); });
+  // Tests only: base/fault.h's Configure (the MHCKPT_FAULT syntax; "" clears).
+  m.def("_configure_fault", [](const std::string& spec) { Check(fault::Configure(spec)); });
   // The dtype table (base/dtype.h), so that Python keeps no list of its own:
   // name -> (bytes per element, stored as raw bits).
   m.def("dtypes", [] {
@@ -516,6 +588,7 @@ NB_MODULE(_core, m) {
       .def_rw("local_parity_group", &Options::local_parity_group)
       .def_rw("persistent_deadline_seconds", &Options::persistent_deadline_seconds)
       .def_rw("node_id", &Options::node_id)
+      .def_rw("staging_reserve_bytes", &Options::staging_reserve_bytes)
       .def_prop_rw("data_path", &DataPathName, &SetDataPath)
       .def_prop_rw(
           "collective_transfer",
@@ -524,10 +597,15 @@ NB_MODULE(_core, m) {
             o.transfer = collective ? Transfer::kCollective : Transfer::kIndependent;
           });
 
+  nb::class_<PyFence>(m, "Fence").def("wait", &PyFence::Wait).def("done", &PyFence::Done);
+
   nb::class_<PyManager>(m, "Manager")
       .def(nb::init<std::optional<uintptr_t>, std::string, const Options&>(),
            nb::arg("comm").none(), nb::arg("root"), nb::arg("options"))
-      .def("save", &PyManager::Save)
+      .def("save", &PyManager::Save, nb::arg("step"), nb::arg("specs"), nb::arg("metadata"),
+           nb::arg("tier"), nb::arg("lazy"), nb::arg("protect_host"), nb::arg("check").none(),
+           nb::arg("py_error"))
+      .def("reserve", &PyManager::Reserve)
       .def("wait", &PyManager::Wait)
       .def("restore", &PyManager::Restore)
       .def("verify", &PyManager::Verify)
