@@ -6,10 +6,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <fstream>
 #include <sstream>
+
+#include <fmt/format.h>
 
 namespace mhckpt::bench {
 namespace {
@@ -37,6 +40,28 @@ uint64_t ProcKiB(const std::string& path, const std::string& key) {
 }
 
 }  // namespace
+
+int Rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+int Size() {
+  int s = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
+
+void Fail(const std::string& what) {
+  fmt::print(stderr, "rank {}: {}\n", Rank(), what);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();
+}
+
+void Check(const Status& s, const char* what) {
+  if (!s.ok()) Fail(fmt::format("{}: {}", what, s.ToString()));
+}
 
 double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();

@@ -10,9 +10,20 @@
 #include <string>
 #include <vector>
 
+#include "base/status.h"
+
 namespace mhckpt::bench {
 
 using Clock = std::chrono::steady_clock;
+
+/// This process's rank in MPI_COMM_WORLD, and the world's size.
+int Rank();
+int Size();
+
+/// Prints "rank R: what" to stderr and aborts the job (MPI_Abort).
+[[noreturn]] void Fail(const std::string& what);
+/// Fail("what: status") unless `s` is OK.
+void Check(const Status& s, const char* what);
 
 /// Seconds since `t0`.
 double Since(Clock::time_point t0);

@@ -100,18 +100,6 @@ struct Flags {
   std::string perf_control;         // "CTL,ACK": perf record --control fifo:CTL,ACK
 };
 
-int Rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
-int Size() {
-  int s = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
-
 void Barrier() { MPI_Barrier(MPI_COMM_WORLD); }
 
 // Aborts every rank with `s` if it is an error on any rank.

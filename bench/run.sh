@@ -43,6 +43,8 @@
 #                                beside it (.md; bench/report.py --from OUT prints them again)
 #   PLOT [none]                  a PNG plot of the figures, where one is wanted
 #   DROP_CACHES [1]              0: never drop the page cache (warm restores; the JSON says so)
+#   STALL [1]                    0: skip the stall phase (bench/run_stall.sh: first save with and
+#                                without staging built ahead, lazy saves; OUT's name -stall.json/.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -230,8 +232,18 @@ for mib in $REPL_SIZES; do
   done
 done
 
-say "report"
+# ---- The stall: the first save with and without staging built ahead, and lazy
+# saves beside a compute loop (bench/run_stall.sh; its table goes beside the report).
 MD=${OUT%.gz}; MD=${MD%.json}.md
+if [ "${STALL:-1}" = 1 ]; then
+  say "mhckpt: first save, staging built ahead, lazy saves ($SIZES MiB, np $NPS)"
+  mkdir -p "$(dirname "$MD")"
+  SIZES="$SIZES" NPS="$NPS" REPS="$REPS" BUILD_DIR="$BUILD_DIR" CKPT_DIR="$work" \
+    OUT="${MD%.md}-stall.json" bench/run_stall.sh >"${MD%.md}-stall.md"
+  cat "${MD%.md}-stall.md"
+fi
+
+say "report"
 PLOT_ARGS=()
 if [ -n "$PLOT" ]; then mkdir -p "$(dirname "$PLOT")"; PLOT_ARGS=(--plot "$PLOT"); fi
 mkdir -p "$(dirname "$OUT")"

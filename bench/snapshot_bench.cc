@@ -66,18 +66,6 @@ struct Flags {
   bool keep = false;
 };
 
-int Rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
-int Size() {
-  int s = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
-
 void Barrier() { MPI_Barrier(MPI_COMM_WORLD); }
 
 // ---------------------------------------------------------------------------

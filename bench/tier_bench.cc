@@ -49,27 +49,6 @@ struct Flags {
   std::string json;
 };
 
-int Rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
-int Size() {
-  int s = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
-
-void Fail(const std::string& what) {
-  fmt::print(stderr, "rank {}: {}\n", Rank(), what);
-  MPI_Abort(MPI_COMM_WORLD, 1);
-}
-
-void Check(const Status& s, const char* what) {
-  if (!s.ok()) Fail(fmt::format("{}: {}", what, s.ToString()));
-}
-
 class Bench {
  public:
   explicit Bench(const Flags& f)

@@ -10,6 +10,7 @@ buffer to host memory before ``save`` returns, so the loop below may donate
 Run it with one JAX process per MPI rank (CPU devices, gloo collectives):
 
     mpirun -np 2 python jax_train.py --ckpt /tmp/run1 --steps 10     # saves 0, 4, 8
+    mpirun -np 2 python jax_train.py --ckpt /tmp/run2 --steps 10 --lazy   # lazy saves
     mpirun -np 3 python jax_train.py --ckpt /tmp/run1 --steps 14 --resume
 
 The resumed job restores the latest step onto 3 processes (a new mesh, new
@@ -56,6 +57,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=10, help="train until this step")
     p.add_argument("--save-every", type=int, default=4)
     p.add_argument("--resume", action="store_true", help="restore the latest step first")
+    p.add_argument("--lazy", action="store_true",
+                   help="lazy saves: save returns before copying; the loop waits on the fence "
+                        "just before the step that donates the state")
     p.add_argument("--naive-async", action="store_true",
                    help="use the lazy background writer of the seed bug instead of mhckpt")
     p.add_argument("--port", type=int, default=12355, help="port of JAX's coordinator on 127.0.0.1")
@@ -244,14 +248,21 @@ def main() -> None:
             state = init_state(shardings)
 
         for step in range(start, args.steps):
+            fence = None
             if step % args.save_every == 0 and not (args.resume and step == start):
                 saved = {"state": state, "step": step, "data": {"position": position}}
                 report["saved"] = fingerprint(saved)  # before the arrays go away
-                ckpt.save(step, saved)  # returns at once: the write goes on in the background
+                if args.lazy:
+                    # Returns before copying: the copy runs while the batch loads.
+                    fence = ckpt.save(step, saved, lazy=True)
+                else:
+                    ckpt.save(step, saved)  # returns once copied: the write goes on in the background
                 log(f"step {step}: save started")
 
             x, y = batch_at(position, replicated)
             position += BATCH
+            if fence is not None:
+                fence.wait()  # the state is copied: the next line may donate it
             old = state
             state, loss = train_step(state, x, y)  # donates every array of `old` ...
             for a in jax.tree.leaves(old):

@@ -9,11 +9,14 @@ placement mhckpt maps to boxes of a global array:
 
 Adam keeps two more DTensors per parameter (exp_avg, exp_avg_sq, with the
 parameter's placements) and a plain tensor ``step``. The training loop saves
-the model and the optimizer state asynchronously and at once calls
-``optimizer.step()``, which overwrites all of them *in place*: the checkpoint
-still holds the values of the save, because ``save`` copied them first.
+the model and the optimizer state asynchronously, runs the forward and
+backward passes, and calls ``optimizer.step()``, which overwrites all of them
+*in place*: the checkpoint still holds the values of the save, because
+``save`` copied them first (with ``--lazy``, because the loop waits on the
+save's fence just before ``optimizer.step()``).
 
     mpirun -np 2 python torch_train.py --ckpt /tmp/run2 --steps 10          # saves 0, 4, 8
+    mpirun -np 2 python torch_train.py --ckpt /tmp/run3 --steps 10 --lazy   # lazy saves
     mpirun -np 3 python torch_train.py --ckpt /tmp/run2 --steps 14 --resume
 
 The resumed job builds the model and the optimizer state on the new mesh and
@@ -45,6 +48,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--resume", action="store_true", help="restore the latest step first")
     p.add_argument("--port", type=int, default=29511, help="port of torch.distributed's store on 127.0.0.1")
     p.add_argument("--fingerprint", help="rank 0 writes the fingerprints here (JSON)")
+    p.add_argument("--lazy", action="store_true",
+                   help="lazy saves: save returns before copying; the loop waits on the fence "
+                        "just before optimizer.step()")
     return p.parse_args()
 
 
@@ -152,18 +158,24 @@ def main() -> None:
             raise SystemExit(f"{args.ckpt} has checkpoints: pass --resume or use a new directory")
 
         for step in range(start, args.steps):
+            fence = None
+            if step % args.save_every == 0 and not (args.resume and step == start):
+                saved = {"model": params, "optimizer": optimizer_state(optimizer, params),
+                         "step": step, "data": {"position": position}}
+                report["saved"] = fingerprint(saved)
+                # Returns once copied (lazy: before copying; the copy runs
+                # during the forward and backward passes, which only read the
+                # saved tensors). The write goes on in the background.
+                fence = ckpt.save(step, saved, lazy=args.lazy)
+                log(f"step {step}: save started")
+
             x, y = batch_at(position, mesh)
             loss = torch.mean((forward(params, x) - y) ** 2)
             optimizer.zero_grad()
             loss.backward()
 
-            if step % args.save_every == 0 and not (args.resume and step == start):
-                saved = {"model": params, "optimizer": optimizer_state(optimizer, params),
-                         "step": step, "data": {"position": position}}
-                report["saved"] = fingerprint(saved)
-                ckpt.save(step, saved)  # returns at once: the write goes on in the background
-                log(f"step {step}: save started")
-
+            if fence is not None:
+                fence.wait()  # copied: optimizer.step() may now overwrite the saved tensors
             optimizer.step()  # overwrites params, exp_avg, exp_avg_sq and step in place
             position += BATCH
             log(f"step {step}: loss {loss.full_tensor().item():.6f}")

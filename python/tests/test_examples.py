@@ -71,10 +71,12 @@ def run_ok(script: str, nproc: int, *args: str) -> str:
     return p.stdout
 
 
-def train_and_resume(script: str, tmp_path: Path, world_sizes, n_arrays: int, save_every: int = 4):
-    """Trains at world_sizes[0], then resumes at each next world size for
-    4 more steps; checks after each resume that the restored fingerprints
-    (``n_arrays`` arrays and the values) are the ones of the last save before it."""
+def train_and_resume(script: str, tmp_path: Path, world_sizes, n_arrays: int, save_every: int = 4,
+                     first_args=()):
+    """Trains at world_sizes[0] (with ``first_args``), then resumes at each
+    next world size for 4 more steps; checks after each resume that the
+    restored fingerprints (``n_arrays`` arrays and the values) are the ones of
+    the last save before it."""
     ckpt = tmp_path / "ckpt"
     steps = 10
     previous = None
@@ -82,7 +84,7 @@ def train_and_resume(script: str, tmp_path: Path, world_sizes, n_arrays: int, sa
         fp_file = tmp_path / f"fingerprint{i}.json"
         args = ["--ckpt", str(ckpt), "--steps", str(steps), "--save-every", str(save_every),
                 "--fingerprint", str(fp_file)]
-        out = run_ok(script, n, *args, *(["--resume"] if previous else []))
+        out = run_ok(script, n, *args, *(["--resume"] if previous else list(first_args)))
         fp = json.loads(fp_file.read_text())
         if previous:
             assert f"restored step {previous['saved']['step']} on {n}" in out
@@ -103,6 +105,13 @@ def test_jax_resume_at_other_process_counts(tmp_path):
     train_and_resume("jax_train.py", tmp_path, [2, 3, 1], n_arrays=6)  # params, momentum
 
 
+def test_jax_lazy_saves_fence_before_the_donating_step(tmp_path):
+    """The loop with lazy saves: the fence is waited on right before the
+    jitted step that donates the state; what was saved restores bit for bit."""
+    pytest.importorskip("jax")
+    train_and_resume("jax_train.py", tmp_path, [2, 1], n_arrays=6, first_args=["--lazy"])
+
+
 def test_jax_naive_async_writer_reads_deleted_arrays(tmp_path):
     """The loop that passes with mhckpt above, with a lazy writer instead."""
     pytest.importorskip("jax")
@@ -115,10 +124,11 @@ def test_torch_dtensor_resume_at_other_world_sizes(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("torch.distributed.tensor")
     # 3 parameters, and Adam's exp_avg, exp_avg_sq and step for each. Each job
-    # costs ~25 s (torch and gloo at every rank): trained at 3, resumed at 2;
-    # with MHCKPT_LONG_TESTS=1 (scripts/test.sh's long form) at 2, 3, then 2.
+    # costs ~25 s (torch and gloo at every rank): trained at 3 with lazy saves
+    # (the fence waited on before optimizer.step()), resumed at 2; with
+    # MHCKPT_LONG_TESTS=1 (scripts/test.sh's long form) at 2, 3, then 2.
     sizes = [2, 3, 2] if os.environ.get("MHCKPT_LONG_TESTS") == "1" else [3, 2]
-    train_and_resume("torch_train.py", tmp_path, sizes, n_arrays=12)
+    train_and_resume("torch_train.py", tmp_path, sizes, n_arrays=12, first_args=["--lazy"])
 
 
 def _same_with_either_import(script: str, tmp_path: Path, backends, save_at: int, restore_at: int, *args: str,
