@@ -26,7 +26,8 @@ Each rep, for each format, in this order:
           to exit (interpreter start, imports, reading, the mhckpt save and its
           commit), DST removed afterwards.
 One untimed convert per N comes first. The record holds every sample and the
-medians; ratio = median(dd read + dd write) / median(convert): the convert's
+medians, with parts of each convert: imports_s (the untimed import above,
+timed), snapshot_s and write_s (from mhckpt's log line of the save); ratio = median(dd read + dd write) / median(convert): the convert's
 speed as a fraction of dd's (the target is >= 0.5). Needs root (to drop the
 page cache); without it the reads are not cold and the record says so.
 """
@@ -138,17 +139,21 @@ def dd_pair(src: str, scratch: str, cold: bool):
     return read, write
 
 
-def convert(py: str, fmt: str, src: str, dst: str, np_: int, cold: bool, want_bytes: int) -> float:
+def convert(py: str, fmt: str, src: str, dst: str, np_: int, cold: bool, want_bytes: int) -> dict:
+    """The convert's wall time, the untimed import's (warm, one process),
+    and the save's snapshot and write seconds from mhckpt's log line."""
     shutil.rmtree(dst, ignore_errors=True)
     drop_caches(cold)
-    subprocess.run([py, "-c", f"import mhckpt, mpi4py.MPI, {LIBRARY[fmt]}"], check=True, env=env(), cwd="/")
+    imports = timed([py, "-c", f"import mhckpt, mpi4py.MPI, {LIBRARY[fmt]}"], cwd="/")
     dt = timed(["mpirun", "-np", str(np_), *MPIRUN_FLAGS, py, "-m", "mhckpt", "convert", "--from", fmt, src, dst],
                cwd="/")
-    m = re.search(r"(\d+) bytes", timed.last_output)
+    out = timed.last_output
+    m = re.search(r"(\d+) bytes", out)
     if not m or int(m.group(1)) != want_bytes:
-        raise RuntimeError(f"convert wrote {m and m.group(1)} bytes, not {want_bytes}:\n{timed.last_output}")
+        raise RuntimeError(f"convert wrote {m and m.group(1)} bytes, not {want_bytes}:\n{out}")
     shutil.rmtree(dst)
-    return dt
+    phase = {k: float(v) for k, v in re.findall(r"\b(snapshot|write) ([\d.]+)", out)}
+    return {"convert_s": dt, "imports_s": imports, "snapshot_s": phase.get("snapshot"), "write_s": phase.get("write")}
 
 
 def version() -> str:
@@ -191,29 +196,32 @@ def main() -> None:
                   f"({want / 2**20:.1f} MiB of arrays), made in {time.perf_counter() - t0:.1f} s", flush=True)
             for np_ in a.nps:  # the untimed warm-up
                 convert(py, fmt, src, dst, np_, cold, want)
-            samples = {"dd_read_s": [], "dd_write_s": [], **{f"convert_np{n}_s": [] for n in a.nps}}
+            samples = {"dd_read_s": [], "dd_write_s": []}
+            runs = {n: [] for n in a.nps}
             for rep in range(a.reps):
                 r, w = dd_pair(src, scratch, cold)
                 samples["dd_read_s"].append(r)
                 samples["dd_write_s"].append(w)
                 line = f"  rep {rep}: dd read {r:.2f} s + write {w:.2f} s"
                 for np_ in a.nps:
-                    t = convert(py, fmt, src, dst, np_, cold, want)
-                    samples[f"convert_np{np_}_s"].append(t)
-                    line += f"  convert np={np_} {t:.2f} s"
+                    c = convert(py, fmt, src, dst, np_, cold, want)
+                    runs[np_].append(c)
+                    line += f"  convert np={np_} {c['convert_s']:.2f} s (snapshot {c['snapshot_s']:.2f} s)"
                 print(line, flush=True)
             shutil.rmtree(src)
-            med = {k: statistics.median(v) for k, v in samples.items()}
             dd = statistics.median(r + w for r, w in zip(samples["dd_read_s"], samples["dd_write_s"]))
             rec = {"system": f"convert-{fmt}", "version": version(), "mib": a.mib, "global_bytes": want,
                    "source_bytes": src_bytes, "reps": a.reps, "cold_read": cold, "dd_s": dd,
-                   "dd_read_s": med["dd_read_s"], "dd_write_s": med["dd_write_s"], "convert": {}}
+                   "dd_read_s": statistics.median(samples["dd_read_s"]),
+                   "dd_write_s": statistics.median(samples["dd_write_s"]), "convert": {}}
             for np_ in a.nps:
-                c = med[f"convert_np{np_}_s"]
-                rec["convert"][str(np_)] = {"convert_s": c, "ratio": dd / c}
-                print(f"convert_bench: {fmt} np={np_}: convert {c:.2f} s, dd read+write {dd:.2f} s "
-                      f"(read {med['dd_read_s']:.2f} + write {med['dd_write_s']:.2f}): ratio {dd / c:.2f}",
-                      flush=True)
+                med = {k: statistics.median(c[k] for c in runs[np_]) for k in runs[np_][0]}
+                rec["convert"][str(np_)] = dict(med, ratio=dd / med["convert_s"])
+                samples[f"convert_np{np_}"] = runs[np_]
+                print(f"convert_bench: {fmt} np={np_}: convert {med['convert_s']:.2f} s, dd read+write {dd:.2f} s "
+                      f"(read {rec['dd_read_s']:.2f} + write {rec['dd_write_s']:.2f}): ratio "
+                      f"{dd / med['convert_s']:.2f}; of the convert: imports {med['imports_s']:.2f} s (warm, "
+                      f"one process), snapshot {med['snapshot_s']:.2f} s, write {med['write_s']:.2f} s", flush=True)
             rec["samples"] = samples
             records.append(rec)
     finally:
