@@ -27,7 +27,8 @@ Each rep, for each format, in this order:
           commit), DST removed afterwards.
 One untimed convert per N comes first. The record holds every sample and the
 medians, with parts of each convert: imports_s (the untimed import above,
-timed), snapshot_s and write_s (from mhckpt's log line of the save); ratio = median(dd read + dd write) / median(convert): the convert's
+timed: the interpreter's files cold, as it runs right after the drop),
+snapshot_s and write_s (from mhckpt's log line of the save); ratio = median(dd read + dd write) / median(convert): the convert's
 speed as a fraction of dd's (the target is >= 0.5). Needs root (to drop the
 page cache); without it the reads are not cold and the record says so.
 """
@@ -220,8 +221,8 @@ def main() -> None:
                 samples[f"convert_np{np_}"] = runs[np_]
                 print(f"convert_bench: {fmt} np={np_}: convert {med['convert_s']:.2f} s, dd read+write {dd:.2f} s "
                       f"(read {rec['dd_read_s']:.2f} + write {rec['dd_write_s']:.2f}): ratio "
-                      f"{dd / med['convert_s']:.2f}; of the convert: imports {med['imports_s']:.2f} s (warm, "
-                      f"one process), snapshot {med['snapshot_s']:.2f} s, write {med['write_s']:.2f} s", flush=True)
+                      f"{dd / med['convert_s']:.2f}; beside it: cold imports {med['imports_s']:.2f} s (one process); "
+                      f"of it: snapshot {med['snapshot_s']:.2f} s, write {med['write_s']:.2f} s", flush=True)
             rec["samples"] = samples
             records.append(rec)
     finally:
