@@ -7,7 +7,9 @@ Sources (found by what SRC holds, or ``--from``):
     or ``--step``). Pytree items are read through ``orbax.checkpoint``
     (tensorstore); JSON items through its JsonCheckpointHandler.
   - dcp: a torch.distributed.checkpoint directory (``.metadata``), read
-    through DCP's ``FileSystemReader`` and ``load``.
+    through DCP's ``FileSystemReader``: its metadata, and each item's slice
+    of its file ``torch.load``-ed as the reader does (non-tensor entries and
+    items with storage transforms: through DCP's ``load``).
   - safetensors: a ``.safetensors`` file, or a directory of them with
     ``model.safetensors.index.json``, read through the ``safetensors`` library.
   - mhckpt: an mhckpt root (``step_*``), its latest step or ``--step``.
