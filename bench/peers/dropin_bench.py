@@ -8,11 +8,15 @@ MIB MiB in all -- saved through three front doors of the same core:
   mhckpt.orbax  CheckpointManager(root).save(step, args=StandardSave(state)); wait_until_finished()
   mhckpt.torch  async_save(state, checkpoint_id=root/step_N).result()   (a directory per save, as DCP)
 
-Each rep: barrier, save (the stall: until it returns), then until committed (the
-commit). The figure of a rep is the slowest rank's; the record holds the
-medians of --reps timed reps after one untimed warm-up save.
+Each rep saves once through each of the three in turn (the first of a rep
+rotating: plain, orbax, torch; orbax, torch, plain; ...), each: barrier,
+save (the stall: until it returns), then until committed (the commit). The
+figure of a save is the slowest rank's; the record holds the medians of
+--reps timed reps after one untimed warm-up round, every sample, and the
+page faults of a stall (median; fresh staging memory shows there: one fault
+per 2 MiB page).
 
-    mpirun -np 2 python/.venv/bin/python bench/peers/dropin_bench.py --mib 256 --reps 5 \\
+    mpirun -np 2 python/.venv/bin/python bench/peers/dropin_bench.py --mib 256 --reps 9 \\
         --dir /var/tmp/dropin --json dropin.json
 """
 from __future__ import annotations
@@ -20,7 +24,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
+import subprocess
 import statistics
 import time
 
@@ -45,13 +51,17 @@ def make_state(mib: int, comm) -> dict:
 
 
 def timed(comm, save, commit):
+    """(stall, commit, page faults during the stall), each the slowest rank's."""
     comm.Barrier()
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     t0 = time.perf_counter()
     handle = save()
     t1 = time.perf_counter()
+    f1 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     commit(handle)
     t2 = time.perf_counter()
-    return comm.allreduce(t1 - t0, MPI.MAX), comm.allreduce(t2 - t0, MPI.MAX)
+    return (comm.allreduce(t1 - t0, MPI.MAX), comm.allreduce(t2 - t0, MPI.MAX),
+            comm.allreduce(f1 - f0, MPI.MAX))
 
 
 def main() -> None:
@@ -67,32 +77,46 @@ def main() -> None:
         shutil.rmtree(a.dir, ignore_errors=True)
         os.makedirs(a.dir)
     comm.Barrier()
-    results = {}
+    # The three interleaved save by save, so that a slow spell of the disk or
+    # the machine hits all three alike.
+    plain = mhckpt.CheckpointManager(os.path.join(a.dir, "plain"), max_to_keep=2)
+    mngr = ocp.CheckpointManager(os.path.join(a.dir, "orbax"), options=ocp.CheckpointManagerOptions(max_to_keep=2))
 
-    with mhckpt.CheckpointManager(os.path.join(a.dir, "plain"), max_to_keep=2) as mgr:
-        runs = [timed(comm, lambda s=s: mgr.save(s, state), lambda _: mgr.wait_until_finished())
-                for s in range(a.reps + 1)]
-    results["plain"] = runs[1:]
-
-    with ocp.CheckpointManager(os.path.join(a.dir, "orbax"),
-                               options=ocp.CheckpointManagerOptions(max_to_keep=2)) as mngr:
-        runs = [timed(comm, lambda s=s: mngr.save(s, args=ocp.args.StandardSave(state)),
-                      lambda _: mngr.wait_until_finished()) for s in range(a.reps + 1)]
-    results["mhckpt.orbax"] = runs[1:]
-
-    runs = []
-    for s in range(a.reps + 1):
+    def torch_save(s):
         ckpt = os.path.join(a.dir, "torch", f"step_{s}")
-        runs.append(timed(comm, lambda: mdcp.async_save(state, checkpoint_id=ckpt), lambda f: f.result()))
+        t = timed(comm, lambda: mdcp.async_save(state, checkpoint_id=ckpt), lambda f: f.result())
         if comm.rank == 0 and s >= 2:  # keep two, as the others do
             shutil.rmtree(os.path.join(a.dir, "torch", f"step_{s - 2}"), ignore_errors=True)
-    results["mhckpt.torch"] = runs[1:]
+        return t
 
-    record = {"mib": a.mib, "np": comm.size, "reps": a.reps, "systems": {}}
+    saves = {"plain": lambda s: timed(comm, lambda: plain.save(s, state), lambda _: plain.wait_until_finished()),
+             "mhckpt.orbax": lambda s: timed(comm, lambda: mngr.save(s, args=ocp.args.StandardSave(state)),
+                                             lambda _: mngr.wait_until_finished()),
+             "mhckpt.torch": torch_save}
+    names = list(saves)
+    results = {k: [] for k in names}
+    for s in range(a.reps + 1):
+        # Each rep starts with the next one (the one after another's save
+        # shares the disk with that save's background deletion of old steps).
+        for k in names[s % 3:] + names[:s % 3]:
+            r = saves[k](s)
+            if s > 0:  # save 0 is the warm-up
+                results[k].append(r)
+    plain.close()
+    mngr.close()
+
+    try:
+        version = subprocess.run(["git", "-C", os.path.dirname(os.path.abspath(__file__)), "rev-parse", "--short=7",
+                                  "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        version = "unknown"
+    record = {"version": version, "mib": a.mib, "np": comm.size, "reps": a.reps, "systems": {}}
     for name, runs in results.items():
         stall = statistics.median(r[0] for r in runs)
         commit = statistics.median(r[1] for r in runs)
-        record["systems"][name] = {"stall_s": stall, "commit_s": commit}
+        record["systems"][name] = {"stall_s": stall, "commit_s": commit,
+                                   "stall_page_faults": statistics.median(r[2] for r in runs),
+                                   "samples": {"stall_s": [r[0] for r in runs], "commit_s": [r[1] for r in runs]}}
     plain = record["systems"]["plain"]
     for name, r in record["systems"].items():
         r["stall_vs_plain"] = r["stall_s"] / plain["stall_s"]
@@ -100,7 +124,8 @@ def main() -> None:
     if comm.rank == 0:
         for name, r in record["systems"].items():
             print(f"{name:13s} stall {r['stall_s'] * 1e3:8.1f} ms ({r['stall_vs_plain']:.2f}x)  "
-                  f"commit {r['commit_s'] * 1e3:8.1f} ms ({r['commit_vs_plain']:.2f}x)", flush=True)
+                  f"commit {r['commit_s'] * 1e3:8.1f} ms ({r['commit_vs_plain']:.2f}x)  "
+                  f"page faults in the stall {r['stall_page_faults']:.0f}", flush=True)
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(record, f, indent=1)

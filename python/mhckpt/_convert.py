@@ -7,7 +7,9 @@ Sources (found by what SRC holds, or ``--from``):
     or ``--step``). Pytree items are read through ``orbax.checkpoint``
     (tensorstore); JSON items through its JsonCheckpointHandler.
   - dcp: a torch.distributed.checkpoint directory (``.metadata``), read
-    through DCP's ``FileSystemReader`` and ``load``.
+    through DCP's ``FileSystemReader``: its metadata, and each item's slice
+    of its file ``torch.load``-ed as the reader does (non-tensor entries and
+    items with storage transforms: through DCP's ``load``).
   - safetensors: a ``.safetensors`` file, or a directory of them with
     ``model.safetensors.index.json``, read through the ``safetensors`` library.
   - mhckpt: an mhckpt root (``step_*``), its latest step or ``--step``.
@@ -277,18 +279,48 @@ class DcpSource(Source):
         dcp.load(sd, storage_reader=FileSystemReader(self._path), no_dist=True)
 
     def read(self, names: List[str]) -> Dict[str, np.ndarray]:
+        """The arrays, each loaded as DCP's FileSystemReader loads its items
+        (``torch.load`` of the item's slice of its file), file by file in
+        the order of the bytes. An array saved whole is the tensor loaded,
+        not copied; one saved in chunks is assembled from them. Items with
+        storage transforms go through ``dcp.load``."""
         import torch
+        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint.metadata import MetadataIndex
 
-        sd: Dict[Any, Any] = {}
-        tensors = {}
+        reader = FileSystemReader(self._path)
+        items: Dict[str, List[Tuple[int, str, Any, Any]]] = {}  # file -> (offset, name, chunk, info)
+        through_dcp = []
         for n in names:
-            shape, dtype = self.arrays[n]
-            t = torch.empty(shape, dtype=getattr(torch, dtype))
-            tensors[n] = t
-            _put_dcp(sd, self._keys[n], t)
-        if names:
+            md = self._meta.state_dict_metadata[self._fqn[n]]
+            infos = [(c, self._meta.storage_data[MetadataIndex(self._fqn[n], c.offsets)]) for c in md.chunks]
+            if any(info.transform_descriptors for _, info in infos):
+                through_dcp.append(n)
+                continue
+            for c, info in infos:
+                items.setdefault(info.relative_path, []).append((info.offset, n, c, info))
+        out: Dict[str, Any] = {}
+        for rel, reqs in items.items():
+            with open(os.path.join(self._path, rel), "rb") as f:
+                for _, n, c, info in sorted(reqs, key=lambda r: r[0]):
+                    t = torch.load(reader._slice_file(f, info), map_location="cpu", weights_only=True)
+                    shape, dtype = self.arrays[n]
+                    whole = tuple(c.sizes) == shape and not any(c.offsets)
+                    if whole and tuple(t.shape) == shape and t.dtype == getattr(torch, dtype):
+                        out[n] = t
+                        continue
+                    if n not in out:
+                        out[n] = torch.empty(shape, dtype=getattr(torch, dtype))
+                    out[n][tuple(slice(o, o + s) for o, s in zip(c.offsets, c.sizes))].copy_(t)
+        if through_dcp:
+            sd: Dict[Any, Any] = {}
+            for n in through_dcp:
+                shape, dtype = self.arrays[n]
+                _put_dcp(sd, self._keys[n], torch.empty(shape, dtype=getattr(torch, dtype)))
             self._load(sd)
-        return {n: _torch_to_numpy(_get(sd, self._keys[n])) for n in names}
+            out.update((n, _get(sd, self._keys[n])) for n in through_dcp)
+        # The tensors are this reader's own: numpy views of them, not copies.
+        return {n: _torch_to_numpy(out[n], copy=False) for n in names}
 
 
 def _put_dcp(tree: Any, keys: Tuple[Any, ...], leaf: Any) -> None:
@@ -325,16 +357,19 @@ def _torch_dtype_name(name: str, dtype: Any) -> str:
     return n
 
 
-def _torch_to_numpy(t) -> np.ndarray:
+def _torch_to_numpy(t, copy: bool = True) -> np.ndarray:
     """The bytes of a CPU tensor as a numpy array of its dtype (bfloat16 and
-    float8 through ml_dtypes)."""
+    float8 through ml_dtypes); ``copy=False``: a view that keeps the tensor
+    alive, for a tensor nobody else holds."""
     import torch
 
     t = t.detach().contiguous()
     dtype = _leaves.numpy_dtype(_torch_dtype_name("tensor", t.dtype))
     if t.dtype == torch.bool:
-        return t.numpy().copy()
-    return t.reshape(-1).view(torch.uint8).numpy().view(dtype).reshape(tuple(t.shape)).copy()
+        a = t.numpy()
+    else:
+        a = t.reshape(-1).view(torch.uint8).numpy().view(dtype).reshape(tuple(t.shape))
+    return a.copy() if copy else a
 
 
 def _numpy_to_torch(a: np.ndarray):

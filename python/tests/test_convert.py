@@ -184,6 +184,29 @@ def test_dcp_checkpoint_converted(comm, root):
            "load: plain values")
 
 
+def test_sharded_dcp_checkpoint_converted(comm, torch_dist, root):
+    # Saved by DCP at the suite's world size with DTensor leaves: a sharded
+    # array is one chunk per rank (uneven rows), assembled by the converter;
+    # a replicated one is saved once, whole.
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    arrays = {"w": pattern("cv/sw", (2 * comm.size + 1, 5), "float32"),
+              "e": pattern("cv/se", (comm.size + 2, 3), "bfloat16"),
+              "r": pattern("cv/sr", (4,), "int32")}
+    sd = {"model": {"w": distribute_tensor(np_to_torch(arrays["w"]), torch_dist.mesh, [Shard(0)]),
+                    "e": distribute_tensor(np_to_torch(arrays["e"]), torch_dist.mesh, [Shard(0)]),
+                    "r": distribute_tensor(np_to_torch(arrays["r"]), torch_dist.mesh, [Replicate()])}}
+    src, dst = os.path.join(root, "dcp"), os.path.join(root, "mh")
+    dcp.save(sd, checkpoint_id=src)
+    comm.Barrier()
+    assert _convert.main([src, dst]) == 0
+    step, flat = restored(dst)
+    assert step == 0 and sorted(flat) == [f"model/{k}" for k in sorted(arrays)]
+    for k, v in arrays.items():
+        all_equal_bytes(comm, flat[f"model/{k}"], v, k)
+
+
 def test_safetensors_in_and_out(comm, root):
     pytest.importorskip("torch")
     safetensors = pytest.importorskip("safetensors")
