@@ -1,5 +1,7 @@
 #include "coordinator/checkpoint_manager.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -653,6 +655,10 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
   auto copy = [job_ptr = job.get(), copies = std::move(copies), so, state, watch,
                check = save_options.check_after_copy, on_copied = save_options.on_copied,
                pool = &impl_->pool(), where] {
+    // The lowest priority (its copy threads inherit it): on busy cores the
+    // copy yields to the caller's compute; a caller waiting on the fence
+    // leaves it the core.
+    (void)setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 19);
     auto start = std::chrono::steady_clock::now();
     Status s = Guarded(where, [&] {
       MHCKPT_RETURN_IF_ERROR(fault::Hit("lazy_copy"));
@@ -665,8 +671,8 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
         job_ptr->timings.budget_wait;
     if (s.ok() && check) s = Guarded(where, check);
     if (job_ptr->local.ok()) job_ptr->local = s;
-    state->Complete(s);
     if (on_copied) (void)Guarded(where, [&] { on_copied(s); });
+    state->Complete(s);
   };
   auto task = std::make_shared<decltype(copy)>(std::move(copy));
   try {

@@ -233,8 +233,8 @@ enum class CopyMode : uint8_t {
   /// Save returns once every box is copied (the default).
   kBlocking,
   /// Save checks its input and returns; the copies run on mhckpt's threads
-  /// while the caller computes, and the SaveFence completes when every box
-  /// is copied. Until then the caller must not write, free, donate or
+  /// (at the lowest priority) while the caller computes, and the SaveFence
+  /// completes when every box is copied. Until then the caller must not write, free, donate or
   /// delete any buffer it saved (a training loop waits just before the
   /// optimizer step). The rest of the save (plan, write, commit) starts
   /// after the copy, in the background, as for a blocking save. Without
@@ -266,8 +266,11 @@ struct SaveOptions {
   /// kLazy: Save returns before copying and hands back a SaveFence.
   CopyMode copy = CopyMode::kBlocking;
   /// With kLazy: called once on mhckpt's copying thread when the copy has
-  /// ended, with its outcome (as SaveFence::Wait returns). It must not call
-  /// the CheckpointManager.
+  /// ended, with its outcome (as SaveFence::Wait returns), just before the
+  /// fence completes. It must not call the CheckpointManager. The copying
+  /// thread runs at the lowest priority (nice 19), so that on busy cores the
+  /// copy yields to the caller's compute; a caller waiting on the fence
+  /// leaves it the core.
   std::function<void(const Status&)> on_copied;
   /// With kLazy: called on the copying thread after every box is copied and
   /// before the fence completes; an error it returns fails the save on every
