@@ -16,7 +16,9 @@
 //                fence time (Save's start to the end of the copy, from
 //                SaveOptions::on_copied) while the caller runs a compute loop
 //                calibrated to take as long as the memcpy alone, and how much
-//                longer that loop takes while the copy runs;
+//                longer that loop takes than alone (the copy, then the save's
+//                write, run beside it); the same loop right after a blocking
+//                Save gives what the write alone costs it;
 //   extra RSS    the peak resident memory over the run, less the model's
 //                bytes and the memcpy target's, against the local bytes.
 // Samples of blocking and lazy are interleaved, and a compute loop alone is
@@ -115,7 +117,7 @@ int64_t CalibrateCompute(double seconds) {
 
 struct Sample {
   double memcpy_s = 0, first_s = 0, first_hint_s = 0, blocking_s = 0, lazy_s = 0, fence_s = 0,
-         compute_alone_s = 0, compute_during_s = 0;
+         compute_alone_s = 0, compute_during_s = 0, compute_blocking_s = 0;
 };
 
 class Bench {
@@ -150,7 +152,7 @@ class Bench {
       Sample& s = samples[i];
       s.memcpy_s = MaxOverRanks(TimedMemcpy());
       s.compute_alone_s = MaxOverRanks(Compute(iters));
-      s.blocking_s = MaxOverRanks(TimedSave(*mgr, step++, false));
+      BlockingSave(*mgr, step++, iters, &s);
       LazySave(*mgr, step++, iters, &s);
     }
     const uint64_t peak = ReadProcMemory().hwm_bytes;
@@ -175,9 +177,14 @@ class Bench {
     r["fence_s"] = med(&Sample::fence_s);
     r["compute_alone_s"] = med(&Sample::compute_alone_s);
     r["compute_during_s"] = med(&Sample::compute_during_s);
-    std::vector<double> slow;
-    for (const Sample& s : samples) slow.push_back(s.compute_during_s / s.compute_alone_s);
+    r["compute_blocking_s"] = med(&Sample::compute_blocking_s);
+    std::vector<double> slow, slow_blocking;
+    for (const Sample& s : samples) {
+      slow.push_back(s.compute_during_s / s.compute_alone_s);
+      slow_blocking.push_back(s.compute_blocking_s / s.compute_alone_s);
+    }
     r["compute_slowdown"] = Median(slow);
+    r["compute_slowdown_blocking"] = Median(slow_blocking);
     const double mc = r["memcpy_s"].get<double>();
     r["first_vs_memcpy"] = r["first_s"].get<double>() / mc;
     r["first_hint_vs_memcpy"] = r["first_hint_s"].get<double>() / mc;
@@ -227,6 +234,20 @@ class Bench {
     SaveOptions so;
     if (lazy) so.copy = CopyMode::kLazy;
     return TimedSaveOf(mgr, step, model_.Arrays(), so);
+  }
+
+  // A steady blocking save, then the compute loop while the save writes in
+  // the background: what a loop sees of a save without the lazy copy.
+  void BlockingSave(CheckpointManager& mgr, int64_t step, int64_t iters, Sample* s) {
+    std::vector<ArrayToSave> a = model_.Arrays();
+    MPI_Barrier(MPI_COMM_WORLD);
+    auto t0 = Clock::now();
+    Check(mgr.Save(step, a), "save");
+    const double stall = Since(t0);
+    const double during = Compute(iters);
+    Check(mgr.WaitUntilFinished(), "commit");
+    s->blocking_s = MaxOverRanks(stall);
+    s->compute_blocking_s = MaxOverRanks(during);
   }
 
   void LazySave(CheckpointManager& mgr, int64_t step, int64_t iters, Sample* s) {

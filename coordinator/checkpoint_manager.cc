@@ -237,6 +237,7 @@ ManagerImpl::ManagerImpl(Comm comm, std::string root, const Options& options, bo
     // Pinned once per buffer; buffers are reused, so pinning is not per save.
     pool_.SetHooks(PinHostMemory, UnpinHostMemory);
   }
+  pool_.SetCarryOver(options.carry_staging_over);
   if (async_) thread_ = std::make_unique<IoThread>();
 }
 

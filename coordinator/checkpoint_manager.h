@@ -165,6 +165,13 @@ struct Options {
   /// later. 0 (the default): staging is mapped and touched by the first save.
   /// Ignored if larger than staging_budget_bytes (when that is set).
   uint64_t staging_reserve_bytes = 0;
+  /// When the manager is destroyed, keep its largest staging buffer mapped
+  /// for the next manager of the process opened with this set too (at most
+  /// one buffer is kept, until such a manager takes it). For code that opens
+  /// a manager per save — a directory per checkpoint, as PyTorch DCP's
+  /// `checkpoint_id` (the Python package's mhckpt.torch sets it) — so that
+  /// every save copies into touched memory, not only the first.
+  bool carry_staging_over = false;
 
   // ---- The local tier (docs/ARCHITECTURE.md, "Two tiers") ----
 

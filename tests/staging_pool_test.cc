@@ -44,6 +44,31 @@ TEST(StagingPool, ReserveBeyondTheBudgetIsANoOp) {
   EXPECT_EQ(pool.allocated_bytes(), 0u);
 }
 
+TEST(StagingPool, CarryOverHandsTheBufferToTheNextPool) {
+  std::byte* first = nullptr;
+  {
+    StagingPool a;
+    a.SetCarryOver(true);
+    auto b = a.Acquire(5 << 20);
+    ASSERT_TRUE(b.ok());
+    first = b->data();
+    std::memset(first, 7, 5 << 20);
+  }
+  {
+    StagingPool plain;  // without carry-over: maps its own
+    auto b = plain.Acquire(4 << 20);
+    ASSERT_TRUE(b.ok());
+    EXPECT_NE(b->data(), first);
+  }
+  StagingPool c;
+  c.SetCarryOver(true);
+  auto b = c.Acquire(4 << 20);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->data(), first);  // touched memory, from the pool before
+  EXPECT_EQ(c.allocated_bytes(), size_t{6} << 20);
+  EXPECT_EQ(b->data()[0], std::byte{7});
+}
+
 // No clock: the releaser gives the buffer back only once the second Acquire
 // is known to wait, and that Acquire must not return before it does.
 TEST(StagingPool, WaitsForBudgetInsteadOfAllocating) {

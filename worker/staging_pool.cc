@@ -38,6 +38,17 @@ void Touch(std::byte* p, size_t bytes) {
   }
 }
 
+// The buffer a pool with SetCarryOver left for the next one (at most one).
+struct Carried {
+  std::mutex mu;
+  std::byte* data = nullptr;
+  size_t size = 0;
+};
+Carried& CarriedBuffer() {
+  static Carried c;
+  return c;
+}
+
 }  // namespace
 
 StagingBuffer::StagingBuffer(StagingBuffer&& o) noexcept { *this = std::move(o); }
@@ -66,6 +77,28 @@ StagingPool::StagingPool(size_t budget_bytes) : budget_(budget_bytes) {}
 StagingPool::~StagingPool() {
   if (toucher_.joinable()) toucher_.join();
   std::lock_guard<std::mutex> lock(mu_);
+  if (carry_over_ && !blocks_.empty()) {
+    // The largest buffer goes to the next pool (unpinned: that pool pins it
+    // at first use, on its own device); the one carried before, if smaller,
+    // is freed.
+    size_t largest = 0;
+    for (size_t i = 1; i < blocks_.size(); ++i) {
+      if (blocks_[i].size > blocks_[largest].size) largest = i;
+    }
+    Block b = blocks_[largest];
+    blocks_.erase(blocks_.begin() + static_cast<std::ptrdiff_t>(largest));
+    if (on_free_ && b.hooked) on_free_(b.data);
+    Carried& c = CarriedBuffer();
+    std::lock_guard<std::mutex> carried(c.mu);
+    if (c.size < b.size) {
+      if (c.data != nullptr) munmap(c.data, c.size);
+      c.data = b.data;
+      c.size = b.size;
+    } else {
+      munmap(b.data, b.size);
+    }
+    allocated_ -= b.size;
+  }
   while (!blocks_.empty()) FreeBlock(blocks_.size() - 1);
 }
 
@@ -173,6 +206,22 @@ Result<StagingBuffer> StagingPool::Acquire(size_t bytes, double* waited_seconds)
     }
     // 3. A new block, within the budget (or alone, if larger than the budget).
     if (allocated_ + want <= budget || !any_in_use) {
+      if (carry_over_) {
+        // The buffer an earlier pool left, if it fits and the budget allows.
+        Carried& c = CarriedBuffer();
+        std::lock_guard<std::mutex> carried(c.mu);
+        if (c.data != nullptr && c.size >= want && (allocated_ + c.size <= budget || !any_in_use)) {
+          blocks_.push_back(Block{c.data, c.size, true, false, true});
+          if (on_new_) on_new_(c.data, c.size);
+          allocated_ += c.size;
+          out.pool_ = this;
+          out.data_ = c.data;
+          out.size_ = bytes;
+          c.data = nullptr;
+          c.size = 0;
+          break;
+        }
+      }
       std::byte* p = Map(want);
       if (p == nullptr) {
         return IoError(

@@ -70,6 +70,14 @@ class StagingPool {
   /// if the operating system refuses the memory.
   Status Reserve(size_t bytes);
 
+  /// Hands the pool's buffers, when it is destroyed, to the next pool of the
+  /// process made with this set too (the process keeps at most one: the
+  /// largest, until that pool takes it); and lets this pool take the one a
+  /// pool destroyed before it left. For code that opens a manager per save
+  /// (one directory per checkpoint, as PyTorch DCP does): each save then
+  /// copies into touched memory. Set before the first Acquire.
+  void SetCarryOver(bool carry) { carry_over_ = carry; }
+
   /// Called on every new buffer (e.g. to pin it for DMA) and before it is
   /// unmapped. Set before the first Acquire.
   void SetHooks(std::function<void(void*, size_t)> on_new, std::function<void(void*)> on_free);
@@ -100,6 +108,7 @@ class StagingPool {
   std::function<void(void*, size_t)> on_new_;
   std::function<void(void*)> on_free_;
   std::thread toucher_;  // Reserve's
+  bool carry_over_ = false;
 };
 
 }  // namespace mhckpt::internal

@@ -126,6 +126,10 @@ class CheckpointManager:
         and touched on a background thread while training starts, so that
         the first ``save`` costs a memcpy (see :meth:`reserve`). None: the
         first save maps its own.
+      carry_staging_over: on close, keep the staging memory mapped for the
+        next manager of this process opened with this set (at most one
+        buffer is kept): for code that opens a manager per save, such as
+        ``mhckpt.torch`` (a directory per ``checkpoint_id``).
 
     Use it as a context manager: leaving the block waits for pending saves
     and closes the manager (collective).
@@ -160,6 +164,7 @@ class CheckpointManager:
         persistent_deadline_seconds: float = 0.0,
         node_id: Optional[int] = None,
         reserve: Any = None,
+        carry_staging_over: bool = False,
     ):
         handle = _comm_handle(comm)
         _ensure_mpi()
@@ -187,6 +192,7 @@ class CheckpointManager:
         o.local_parity_group = local_parity_group
         o.persistent_deadline_seconds = persistent_deadline_seconds
         o.node_id = -1 if node_id is None else node_id
+        o.carry_staging_over = carry_staging_over
         self._rank, self._size = _core.rank_and_size(handle)
         self._root = str(root)
         self._impl = _core.Manager(handle, self._root, o)

@@ -127,7 +127,10 @@ def _start_save(state_dict: Dict[str, Any], checkpoint_id: Any, process_group: A
     root = _root(checkpoint_id)
     sd, _ = _resolve(state_dict)
     # max_to_keep=1: the step before goes once the new one is committed.
-    mgr = CheckpointManager(root, _comm(process_group, no_dist), max_to_keep=1, async_save=async_save)
+    # A manager per checkpoint_id: the staging memory goes on from one to the
+    # next, so that each save copies into touched memory.
+    mgr = CheckpointManager(root, _comm(process_group, no_dist), max_to_keep=1, async_save=async_save,
+                            carry_staging_over=True)
     try:
         mgr.save(_next_step(mgr), sd)
     except BaseException:

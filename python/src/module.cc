@@ -589,6 +589,7 @@ NB_MODULE(_core, m) {
       .def_rw("persistent_deadline_seconds", &Options::persistent_deadline_seconds)
       .def_rw("node_id", &Options::node_id)
       .def_rw("staging_reserve_bytes", &Options::staging_reserve_bytes)
+      .def_rw("carry_staging_over", &Options::carry_staging_over)
       .def_prop_rw("data_path", &DataPathName, &SetDataPath)
       .def_prop_rw(
           "collective_transfer",
