@@ -471,6 +471,17 @@ def to_mhckpt(src: Source, dst: str, step: int, comm) -> int:
     bytes this rank read."""
     owner = deal(src.arrays, comm.size)
     mine = [n for n, r in owner.items() if r == comm.rank]
+    # The manager first, with the bytes this rank will save: its staging
+    # memory is touched in the background while the source is read, so the
+    # save copies into touched memory.
+    mine_bytes = sum(int(np.prod(src.arrays[n][0], dtype=np.int64)) *
+                     _leaves.numpy_dtype(src.arrays[n][1]).itemsize for n in mine)
+    with CheckpointManager(dst, comm, reserve=mine_bytes) as mgr:
+        return _read_and_save(src, mgr, owner, mine, step, comm)
+
+
+def _read_and_save(src: Source, mgr: CheckpointManager, owner: Dict[str, int], mine: List[str],
+                   step: int, comm) -> int:
     err: Optional[BaseException] = None
     data: Dict[str, np.ndarray] = {}
     try:
@@ -497,8 +508,7 @@ def to_mhckpt(src: Source, dst: str, step: int, comm) -> int:
                 f"array '{n}': read {a.dtype}{a.shape}, the metadata says {dtype}{shape}")
         state[n] = Shard(a, (0,) * len(shape), shape)
     state.update(src.values)
-    with CheckpointManager(dst, comm) as mgr:
-        mgr.save(step, state, metadata=src.metadata)
+    mgr.save(step, state, metadata=src.metadata)
     return sum(a.nbytes for a in data.values())
 
 
