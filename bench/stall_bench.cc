@@ -49,10 +49,10 @@ namespace {
 using json = nlohmann::json;
 
 struct Flags {
-  double mib = 1024;       // all ranks together
+  double mib = 1024;  // all ranks together
   int reps = 5;
-  double startup_s = 0;    // 0: 3 s per GiB of local bytes (this machine touches ~0.4 GiB/s)
-  int lazy_threads = 0;    // Options::snapshot_threads for the lazy saves (0: the default)
+  double startup_s = 0;  // 0: 3 s per GiB of local bytes (this machine touches ~0.4 GiB/s)
+  int lazy_threads = 0;  // Options::snapshot_threads for the lazy saves (0: the default)
   std::string dir = "mhckpt-stall-bench";
   std::string json;
 };
@@ -76,7 +76,9 @@ class Model {
   [[nodiscard]] std::vector<ArrayToSave> Arrays() const {
     std::vector<ArrayToSave> out;
     for (int i = 0; i < kArrays; ++i) {
-      out.push_back({fmt::format("w{}", i), DType::kFloat32, shape_,
+      out.push_back({fmt::format("w{}", i),
+                     DType::kFloat32,
+                     shape_,
                      {Shard{Box{{rows_ * Rank(), 0}, {rows_, kCols}}, data_[i].data()}}});
     }
     return out;
@@ -256,9 +258,9 @@ class Bench {
     SaveOptions so;
     so.copy = CopyMode::kLazy;
     so.on_copied = [&copied_ns](const Status&) {
-      copied_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                      Clock::now().time_since_epoch())
-                      .count();
+      copied_ns =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+              .count();
     };
     SaveFence fence;
     MPI_Barrier(MPI_COMM_WORLD);
@@ -268,8 +270,9 @@ class Bench {
     const double during = Compute(iters);
     Check(fence.Wait(), "fence");
     const double fence_s =
-        double(copied_ns.load() -
-               std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count()) *
+        double(
+            copied_ns.load() -
+            std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count()) *
         1e-9;
     Check(mgr.WaitUntilFinished(), "commit");
     s->lazy_s = MaxOverRanks(stall);

@@ -35,11 +35,11 @@ using internal::CheckRootPath;
 using internal::CheckStep;
 using internal::CheckUserMetadata;
 using internal::Comm;
-using internal::SaveJob;
 using internal::FillSnapshot;
 using internal::PrepareSnapshot;
-using internal::SnapshotOptions;
+using internal::SaveJob;
 using internal::SnapshotCopy;
+using internal::SnapshotOptions;
 using internal::WriteWatch;
 
 namespace {
@@ -525,7 +525,8 @@ Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(MPI_Comm comm
   if (options.staging_reserve_bytes > 0) {
     // Only a head start: without it the first save maps its own staging.
     if (Status r = mgr->Reserve(options.staging_reserve_bytes); !r.ok()) {
-      Logger()->warn("mhckpt: rank {}: staging_reserve_bytes: {}", mgr->impl_->rank(), r.ToString());
+      Logger()->warn("mhckpt: rank {}: staging_reserve_bytes: {}", mgr->impl_->rank(),
+                     r.ToString());
     }
   }
   return mgr;
@@ -535,8 +536,8 @@ namespace {
 
 // SaveOptions::protect_host: the host boxes a lazy save will copy.
 std::vector<internal::WriteWatch::Range> WatchRanges(
-    const std::vector<internal::SnapshotCopy>& copies, const internal::Snapshot& snapshot,
-    int rank, int64_t step) {
+    const std::vector<internal::SnapshotCopy>& copies, const internal::Snapshot& snapshot, int rank,
+    int64_t step) {
   std::vector<internal::WriteWatch::Range> ranges;
   for (const internal::SnapshotCopy& c : copies) {
     if (c.memory != Memory::kHost || c.size == 0) continue;
@@ -576,8 +577,7 @@ Status SaveFence::Wait() const { return state_ ? state_->Wait() : OkStatus(); }
 bool SaveFence::Done() const { return !state_ || state_->Done(); }
 
 Status CheckpointManager::Reserve(uint64_t bytes) {
-  if (impl_->options().staging_budget_bytes != 0 &&
-      bytes > impl_->options().staging_budget_bytes) {
+  if (impl_->options().staging_budget_bytes != 0 && bytes > impl_->options().staging_budget_bytes) {
     return OkStatus();
   }
   return impl_->pool().Reserve(bytes);
@@ -604,14 +604,13 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
   // Lazy: the copies run on a thread of their own. Device boxes are copied
   // here (a copy issued later would be ordered after work the caller queued
   // on its stream since).
-  const bool lazy =
-      save_options.copy == CopyMode::kLazy && impl_->async() &&
-      std::none_of(copies.begin(), copies.end(),
-                   [](const SnapshotCopy& c) { return c.memory == Memory::kCuda && c.size > 0; });
+  const bool lazy = save_options.copy == CopyMode::kLazy && impl_->async() &&
+                    std::none_of(copies.begin(), copies.end(), [](const SnapshotCopy& c) {
+                      return c.memory == Memory::kCuda && c.size > 0;
+                    });
   if (!lazy) {
-    Status copied = Guarded(where, [&] {
-      return FillSnapshot(copies, so, job->local, impl_->pool(), &job->snapshot);
-    });
+    Status copied = Guarded(
+        where, [&] { return FillSnapshot(copies, so, job->local, impl_->pool(), &job->snapshot); });
     job->local = copied;
   }
   if (job->local.ok()) job->local = CheckStep(step, rank);
@@ -638,8 +637,8 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
     job->timings.snapshot =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() -
         job->timings.budget_wait;
+    if (save_options.on_copied) (void)Guarded(where, [&] { save_options.on_copied(local); });
     state->Complete(local);
-    if (save_options.on_copied) save_options.on_copied(local);
     impl_->SubmitSave(std::move(job), where);
     return local;
   }

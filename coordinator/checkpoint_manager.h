@@ -39,8 +39,8 @@ class logger;
 
 namespace mhckpt {
 namespace internal {
-class ManagerImpl;   // coordinator/manager_impl.h
-struct FenceState;   // coordinator/manager_impl.h
+class ManagerImpl;  // coordinator/manager_impl.h
+struct FenceState;  // coordinator/manager_impl.h
 }  // namespace internal
 
 /// Free-form key/value pairs stored in the commit marker (docs/FORMAT.md).

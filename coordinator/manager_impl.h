@@ -11,9 +11,9 @@
 #include <memory>
 #include <mutex>
 #include <set>
-#include <thread>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 

@@ -89,8 +89,8 @@ TEST(WriteWatch, ReleaseMakesTheBufferWritableAndEndsAreNeverWatched) {
   // whole pages between are watched, the partial ones not.
   ASSERT_TRUE(watch.Protect({{buf.data + kPage / 2, 3 * kPage, "x\n"}}).ok());
   EXPECT_EQ(watch.watched_bytes(), 2 * kPage);
-  buf.data[0] = 1;                   // partial first page: writable
-  buf.data[3 * kPage + 100] = 1;     // partial last page: writable
+  buf.data[0] = 1;                    // partial first page: writable
+  buf.data[3 * kPage + 100] = 1;      // partial last page: writable
   EXPECT_EQ(buf.data[kPage + 1], 0);  // watched pages stay readable
   watch.Release();
   EXPECT_EQ(watch.watched_bytes(), 0u);

@@ -145,9 +145,9 @@ TEST(TwoTiers, SaveOptionsChooseTheTier) {
   EXPECT_TRUE((*steps)[1].local && (*steps)[1].persistent);
   // Ranks that disagree on the tier: an agreed error, nothing committed.
   Step s2(2, Rank(), Size());
-  ASSERT_TRUE(
-      m->Save(2, s2.arrays, {}, SaveOptions{.tier = Rank() == 0 ? SaveTier::kLocal : SaveTier::kPersistent})
-          .ok());
+  ASSERT_TRUE(m->Save(2, s2.arrays, {},
+                      SaveOptions{.tier = Rank() == 0 ? SaveTier::kLocal : SaveTier::kPersistent})
+                  .ok());
   Status s = m->WaitUntilFinished();
   if (Size() > 1) {
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();

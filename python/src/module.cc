@@ -341,8 +341,8 @@ class PyManager {
             return InvalidArgument("rank " + std::to_string(rank) + ": " +
                                    nb::cast<std::string>(why));
           } catch (const std::exception& e) {
-            return Internal("rank " + std::to_string(rank) + ": the lazy save's check raised: " +
-                            e.what());
+            return Internal("rank " + std::to_string(rank) +
+                            ": the lazy save's check raised: " + e.what());
           }
         };
       }
