@@ -135,3 +135,47 @@ def test_reserve_counts_the_local_shards_of_eval_shape(comm, jax_dist):
     assert _leaves.local_bytes(r) == 3 * 5 * 2
     assert _leaves.local_bytes(np.zeros((2, 3), np.int64)) == 48
     assert _leaves.local_bytes(7) == 0
+
+
+def test_jax_marks_a_donated_array_deleted_before_xla_writes_it(comm, jax_dist):
+    """What the donation check of a lazy save rests on: a thread polling a
+    donated array's is_deleted() and the last element of its buffer during
+    the donating step never sees the buffer written while the array still
+    reads as alive (the check runs after the copy: an array alive then was
+    untouched during the whole copy)."""
+    import ctypes
+    import threading
+
+    jd = jax_dist
+    jax = jd.jax
+    n = comm.size
+    rows = np.ones((4096 * n, 1024), np.float32)  # 16 MiB per rank
+    step_fn = jax.jit(lambda a: jax.numpy.sin(a) * 2 + 3, donate_argnums=0)
+    jax.block_until_ready(step_fn(jd.array(rows, jd.sharding(("x", None)))))  # compiled
+    x = jd.array(rows, jd.sharding(("x", None)))
+    jax.block_until_ready(x)
+    shard = x.addressable_shards[0].data
+    ptr = shard.unsafe_buffer_pointer()
+    last = ctypes.c_float.from_address(ptr + 4 * (shard.size - 1))
+    del shard
+    seen, stop = [], threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            deleted = x.is_deleted()
+            seen.append((deleted, last.value))
+
+    t = threading.Thread(target=poll)
+    t.start()
+    time.sleep(0.01)
+    y = step_fn(x)
+    jax.block_until_ready(y)
+    time.sleep(0.01)
+    stop.set()
+    t.join()
+    # The donation took place: XLA wrote its output into the same buffer.
+    all_ok(comm, y.addressable_shards[0].data.unsafe_buffer_pointer() == ptr and last.value != 1.0,
+           "the output reused the donated buffer")
+    written_while_alive = [v for d, v in seen if not d and v != 1.0]
+    all_ok(comm, x.is_deleted() and not written_while_alive,
+           f"{len(written_while_alive)} of {len(seen)} samples saw the buffer written while alive")
