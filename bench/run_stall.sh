@@ -18,7 +18,8 @@
 #   SIZES=256 NPS="1 2" REPS=3 bench/run_stall.sh
 #
 # Environment: BUILD_DIR [build], CKPT_DIR [/var/tmp] (checkpoints, removed after),
-# LAZY_THREADS [0] (Options::snapshot_threads), OUT (also write the JSON records here).
+# LAZY_THREADS [0] (Options::snapshot_threads), OUT (also write the records here, a JSON
+# object per line).
 set -euo pipefail
 SIZES=${SIZES:-1024 4096}
 NPS=${NPS:-1 2 4}
@@ -39,19 +40,13 @@ for mib in $SIZES; do
   for np in $NPS; do
     "${MPI[@]}" -np "$np" "$BIN" --mib "$mib" --reps "$REPS" --lazy-threads "$LAZY_THREADS" \
       --dir "$CKPT_DIR/mhckpt-stall-bench" --json "$json.one" >/dev/null 2>&1
-    cat "$json.one" >>"$json"
+    python3 -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))))' "$json.one" >>"$json"
   done
 done
 [ -n "${OUT:-}" ] && cp "$json" "$OUT"
 python3 - "$json" <<'PY'
 import json, sys
-text = open(sys.argv[1]).read()
-dec, at, runs = json.JSONDecoder(), 0, []
-while at < len(text.strip()):
-    r, at = dec.raw_decode(text, at)
-    runs.append(r)
-    while at < len(text) and text[at].isspace():
-        at += 1
+runs = [json.loads(line) for line in open(sys.argv[1])]
 print("| MiB | np | memcpy | first | first, hint | blocking | lazy stall | fence | loop slowdown, lazy | after blocking | extra RSS |")
 print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for r in runs:
