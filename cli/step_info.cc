@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include "io/layout.h"
+#include "io/step_index.h"
+
 namespace mhckpt::cli {
 
 Result<std::unique_ptr<io::RootStore>> OpenRoot(const std::string& root) {
@@ -45,6 +48,10 @@ Result<io::Marker> ReadCommittedStep(io::RootStore& store, std::optional<int64_t
   if (m.ok() && m->step != *step) {
     return DataLoss(
         fmt::format("commit marker of step {} in '{}' says step {}", *step, root, m->step));
+  }
+  // Format 3: the checksums, from the whole index, checked.
+  if (m.ok() && m->format_version >= 3) {
+    MHCKPT_RETURN_IF_ERROR(io::LoadIndex(io::IndexPath(root, *step), &*m));
   }
   return m;
 }

@@ -109,8 +109,37 @@ Status ReadBatch::AddStoredBox(size_t handle, const io::MarkerArray& a, const io
   return OkStatus();
 }
 
+Status IndexSource::Load(
+    std::span<const std::pair<const io::MarkerArray*, const io::MarkerBox*>> boxes) {
+  std::vector<io::BoxRef> refs;
+  for (const auto& [a, b] : boxes) {
+    if (!b->chunks.empty()) continue;
+    const auto ai = static_cast<uint32_t>(a - m_->arrays.data());
+    refs.emplace_back(ai, static_cast<uint32_t>(b - a->boxes.data()));
+  }
+  if (refs.empty()) return OkStatus();
+  if (!layout_) {
+    MHCKPT_ASSIGN_OR_RETURN(io::IndexLayout layout, io::IndexLayout::Of(*m_, path_));
+    layout_ = std::move(layout);
+  }
+  for (const io::BoxRef& r : refs) records_ += layout_->record_bytes(r.first, r.second);
+  return io::LoadIndexRecords(path_, *layout_, refs, m_);
+}
+
 Status ReadBatch::Flush() {
   if (items_.empty()) return OkStatus();
+  if (index_ != nullptr) {
+    std::vector<std::pair<const io::MarkerArray*, const io::MarkerBox*>> stored;
+    for (const Item& it : items_) {
+      if (it.stored != nullptr) stored.emplace_back(it.a, it.stored);
+    }
+    Status loaded = index_->Load(stored);
+    if (!loaded.ok()) {
+      items_.clear();
+      bounce_bytes_ = 0;
+      return loaded;
+    }
+  }
   if (bounce_.size() < bounce_bytes_) bounce_.resize(bounce_bytes_);
   std::vector<io::ReadRequest> requests;
   requests.reserve(items_.size());

@@ -11,11 +11,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "base/status.h"
 #include "base/types.h"
 #include "io/marker.h"
+#include "io/step_index.h"
 #include "io/storage.h"
 
 namespace mhckpt::internal {
@@ -26,6 +29,25 @@ struct CheckedReadStats {
   uint64_t checked = 0;  ///< of them, hashed and compared with the marker
 };
 
+/// Format 3: the checksums of stored boxes, read from the step's index when
+/// a batch first needs them (only those boxes' records) into the marker.
+class IndexSource {
+ public:
+  /// `m` must outlive this, and the batches using it.
+  IndexSource(std::string path, io::Marker* m) : path_(std::move(path)), m_(m) {}
+  /// Loads the records of those of `boxes` (pointers into the marker's
+  /// arrays) not yet loaded.
+  Status Load(std::span<const std::pair<const io::MarkerArray*, const io::MarkerBox*>> boxes);
+  /// Bytes of the records loaded so far.
+  [[nodiscard]] uint64_t records() const { return records_; }
+
+ private:
+  std::string path_;
+  io::Marker* m_;
+  std::optional<io::IndexLayout> layout_;
+  uint64_t records_ = 0;
+};
+
 /// Reads queued, and the checks and copies that follow them.
 class ReadBatch {
  public:
@@ -34,10 +56,11 @@ class ReadBatch {
   static constexpr uint64_t kBounceBytes = uint64_t{64} << 20;
 
   /// `format_version`: the marker's; `verify`: check checksums
-  /// (RestoreOptions::verify_checksums).
+  /// (RestoreOptions::verify_checksums); `index`: for a version-3 step with
+  /// `verify`, where the checksums come from.
   ReadBatch(io::StepReader& reader, int format_version, bool verify,
-            CheckedReadStats* stats = nullptr)
-      : reader_(reader), version_(format_version), verify_(verify), stats_(stats) {}
+            CheckedReadStats* stats = nullptr, IndexSource* index = nullptr)
+      : reader_(reader), version_(format_version), verify_(verify), stats_(stats), index_(index) {}
 
   /// Queues the read of `want` of array `a` (opened as `handle`) into the
   /// row-major buffer `out`, which must stay valid until Flush. In a
@@ -76,6 +99,7 @@ class ReadBatch {
   int version_;
   bool verify_;
   CheckedReadStats* stats_;
+  IndexSource* index_;
   std::vector<Item> items_;
   size_t bounce_bytes_ = 0;
   std::vector<std::byte> bounce_;  // kept between flushes

@@ -148,15 +148,21 @@ struct Options {
   /// per rank keeps the plan small and the writers even (docs/SCALE.md).
   uint64_t replica_parallel_min_bytes = 0;
   /// Each stored box is cut into chunks of whole rows (dimension 0) of about
-  /// this many bytes (at least one row), and each chunk's checksum goes into
-  /// the commit marker, so that a restore reading part of a box checks every
-  /// byte it returns (RestoreOptions::verify_checksums) by reading the whole
-  /// chunks around it. Larger chunks: a smaller marker, more bytes read
-  /// beyond those asked for when the sharding differs from the save's.
-  /// Rank 0's value is used. 0 = the default, 1 MiB (docs/PERFORMANCE.md).
-  /// The marker holds ~25 bytes per chunk, parsed by every rank at restore:
-  /// for checkpoints of many TB, 16-64 MiB keeps it small (docs/SCALE.md).
+  /// this many bytes (at least one row), and each chunk's checksum is
+  /// recorded (format 3: in the step's index file; format 2: in the commit
+  /// marker), so that a restore reading part of a box checks every byte it
+  /// returns (RestoreOptions::verify_checksums) by reading the whole chunks
+  /// around it. Larger chunks: fewer checksums, more bytes read beyond those
+  /// asked for when the sharding differs from the save's. Rank 0's value is
+  /// used. 0 = the default, 1 MiB (docs/PERFORMANCE.md).
   uint64_t checksum_chunk_bytes = 0;
+  /// The checkpoint format this job writes (docs/FORMAT.md): 3 (the default)
+  /// keeps every checksum in an index file that each writer fills in for its
+  /// own boxes and each reader reads only in part, and a marker that grows
+  /// with the arrays, not the chunks; 2 puts every chunk's checksum in the
+  /// marker, for readers built before format 3. Every version restores.
+  /// Rank 0's value is used.
+  int format_version = 3;
   /// The bytes this rank will stage per save, if known (e.g. its share of
   /// the model and optimizer state): Open then maps that much staging memory
   /// and touches it on a thread of its own while training starts, so that
@@ -375,6 +381,8 @@ struct VerifyReport {
 struct StoredBox {
   Box box;
   int writer = 0;
+  /// XXH3-64 of the box's bytes; 0 in a format-3 step, which keeps its
+  /// checksums in the step's index file (`mhckpt inspect --json` reads them).
   uint64_t checksum = 0;
 };
 

@@ -39,6 +39,9 @@ Status CheckOptions(const Options& o, int rank) {
   if (o.transfer != Transfer::kIndependent && o.transfer != Transfer::kCollective) {
     return bad(fmt::format("transfer {} is not a Transfer", static_cast<int>(o.transfer)));
   }
+  if (o.format_version != 2 && o.format_version != 3) {
+    return bad(fmt::format("format_version {} is neither 2 nor 3", o.format_version));
+  }
   if (o.max_to_keep < 0) return bad(fmt::format("max_to_keep {} is negative", o.max_to_keep));
   if (o.keep_period < 0) return bad(fmt::format("keep_period {} is negative", o.keep_period));
   if (!std::isfinite(o.collective_timeout_seconds) || o.collective_timeout_seconds < 0 ||

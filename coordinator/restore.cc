@@ -34,11 +34,14 @@
 //      Every byte returned is checked (RestoreOptions::verify_checksums):
 //      in a version-2 step each read takes the whole checksummed chunks of
 //      the stored boxes it overlaps, checks them once they arrive, and copies
-//      out the part asked for (coordinator/checked_read.h). In a version-1
+//      out the part asked for (coordinator/checked_read.h); in a version-3
+//      step the checksums of those stored boxes are read first, from their
+//      records in the step's index and nothing else of it (IndexSource). In a version-1
 //      step only a read that covers a whole stored box (the box itself, or
 //      a slice of whole rows of it) can be checked; parts of boxes are not.
 //   4. Close; one agreement.
 #include <map>
+#include <optional>
 #include <memory>
 #include <set>
 #include <span>
@@ -54,6 +57,7 @@
 #include "coordinator/manager_impl.h"
 #include "coordinator/plan.h"
 #include "coordinator/read_once.h"
+#include "io/layout.h"
 #include "io/marker.h"
 #include "worker/copy.h"
 
@@ -302,7 +306,12 @@ class RestoreRun {
   // 3, the reads: every wanted array in one batch, the broadcasts, then the
   // shared boxes sent.
   void Read() {
-    ReadBatch batch(*reader_, m_.format_version, options_.verify_checksums);
+    std::optional<IndexSource> index;
+    if (m_.format_version >= 3 && options_.verify_checksums) {
+      index.emplace(io::IndexPath(store_.root(), step_), &m_);
+    }
+    ReadBatch batch(*reader_, m_.format_version, options_.verify_checksums, nullptr,
+                    index ? &*index : nullptr);
     PacketBroadcast packets(batch, comm_, bounce_);
     handles_.assign(m_.arrays.size(), 0);
     for (size_t i = 0; i < m_.arrays.size(); ++i) {

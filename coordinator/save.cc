@@ -53,8 +53,13 @@
 //
 // A crash anywhere before step 6 leaves a directory without a marker, which
 // is never listed and is removed by the next Open.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <span>
@@ -72,8 +77,10 @@
 #include "coordinator/plan.h"
 #include "coordinator/rank_report.h"
 #include "coordinator/retention.h"
+#include "io/layout.h"
 #include "io/mapped_file.h"
 #include "io/root_store.h"
+#include "io/step_index.h"
 
 namespace mhckpt::internal {
 namespace {
@@ -115,6 +122,9 @@ Result<io::Marker> PlanOnRoot(const std::vector<std::string>& encoded, const Lay
   MHCKPT_ASSIGN_OR_RETURN(io::Marker plan,
                           PlanLayouts(encoded, groups, options.replica_parallel_min_bytes,
                                       options.checksum_chunk_bytes));
+  if (plan.format_version != options.format_version) {
+    io::PlanChunks(&plan, plan.chunk_bytes, options.format_version);
+  }
   MHCKPT_RETURN_IF_ERROR(PrepareStep(store, local, step, persistent, shared));
   return plan;
 }
@@ -176,6 +186,82 @@ Status FillChecksums(const std::vector<std::string>& reports, io::Marker* plan) 
     }
   }
   return OkStatus();
+}
+
+// Rank 0, format 3: every box's check word from the writers' reports
+// (rank_report.h: BoxSum::sum), each box reported exactly once, into the
+// marker's index entry.
+Status FillIndex(const std::vector<std::string>& reports, const io::IndexLayout& layout,
+                 io::Marker* plan) {
+  std::vector<std::vector<BoxSum>> all;
+  MHCKPT_RETURN_IF_ERROR(CollectReports(reports, &all));
+  MHCKPT_RETURN_IF_ERROR(CheckSumsInPlan(*plan, all));
+  std::vector<size_t> first(plan->arrays.size() + 1, 0);
+  for (size_t i = 0; i < plan->arrays.size(); ++i) {
+    first[i + 1] = first[i] + plan->arrays[i].boxes.size();
+  }
+  std::vector<uint64_t> checks(first.back(), 0);
+  std::vector<uint8_t> seen(first.back(), 0);
+  for (const std::vector<BoxSum>& sums : all) {
+    for (const BoxSum& b : sums) {
+      checks[first[b.array] + b.box] = b.sum;
+      seen[first[b.array] + b.box] = 1;
+    }
+  }
+  for (size_t i = 0; i < plan->arrays.size(); ++i) {
+    for (size_t k = 0; k < plan->arrays[i].boxes.size(); ++k) {
+      if (seen[first[i] + k] == 0) {
+        const io::MarkerArray& a = plan->arrays[i];
+        return Internal(fmt::format("array '{}' box {}: rank {} reported no index record", a.name,
+                                    BoxToString(a.boxes[k].box), a.boxes[k].writer));
+      }
+    }
+  }
+  plan->index = {layout.total(), io::IndexChecksum(checks)};
+  return OkStatus();
+}
+
+// Format 3, each rank: the index records of the boxes it wrote (`sums`, in
+// plan order), put at their places in the step's index file with pwrite
+// (records next to each other in one call) and fsynced; rank 0 also writes
+// the header. `sums` then hold each record's check word, for rank 0.
+Status WriteIndexRecords(const std::string& path, const io::Marker& plan, int rank,
+                         std::vector<BoxSum>* sums) {
+  if (sums->empty() && rank != 0) return OkStatus();
+  MHCKPT_ASSIGN_OR_RETURN(io::IndexLayout layout, io::IndexLayout::Of(plan, "the plan"));
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return IoError(fmt::format("open '{}': {}", path, std::strerror(errno)));
+  Status s;
+  auto put = [&](uint64_t at, const std::string& bytes) {
+    size_t done = 0;
+    while (s.ok() && done < bytes.size()) {
+      ssize_t n = ::pwrite(fd, bytes.data() + done, bytes.size() - done,
+                           static_cast<off_t>(at + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) s = IoError(fmt::format("write '{}': {}", path, std::strerror(errno)));
+      if (n > 0) done += static_cast<size_t>(n);
+    }
+  };
+  if (rank == 0) put(0, io::IndexHeader(plan.step));
+  std::string run;
+  uint64_t run_at = 0;
+  for (BoxSum& b : *sums) {
+    const uint64_t at = layout.offset(b.array, b.box);
+    if (!run.empty() && run_at + run.size() != at) {
+      put(run_at, run);
+      run.clear();
+    }
+    if (run.empty()) run_at = at;
+    b.sum = io::AppendIndexRecord(b.array, b.box, b.sum, b.chunks, &run);
+    b.chunks = {};
+  }
+  if (!run.empty()) put(run_at, run);
+  if (s.ok()) s = fault::Hit("index_write");
+  if (s.ok() && ::fsync(fd) != 0) {
+    s = IoError(fmt::format("fsync '{}': {}", path, std::strerror(errno)));
+  }
+  ::close(fd);
+  return s;
 }
 
 std::map<std::string_view, const StagedArray*> StagedByName(const Snapshot& snapshot) {
@@ -546,6 +632,9 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
     if (rank_ == 0) {
       s = Guarded("rank 0: local commit", [&] {
         marker = plan_;
+        // A node's marker lists every chunk (format 2): its steps are read
+        // back by the node's ranks and their partners, not at scale.
+        if (marker.format_version >= 3) io::PlanChunks(&marker, marker.chunk_bytes, 2);
         MHCKPT_RETURN_IF_ERROR(FillChecksums(reports, &marker));
         marker.created_unix_ms = NowUnixMs();
         text = io::MarkerToJson(marker);
@@ -678,6 +767,10 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
     Enter("flush");
     Status flushed = writer_->Flush();
     if (local_.ok()) local_ = flushed;
+    // Format 3: this rank's index records, durable before it reports.
+    if (local_.ok() && plan_.format_version >= 3) {
+      local_ = WriteIndexRecords(io::IndexPath(impl_.root_, job_.step), plan_, rank_, &sums_);
+    }
     if (local_.ok()) local_ = fault::Hit("after_flush");
     t_.flush = Since(t0);
   }
@@ -688,7 +781,13 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
 
   // 6. Commit (rank 0): the marker if every rank succeeded, else clean up.
   Status Commit(const std::vector<std::string>& reports) {
-    Status s = FillChecksums(reports, &plan_);
+    Status s;
+    if (plan_.format_version >= 3) {
+      Result<io::IndexLayout> layout = io::IndexLayout::Of(plan_, "the plan");
+      s = layout.ok() ? FillIndex(reports, *layout, &plan_) : layout.status();
+    } else {
+      s = FillChecksums(reports, &plan_);
+    }
     if (s.ok() && impl_.IsAbandoned(job_.step)) {
       s = IoError(
           fmt::format("step {}: the shared root's write was abandoned; no marker", job_.step));

@@ -4,7 +4,9 @@
 //      the same bytes (coordinator/committed_step.h). A marker that does not
 //      parse, or names another step, ends the verify here. Rank 0 checks that
 //      the boxes of every array tile it exactly once (CheckTiling, the
-//      plan's own check).
+//      plan's own check). In a version-3 step every rank reads the whole
+//      index and checks each record and the index's checksum in the marker
+//      (rank 0 reports a bad index; then no box is checked against it).
 //   2. All ranks open the step through the storage engine, and agree on it:
 //      a rank that cannot open it must not leave the others alone in the
 //      collective opens that follow. Then every array, collectively; the
@@ -18,7 +20,7 @@
 //      never becomes a huge allocation — boxes of one slab together, up to
 //      kSlabBytes per batch, so that small arrays are read in few requests —
 //      and checks each box's checksum
-//      against the marker — and, in a version-2 step, each chunk's (slabs
+//      against the marker — and, from version 2 on, each chunk's (slabs
 //      hold whole chunks), so a marker whose chunk checksums disagree with
 //      the file fails here and not at a later restore. A problem is noted
 //      and the walk goes on.
@@ -43,6 +45,8 @@
 #include "coordinator/committed_step.h"
 #include "coordinator/manager_impl.h"
 #include "coordinator/plan.h"
+#include "io/layout.h"
+#include "io/step_index.h"
 
 namespace mhckpt::internal {
 namespace {
@@ -168,6 +172,13 @@ class StepVerifier {
     if (!m.ok()) {
       if (m.status().code() == StatusCode::kDataLoss) report->problems = {m.status().message()};
       return m.status();
+    }
+    // Format 3: every record of the index, checked, and its checksum; only
+    // rank 0 reports a bad index, and no rank checks boxes against it.
+    if (m->format_version >= 3) {
+      Status index = io::LoadIndex(io::IndexPath(store_.root(), step_), &*m);
+      index_ok_ = index.ok();
+      if (!index.ok() && comm_.rank() == 0) Problem(index.message());
     }
     report->arrays = m->arrays.size();
     for (const io::MarkerArray& a : m->arrays) report->boxes += a.boxes.size();
@@ -299,6 +310,7 @@ class StepVerifier {
     const io::MarkerArray& a = m.arrays[read.array];
     const io::MarkerBox& box = a.boxes[read.box];
     const auto bytes = static_cast<size_t>(read.bytes);
+    if (!index_ok_) return;
     if (!box.chunks.empty() && !Noted(CheckChunks(a, box, read.slabs[0], data))) return;
     if (!Noted(CheckChecksum(a, box, Checksum(data, bytes)))) return;
     mine_.bytes += read.bytes;
@@ -309,6 +321,7 @@ class StepVerifier {
                const PageBuffer& buffer) {
     const io::MarkerArray& a = m.arrays[read.array];
     const io::MarkerBox& box = a.boxes[read.box];
+    if (!index_ok_) return;
     ChecksumStream checksum;
     for (const Box& slab : read.slabs) {
       const uint64_t bytes = static_cast<uint64_t>(*Volume(slab.count)) * DTypeSize(a.dtype);
@@ -394,6 +407,7 @@ class StepVerifier {
   uint64_t share_ = 0;  // bytes of the boxes dealt to this rank
   uint64_t done_ = 0;   // of them, read so far
   Status failure_;      // an exception on this rank (step 5)
+  bool index_ok_ = true;  // format 3: the index was read and checked
   bool progress_failed_ = false;
 };
 

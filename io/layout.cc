@@ -30,4 +30,8 @@ std::string MarkerPath(const std::string& root, int64_t step) {
   return fmt::format("{}/{}", StepDir(root, step), kMarkerFileName);
 }
 
+std::string IndexPath(const std::string& root, int64_t step) {
+  return fmt::format("{}/{}", StepDir(root, step), kIndexFileName);
+}
+
 }  // namespace mhckpt::io

@@ -1,5 +1,6 @@
 // Where a checkpoint lives on disk (docs/FORMAT.md):
 //   ROOT/step_0000000042/data.h5      the arrays, as global HDF5 datasets
+//   ROOT/step_0000000042/index.bin    every box's checksums (format 3)
 //   ROOT/step_0000000042/commit.json  the commit marker; present = committed
 //   ROOT/mhckpt.lock                   locked (flock) by the job that owns ROOT
 //   ROOT/mhckpt.lease                  who owns ROOT, with a heartbeat
@@ -14,6 +15,8 @@ namespace mhckpt::io {
 
 inline constexpr std::string_view kDataFileName = "data.h5";
 inline constexpr std::string_view kMarkerFileName = "commit.json";
+/// Format version 3: every box's checksums (io/step_index.h).
+inline constexpr std::string_view kIndexFileName = "index.bin";
 inline constexpr std::string_view kLockFileName = "mhckpt.lock";
 inline constexpr std::string_view kLeaseFileName = "mhckpt.lease";
 
@@ -25,5 +28,6 @@ std::optional<int64_t> ParseStepDirName(std::string_view name);
 std::string StepDir(const std::string& root, int64_t step);
 std::string DataPath(const std::string& root, int64_t step);
 std::string MarkerPath(const std::string& root, int64_t step);
+std::string IndexPath(const std::string& root, int64_t step);
 
 }  // namespace mhckpt::io

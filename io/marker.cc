@@ -10,6 +10,7 @@
 #include "base/checksum.h"
 #include "io/layout.h"
 #include "io/posix_file.h"
+#include "io/step_index.h"
 
 namespace mhckpt::io {
 namespace {
@@ -63,7 +64,8 @@ struct BoxSlots {
 
 struct ArraySlots {
   Slot<std::string> name, dtype;
-  Slot<std::vector<int64_t>> shape;
+  Slot<std::vector<int64_t>> shape, writers;
+  Slot<std::vector<Slot<std::vector<int64_t>>>> grid;
   Slot<bool> replicated;
   Slot<std::vector<BoxSlots>> boxes;
   Slot<Num> offset;
@@ -71,8 +73,10 @@ struct ArraySlots {
 
 struct MarkerSlots {
   bool is_object = false;
-  Slot<std::string> format, data_file;
-  Slot<Num> format_version, step, world_size, created_unix_ms, total_bytes, chunk_bytes;
+  Slot<std::string> format, data_file, index_file, index_checksum;
+  Slot<Num> format_version, step, world_size, created_unix_ms, total_bytes, chunk_bytes,
+      index_bytes;
+  Slot<bool> index;  // the "index" object was there
   Slot<std::map<std::string, std::string>> user_metadata;
   Slot<std::vector<ArraySlots>> arrays;
 };
@@ -145,6 +149,11 @@ class MarkerSax final : public nlohmann::json_sax<json> {
           Push(Kind::kUserMetadata);
           return true;
         }
+        if (key_ == "index") {
+          out_->index.Set(true);
+          Push(Kind::kIndex);
+          return true;
+        }
         break;
       case Kind::kArrays:
         out_->arrays.value.emplace_back();
@@ -174,6 +183,17 @@ class MarkerSax final : public nlohmann::json_sax<json> {
     if (f.kind == Kind::kArray && key_ == "boxes") {
       array_->boxes.Set({});
       Push(Kind::kBoxes);
+      return true;
+    }
+    if (f.kind == Kind::kArray && key_ == "grid") {
+      array_->grid.Set({});
+      Push(Kind::kGrid);
+      return true;
+    }
+    if (f.kind == Kind::kGrid && array_->grid.ok()) {
+      Slot<std::vector<int64_t>>& cuts = array_->grid.value.emplace_back();
+      cuts.Set({});
+      Push(Kind::kInts, &cuts);
       return true;
     }
     if (f.kind == Kind::kBox && key_ == "chunks") {
@@ -209,6 +229,8 @@ class MarkerSax final : public nlohmann::json_sax<json> {
     kArray,
     kBoxes,
     kBox,
+    kIndex,
+    kGrid,
     kInts,
     kStrings,
     kSkip
@@ -234,6 +256,7 @@ class MarkerSax final : public nlohmann::json_sax<json> {
   Slot<std::vector<int64_t>>* IntsSlot() {
     Frame& f = Top();
     if (f.kind == Kind::kArray && key_ == "shape") return &array_->shape;
+    if (f.kind == Kind::kArray && key_ == "writers") return &array_->writers;
     if (f.kind == Kind::kBox && key_ == "start") return &box_->start;
     if (f.kind == Kind::kBox && key_ == "count") return &box_->count;
     return nullptr;
@@ -255,7 +278,14 @@ class MarkerSax final : public nlohmann::json_sax<json> {
         if (key_ == "chunk_bytes") out_->chunk_bytes.Bad();
         if (key_ == "user_metadata") out_->user_metadata.Bad();
         if (key_ == "arrays") out_->arrays.Bad();
+        if (key_ == "index") out_->index.Bad();
         break;
+      case Kind::kIndex:
+        if (key_ == "file") out_->index_file.Bad();
+        if (key_ == "bytes") out_->index_bytes.Bad();
+        if (key_ == "checksum") out_->index_checksum.Bad();
+        break;
+      case Kind::kGrid: array_->grid.Bad(); break;
       case Kind::kUserMetadata: out_->user_metadata.Bad(); break;
       case Kind::kArrays: out_->arrays.Bad(); break;
       case Kind::kArray:
@@ -265,6 +295,8 @@ class MarkerSax final : public nlohmann::json_sax<json> {
         if (key_ == "replicated") array_->replicated.Bad();
         if (key_ == "boxes") array_->boxes.Bad();
         if (key_ == "offset") array_->offset.Bad();
+        if (key_ == "grid") array_->grid.Bad();
+        if (key_ == "writers") array_->writers.Bad();
         break;
       case Kind::kBoxes: array_->boxes.Bad(); break;
       case Kind::kBox:
@@ -298,6 +330,13 @@ class MarkerSax final : public nlohmann::json_sax<json> {
           if (key_ == "total_bytes") return out_->total_bytes.Set(num_), true;
           if (key_ == "chunk_bytes") return out_->chunk_bytes.Set(num_), true;
         }
+        break;
+      case Kind::kIndex:
+        if (v == Value::kString && key_ == "file")
+          return out_->index_file.Set(std::move(*str_)), true;
+        if (v == Value::kString && key_ == "checksum")
+          return out_->index_checksum.Set(std::move(*str_)), true;
+        if (v == Value::kNumber && key_ == "bytes") return out_->index_bytes.Set(num_), true;
         break;
       case Kind::kUserMetadata:
         if (v == Value::kString && out_->user_metadata.ok()) {
@@ -337,6 +376,7 @@ class MarkerSax final : public nlohmann::json_sax<json> {
         }
         break;
       case Kind::kRoot:  // a scalar document: not an object
+      case Kind::kGrid:
       case Kind::kArrays:
       case Kind::kBoxes:
       case Kind::kSkip: break;
@@ -389,8 +429,11 @@ Status Validate(const Marker& m, const std::string& origin) {
         return bad(fmt::format("array '{}' box {}: writer rank {} outside world size {}", a.name,
                                BoxToString(b.box), b.writer, m.world_size));
       }
+      // Version 3 keeps the chunk lists in the index: empty until read.
+      const bool unread = m.format_version >= 3 && b.chunks.empty();
       if (chunked && (b.chunk_rows < 1 ||
-                      b.chunks.size() != static_cast<uint64_t>(ChunkCount(b.box, b.chunk_rows)))) {
+                      (!unread && b.chunks.size() !=
+                                      static_cast<uint64_t>(ChunkCount(b.box, b.chunk_rows))))) {
         return bad(
             fmt::format("array '{}' box {}: {} chunk checksums of {} rows each do not "
                         "cover it",
@@ -421,15 +464,49 @@ int64_t ChunkCount(const Box& box, int64_t chunk_rows) {
   return (box.count[0] - 1) / chunk_rows + 1;
 }
 
-void PlanChunks(Marker* marker, uint64_t chunk_bytes) {
-  marker->format_version = kFormatVersion;
+void PlanChunks(Marker* marker, uint64_t chunk_bytes, int version) {
+  marker->format_version = version;
   marker->chunk_bytes = chunk_bytes;
   for (MarkerArray& a : marker->arrays) {
     for (MarkerBox& b : a.boxes) {
       b.chunk_rows = ChunkRows(b.box, a.dtype, chunk_bytes);
-      b.chunks.assign(static_cast<size_t>(ChunkCount(b.box, b.chunk_rows)), 0);
+      if (version >= 3) {
+        b.chunks.clear();
+      } else {
+        b.chunks.assign(static_cast<size_t>(ChunkCount(b.box, b.chunk_rows)), 0);
+      }
     }
   }
+}
+
+std::optional<std::vector<std::vector<int64_t>>> GridCuts(const MarkerArray& a) {
+  if (a.boxes.empty()) return std::nullopt;
+  const size_t dims = a.shape.size();
+  std::vector<std::vector<int64_t>> cuts(dims);
+  for (size_t d = 0; d < dims; ++d) {
+    for (const MarkerBox& b : a.boxes) cuts[d].push_back(b.box.start[d]);
+    cuts[d].push_back(a.shape[d]);
+    std::sort(cuts[d].begin(), cuts[d].end());
+    cuts[d].erase(std::unique(cuts[d].begin(), cuts[d].end()), cuts[d].end());
+    if (cuts[d].front() != 0) return std::nullopt;
+  }
+  // Cell k, in row-major order, must be box k.
+  std::vector<size_t> cell(dims, 0);
+  bool all_cells = false;  // the last cell was matched
+  for (const MarkerBox& b : a.boxes) {
+    if (all_cells) return std::nullopt;  // more boxes than cells
+    for (size_t d = 0; d < dims; ++d) {
+      if (cell[d] + 1 >= cuts[d].size() || b.box.start[d] != cuts[d][cell[d]] ||
+          b.box.count[d] != cuts[d][cell[d] + 1] - cuts[d][cell[d]]) {
+        return std::nullopt;
+      }
+    }
+    size_t d = dims;
+    while (d > 0 && ++cell[d - 1] + 1 >= cuts[d - 1].size()) cell[--d] = 0;
+    all_cells = d == 0;
+  }
+  if (!all_cells) return std::nullopt;
+  return cuts;
 }
 
 const MarkerArray* Marker::Find(const std::string& name) const {
@@ -458,7 +535,76 @@ void AppendString(std::string& out, const std::string& s) { out += json(s).dump(
 // is ~100,000 JSON values, and building, dumping and freeing them cost more
 // than the rest of the commit (docs/PERFORMANCE.md, "Many small arrays"). The
 // text is the one nlohmann::json::dump gives (keys sorted, one line).
+namespace {
+
+// Version 3: one array, its boxes as a grid when they are one.
+void AppendArrayV3(std::string& out, const MarkerArray& a) {
+  const std::optional<std::vector<std::vector<int64_t>>> grid = GridCuts(a);
+  out += '{';
+  if (!grid) {
+    out += "\"boxes\":[";
+    for (size_t k = 0; k < a.boxes.size(); ++k) {
+      const MarkerBox& b = a.boxes[k];
+      out += k > 0 ? ",{\"count\":" : "{\"count\":";
+      AppendInts(out, b.box.count);
+      out += ",\"start\":";
+      AppendInts(out, b.box.start);
+      fmt::format_to(std::back_inserter(out), ",\"writer\":{}}}", b.writer);
+    }
+    out += "],";
+  }
+  out += "\"dtype\":";
+  AppendString(out, std::string(DTypeName(a.dtype)));
+  if (grid) {
+    out += ",\"grid\":[";
+    for (size_t d = 0; d < grid->size(); ++d) {
+      if (d > 0) out += ',';
+      AppendInts(out, (*grid)[d]);
+    }
+    out += ']';
+  }
+  out += ",\"name\":";
+  AppendString(out, a.name);
+  fmt::format_to(std::back_inserter(out), ",\"offset\":{}", a.offset);
+  out += a.replicated ? ",\"replicated\":true,\"shape\":" : ",\"replicated\":false,\"shape\":";
+  AppendInts(out, a.shape);
+  if (grid) {
+    out += ",\"writers\":[";
+    for (size_t k = 0; k < a.boxes.size(); ++k) {
+      if (k > 0) out += ',';
+      fmt::format_to(std::back_inserter(out), "{}", a.boxes[k].writer);
+    }
+    out += ']';
+  }
+  out += '}';
+}
+
+std::string MarkerToJsonV3(const Marker& m) {
+  std::string out;
+  out.reserve(256 + m.arrays.size() * 160);
+  out += "{\"arrays\":[";
+  for (size_t i = 0; i < m.arrays.size(); ++i) {
+    if (i > 0) out += ',';
+    AppendArrayV3(out, m.arrays[i]);
+  }
+  fmt::format_to(std::back_inserter(out), "],\"chunk_bytes\":{},\"created_unix_ms\":{},\"data_file\":",
+                 m.chunk_bytes, m.created_unix_ms);
+  AppendString(out, m.data_file);
+  fmt::format_to(std::back_inserter(out),
+                 ",\"format\":\"mhckpt\",\"format_version\":{},\"index\":{{\"bytes\":{},"
+                 "\"checksum\":\"{}\",\"file\":\"{}\"}},\"step\":{},\"total_bytes\":{},"
+                 "\"user_metadata\":",
+                 m.format_version, m.index.bytes, ChecksumToString(m.index.checksum),
+                 kIndexFileName, m.step, m.total_bytes);
+  out += json(m.user_metadata).dump();
+  fmt::format_to(std::back_inserter(out), ",\"world_size\":{}}}\n", m.world_size);
+  return out;
+}
+
+}  // namespace
+
 std::string MarkerToJson(const Marker& m, MarkerText what) {
+  if (m.format_version >= 3) return MarkerToJsonV3(m);
   const bool chunked = m.format_version >= 2;
   const bool chunk_lists = chunked && what == MarkerText::kCommit;
   std::string out;
@@ -529,6 +675,70 @@ Status ParseChunks(BoxSlots& sb, const std::string& origin, const std::string& a
   return OkStatus();
 }
 
+// Version 3: the boxes of an array, listed or as a grid of writers.
+Status ParseBoxesV3(ArraySlots& sa, const std::string& origin, MarkerArray* a) {
+  auto bad = [&](const std::string& why) {
+    return DataLoss(fmt::format("commit marker '{}': array '{}': {}", origin, a->name, why));
+  };
+  if (!Volume(a->shape)) return bad(fmt::format("invalid shape {}", ShapeToString(a->shape)));
+  if (sa.boxes.state != SlotState::kMissing) {
+    a->boxes.reserve(Need(sa.boxes, "boxes").size());
+    for (BoxSlots& sb : sa.boxes.value) {
+      Need(sb.start, "start");
+      Need(sb.count, "count");
+      a->boxes.push_back(MarkerBox{Box{std::move(sb.start.value), std::move(sb.count.value)},
+                                   NeedInt<int>(sb.writer, "writer"),
+                                   0,
+                                   0,
+                                   {}});
+    }
+    return OkStatus();
+  }
+  const std::vector<Slot<std::vector<int64_t>>>& grid = Need(sa.grid, "grid");
+  const std::vector<int64_t>& writers = Need(sa.writers, "writers");
+  if (grid.size() != a->shape.size()) {
+    return bad(fmt::format("a grid of {} dimensions for a shape of {}", grid.size(),
+                           a->shape.size()));
+  }
+  // Every dimension's cuts go from 0 to its extent, strictly rising; the
+  // cells, counted without overflow, are exactly the writers.
+  uint64_t cells = 1;
+  for (size_t d = 0; d < grid.size(); ++d) {
+    const std::vector<int64_t>& cuts = Need(grid[d], "grid");
+    bool rising = cuts.size() >= 2 && cuts.front() == 0 && cuts.back() == a->shape[d];
+    for (size_t i = 1; rising && i < cuts.size(); ++i) rising = cuts[i - 1] < cuts[i];
+    if (!rising) {
+      return bad(fmt::format("the grid's cuts of dimension {} do not rise from 0 to {}", d,
+                             a->shape[d]));
+    }
+    if (__builtin_mul_overflow(cells, cuts.size() - 1, &cells) || cells > writers.size()) {
+      return bad(fmt::format("a grid of more cells than its {} writers", writers.size()));
+    }
+  }
+  if (cells != writers.size()) {
+    return bad(fmt::format("a grid of {} cells with {} writers", cells, writers.size()));
+  }
+  a->boxes.resize(writers.size());
+  std::vector<size_t> cell(grid.size(), 0);
+  for (size_t k = 0; k < writers.size(); ++k) {
+    MarkerBox& b = a->boxes[k];
+    if (writers[k] < 0 || writers[k] > std::numeric_limits<int>::max()) {
+      return bad(fmt::format("writer {} out of range", writers[k]));
+    }
+    b.writer = static_cast<int>(writers[k]);
+    b.box.start.resize(grid.size());
+    b.box.count.resize(grid.size());
+    for (size_t d = 0; d < grid.size(); ++d) {
+      b.box.start[d] = grid[d].value[cell[d]];
+      b.box.count[d] = grid[d].value[cell[d] + 1] - b.box.start[d];
+    }
+    for (size_t d = grid.size(); d > 0 && ++cell[d - 1] + 1 >= grid[d - 1].value.size(); --d) {
+      cell[d - 1] = 0;
+    }
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 Result<Marker> ParseMarker(const std::string& text, const std::string& origin, MarkerText what) {
@@ -557,6 +767,22 @@ Result<Marker> ParseMarker(const std::string& text, const std::string& origin, M
     m.total_bytes = NeedInt<uint64_t>(s.total_bytes, "total_bytes");
     m.user_metadata = std::move(s.user_metadata.value);
     Need(s.user_metadata, "user_metadata");
+    const bool indexed = m.format_version >= 3;
+    if (indexed && what == MarkerText::kCommit) {
+      Need(s.index, "index");
+      if (Need(s.index_file, "index.file") != kIndexFileName) {
+        return DataLoss(fmt::format("commit marker '{}': unexpected index file '{}'", origin,
+                                    s.index_file.value));
+      }
+      m.index.bytes = NeedInt<uint64_t>(s.index_bytes, "index.bytes");
+      const std::string& sum = Need(s.index_checksum, "index.checksum");
+      auto checksum = ChecksumFromString(sum);
+      if (!checksum) {
+        return DataLoss(
+            fmt::format("commit marker '{}': bad index checksum '{}'", origin, sum));
+      }
+      m.index.checksum = *checksum;
+    }
     m.arrays.reserve(Need(s.arrays, "arrays").size());
     for (ArraySlots& sa : s.arrays.value) {
       MarkerArray a;
@@ -572,6 +798,11 @@ Result<Marker> ParseMarker(const std::string& text, const std::string& origin, M
       Need(sa.shape, "shape");
       a.replicated = Need(sa.replicated, "replicated");
       if (chunked) a.offset = NeedInt<int64_t>(sa.offset, "offset");
+      if (indexed) {
+        MHCKPT_RETURN_IF_ERROR(ParseBoxesV3(sa, origin, &a));
+        m.arrays.push_back(std::move(a));
+        continue;
+      }
       a.boxes.reserve(Need(sa.boxes, "boxes").size());
       for (BoxSlots& sb : sa.boxes.value) {
         const std::string& sum = Need(sb.checksum, "checksum");
@@ -598,10 +829,21 @@ Result<Marker> ParseMarker(const std::string& text, const std::string& origin, M
   }
   // A plan's chunks are sized here, as rank 0 sized them (Validate refuses
   // a chunk size of 0).
-  if (what == MarkerText::kPlan && m.format_version >= 2 && m.chunk_bytes > 0) {
-    PlanChunks(&m, m.chunk_bytes);
+  // Version 3 sizes every box's chunks here (the chunk lists are in the
+  // index).
+  if ((what == MarkerText::kPlan || m.format_version >= 3) && m.format_version >= 2 &&
+      m.chunk_bytes > 0) {
+    PlanChunks(&m, m.chunk_bytes, m.format_version);
   }
   MHCKPT_RETURN_IF_ERROR(CheckMarker(m, origin));
+  if (m.format_version >= 3 && what == MarkerText::kCommit) {
+    MHCKPT_ASSIGN_OR_RETURN(IndexLayout layout, IndexLayout::Of(m, origin));
+    if (layout.total() != m.index.bytes) {
+      return DataLoss(fmt::format(
+          "commit marker '{}': the index is {} bytes, but its boxes' records take {}", origin,
+          m.index.bytes, layout.total()));
+    }
+  }
   return m;
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,9 +14,12 @@
 
 namespace mhckpt::io {
 
-/// The version this build writes; it reads kOldestFormatVersion to it.
-/// Version 2 adds chunk checksums (MarkerBox::chunks) and dataset offsets.
-inline constexpr int kFormatVersion = 2;
+/// The version this build writes by default (Options::format_version); it
+/// reads kOldestFormatVersion to it. Version 2 adds chunk checksums
+/// (MarkerBox::chunks) and dataset offsets; version 3 moves every checksum
+/// into the step's index file (io/step_index.h) and describes a regular
+/// sharding as one grid, so the marker grows with the arrays, not the chunks.
+inline constexpr int kFormatVersion = 3;
 inline constexpr int kOldestFormatVersion = 1;
 /// The chunk size a save aims at (Marker::chunk_bytes): a restore that reads
 /// part of a stored box reads, and checks, the whole chunks around it
@@ -28,9 +32,11 @@ struct MarkerBox {
   Box box;
   int writer = 0;         ///< the rank that wrote this box
   uint64_t checksum = 0;  ///< XXH3-64 of the box's bytes, row-major (base/checksum.h)
-  /// Version 2: the box cut along dimension 0 into chunks of `chunk_rows`
-  /// rows (the last may be shorter; a 0-d box is one chunk), and the XXH3-64
-  /// of each chunk's bytes. Version 1: 0 and empty.
+  /// Version 2 and 3: the box cut along dimension 0 into chunks of
+  /// `chunk_rows` rows (the last may be shorter; a 0-d box is one chunk), and
+  /// the XXH3-64 of each chunk's bytes. Version 1: 0 and empty. Version 3:
+  /// `checksum` and `chunks` are in the index, not the marker: zero and empty
+  /// until read from it (io::LoadIndexRecords).
   int64_t chunk_rows = 0;
   std::vector<uint64_t> chunks;
 };
@@ -48,6 +54,12 @@ struct MarkerArray {
   int64_t offset = -1;
 };
 
+/// Version 3: the step's index file (io/step_index.h), as the marker records it.
+struct MarkerIndex {
+  uint64_t bytes = 0;     ///< its exact size (io::IndexLayout::total)
+  uint64_t checksum = 0;  ///< XXH3-64 of every record's check word, in order
+};
+
 struct Marker {
   int format_version = kFormatVersion;
   int64_t step = 0;
@@ -57,7 +69,8 @@ struct Marker {
   std::vector<MarkerArray> arrays;  ///< sorted by name
   std::map<std::string, std::string> user_metadata;
   uint64_t total_bytes = 0;  ///< bytes of array data in the step
-  uint64_t chunk_bytes = 0;  ///< version 2: the chunk size the save aimed at
+  uint64_t chunk_bytes = 0;  ///< version 2 and 3: the chunk size the save aimed at
+  MarkerIndex index;         ///< version 3
 
   /// The array called `name`, or nullptr.
   [[nodiscard]] const MarkerArray* Find(const std::string& name) const;
@@ -68,9 +81,16 @@ struct Marker {
 int64_t ChunkRows(const Box& box, DType dtype, uint64_t chunk_bytes);
 /// Chunks of `box` at `chunk_rows` rows each: 1 for a 0-d box.
 int64_t ChunkCount(const Box& box, int64_t chunk_rows);
-/// Sizes the chunks of every box of `marker` for `chunk_bytes` (their
-/// checksums zero, to be filled by the writers) and makes it version 2.
-void PlanChunks(Marker* marker, uint64_t chunk_bytes);
+/// Sizes the chunks of every box of `marker` for `chunk_bytes` and makes it
+/// `version` (2 or 3). Version 2: the chunk lists are zeros, to be filled by
+/// the writers; version 3: they stay empty (the writers put them in the
+/// index).
+void PlanChunks(Marker* marker, uint64_t chunk_bytes, int version = kFormatVersion);
+
+/// Version 3: the cuts of each dimension if the boxes of `a` are the cells of
+/// a grid over its shape (every dimension cut at the same places for all
+/// boxes), listed in row-major order of the cells; nullopt otherwise.
+std::optional<std::vector<std::vector<int64_t>>> GridCuts(const MarkerArray& a);
 
 /// What a marker's text is for.
 enum class MarkerText : uint8_t {
@@ -80,7 +100,8 @@ enum class MarkerText : uint8_t {
   /// chunk lists (`chunk_rows`, `chunks`), which are all zero then and which
   /// every rank sizes again from `chunk_bytes` (PlanChunks). At 1 MiB chunks
   /// they are most of the text: 8,000 ranks x 10,020 arrays of a 70B model,
-  /// 86 MB with them and 6.6 MB without (docs/SCALE.md).
+  /// 86 MB with them and 6.6 MB without (docs/SCALE.md). Version 3 has no
+  /// chunk lists in either text; its plan has no index.
   kPlan,
 };
 

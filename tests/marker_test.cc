@@ -3,12 +3,17 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "io/marker.h"
+#include "io/step_index.h"
 
 namespace mhckpt {
 namespace {
@@ -23,7 +28,7 @@ io::Marker SampleMarker() {
       {"a", DType::kBFloat16, {4, 2}, false, {{Box{{0, 0}, {2, 2}}, 0}, {Box{{2, 0}, {2, 2}}, 1}}});
   m.arrays.push_back({"b", DType::kInt64, {}, true, {{Box{}, 0}}});
   m.user_metadata["k"] = "v";
-  io::PlanChunks(&m, 4);  // bfloat16 rows of 2: one row per chunk
+  io::PlanChunks(&m, 4, 2);  // bfloat16 rows of 2: one row per chunk
   uint64_t sum = 0x1234;
   for (io::MarkerArray& a : m.arrays) {
     for (io::MarkerBox& b : a.boxes) {
@@ -210,6 +215,232 @@ TEST(Marker, ParsesAnyKeyOrderIgnoresUnknownKeysLastRepeatWins) {
   j["user_metadata"]["k"] = 1;
   EXPECT_THAT(io::ParseMarker(j.dump(), "x").status().message(), HasSubstr("malformed"));
   EXPECT_THAT(io::ParseMarker("[1, 2]", "x").status().message(), HasSubstr("malformed"));
+}
+
+
+// ---- Version 3: the marker without checksums, and the index file ----
+
+bool WriteFile(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << bytes;
+  return static_cast<bool>(f);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+// A fresh directory, removed at the end of the test.
+struct TempDir {
+  TempDir() {
+    std::string t = (std::filesystem::temp_directory_path() / "mhckpt_index.XXXXXX").string();
+    path = mkdtemp(t.data()) != nullptr ? t : "";
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  std::string path;
+};
+
+// SampleMarker as version 3, with a third array whose boxes are no grid.
+io::Marker SampleMarkerV3() {
+  io::Marker m = SampleMarker();
+  m.arrays.push_back({"c",
+                      DType::kFloat32,
+                      {4, 2},
+                      false,
+                      {{Box{{0, 0}, {1, 2}}, 1}, {Box{{1, 0}, {3, 1}}, 0}, {Box{{1, 1}, {3, 1}}, 1}}});
+  io::PlanChunks(&m, 8, 3);
+  return m;
+}
+
+// Fills the checksums of every box of `m` with distinct values, writes the
+// index file at `path` as the writers would (their records at their places),
+// and records its size and checksum in `m`.
+void WriteIndex(io::Marker* m, const std::string& path) {
+  auto layout = io::IndexLayout::Of(*m, "x");
+  ASSERT_TRUE(layout.ok());
+  std::string file = io::IndexHeader(m->step);
+  std::vector<uint64_t> checks;
+  uint64_t sum = 0x5000;
+  for (size_t a = 0; a < m->arrays.size(); ++a) {
+    for (size_t b = 0; b < m->arrays[a].boxes.size(); ++b) {
+      io::MarkerBox& box = m->arrays[a].boxes[b];
+      box.checksum = sum++;
+      box.chunks.clear();
+      for (int64_t c = 0; c < io::ChunkCount(box.box, box.chunk_rows); ++c) {
+        box.chunks.push_back(sum++);
+      }
+      ASSERT_EQ(file.size(), layout->offset(a, b));
+      checks.push_back(io::AppendIndexRecord(a, b, box.checksum, box.chunks, &file));
+    }
+  }
+  m->index = {file.size(), io::IndexChecksum(checks)};
+  ASSERT_TRUE(WriteFile(path, file));
+}
+
+TEST(MarkerV3, RegularShardingIsOneGridAndEveryChecksumIsInTheIndex) {
+  io::Marker m = SampleMarkerV3();
+  m.index = {1234, 0x42};
+  const std::string text = io::MarkerToJson(m);
+  const nlohmann::json j = nlohmann::json::parse(text);
+  EXPECT_EQ(j["format_version"], 3);
+  EXPECT_EQ(j["arrays"][0]["grid"], nlohmann::json::parse("[[0,2,4],[0,2]]"));
+  EXPECT_EQ(j["arrays"][0]["writers"], nlohmann::json::parse("[0,1]"));
+  EXPECT_FALSE(j["arrays"][0].contains("boxes"));
+  EXPECT_EQ(j["arrays"][1]["grid"], nlohmann::json::array());  // a scalar: one cell
+  EXPECT_EQ(j["arrays"][2]["boxes"].size(), 3u);  // not a grid: listed
+  EXPECT_EQ(text.find("chunk_rows"), std::string::npos);
+  EXPECT_EQ(text.find("xxh3:0000000000000042"), text.rfind("xxh3:"));  // the index's only
+  EXPECT_EQ(j["index"]["bytes"], 1234);
+  EXPECT_EQ(j["index"]["file"], "index.bin");
+  // Parsed as a plan: the same boxes and chunk sizes, no index.
+  auto plan = io::ParseMarker(text, "plan", io::MarkerText::kPlan);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  for (size_t a = 0; a < m.arrays.size(); ++a) {
+    ASSERT_EQ(plan->arrays[a].boxes.size(), m.arrays[a].boxes.size());
+    for (size_t b = 0; b < m.arrays[a].boxes.size(); ++b) {
+      EXPECT_EQ(plan->arrays[a].boxes[b].box, m.arrays[a].boxes[b].box);
+      EXPECT_EQ(plan->arrays[a].boxes[b].writer, m.arrays[a].boxes[b].writer);
+      EXPECT_EQ(plan->arrays[a].boxes[b].chunk_rows, m.arrays[a].boxes[b].chunk_rows);
+      EXPECT_TRUE(plan->arrays[a].boxes[b].chunks.empty());
+    }
+  }
+  // As a commit marker it must describe an index of exactly its records.
+  EXPECT_THAT(io::ParseMarker(text, "m.json").status().message(),
+              HasSubstr("the index is 1234 bytes, but its boxes' records take"));
+  m.index.bytes = io::IndexLayout::Of(m, "x")->total();
+  auto parsed = io::ParseMarker(io::MarkerToJson(m), "m.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->index.checksum, 0x42u);
+  EXPECT_EQ(io::MarkerToJson(*parsed), io::MarkerToJson(m));
+}
+
+TEST(MarkerV3, GridCutsOnlyForCellsInRowMajorOrder) {
+  io::MarkerArray a{"a", DType::kInt8, {4, 6}, false, {}};
+  for (int64_t r : {0, 1}) {
+    for (int64_t c : {0, 2, 5}) {
+      a.boxes.push_back({Box{{r * 2, c}, {2, c == 0 ? 2 : c == 2 ? 3 : 1}}, 0});
+    }
+  }
+  ASSERT_TRUE(io::GridCuts(a).has_value());
+  EXPECT_EQ(*io::GridCuts(a), (std::vector<std::vector<int64_t>>{{0, 2, 4}, {0, 2, 5, 6}}));
+  std::swap(a.boxes[0], a.boxes[1]);  // the same tiling, out of order
+  EXPECT_FALSE(io::GridCuts(a).has_value());
+  std::swap(a.boxes[0], a.boxes[1]);
+  a.boxes.pop_back();  // a cell missing
+  EXPECT_FALSE(io::GridCuts(a).has_value());
+}
+
+TEST(MarkerV3, RejectsDamagedGrids) {
+  io::Marker m = SampleMarkerV3();
+  m.index.bytes = io::IndexLayout::Of(m, "x")->total();
+  const std::string good = io::MarkerToJson(m);
+  auto fails = [&](const std::function<void(nlohmann::json&)>& f) {
+    nlohmann::json j = nlohmann::json::parse(good);
+    f(j);
+    auto parsed = io::ParseMarker(j.dump(), "m.json");
+    EXPECT_FALSE(parsed.ok());
+    if (!parsed.ok()) EXPECT_EQ(parsed.status().code(), StatusCode::kDataLoss);
+    return parsed.ok() ? std::string() : parsed.status().message();
+  };
+  EXPECT_THAT(fails([](auto& j) { j["arrays"][0]["grid"][0] = {0, 3, 2, 4}; }),
+              HasSubstr("array 'a': the grid's cuts of dimension 0 do not rise from 0 to 4"));
+  EXPECT_THAT(fails([](auto& j) { j["arrays"][0]["grid"][1] = {0, 3}; }),
+              HasSubstr("do not rise from 0 to 2"));
+  EXPECT_THAT(fails([](auto& j) { j["arrays"][0]["writers"] = {0, 1, 1}; }),
+              HasSubstr("a grid of 2 cells with 3 writers"));
+  EXPECT_THAT(fails([](auto& j) { j["arrays"][0]["writers"] = {0, 9}; }),
+              HasSubstr("writer rank 9 outside world size 2"));
+  EXPECT_THAT(fails([](auto& j) { j["arrays"][0]["grid"] = {{0, 4}}; }),
+              HasSubstr("a grid of 1 dimensions for a shape of 2"));
+  // A grid of 2^62 cells in a few bytes: refused before any allocation.
+  EXPECT_THAT(fails([](auto& j) {
+                j["arrays"][0]["shape"] = {int64_t{1} << 31, int64_t{1} << 31};
+                nlohmann::json cuts = nlohmann::json::array();
+                for (int64_t i = 0; i <= 64; ++i) cuts.push_back(i << 25);
+                j["arrays"][0]["grid"] = {cuts, cuts};
+              }),
+              HasSubstr("more cells than its 2 writers"));
+  EXPECT_THAT(fails([](auto& j) { j["arrays"][0].erase("writers"); }),
+              HasSubstr("missing field 'writers'"));
+  EXPECT_THAT(fails([](auto& j) { j["arrays"][0]["grid"] = 3; }), HasSubstr("malformed"));
+  EXPECT_THAT(fails([](auto& j) { j["arrays"][0]["grid"][0] = {0, "2", 4}; }),
+              HasSubstr("malformed"));
+  EXPECT_THAT(fails([](auto& j) { j.erase("index"); }), HasSubstr("missing field 'index'"));
+  EXPECT_THAT(fails([](auto& j) { j["index"]["file"] = "../x"; }),
+              HasSubstr("unexpected index file '../x'"));
+  EXPECT_THAT(fails([](auto& j) { j["index"]["checksum"] = "x"; }),
+              HasSubstr("bad index checksum 'x'"));
+}
+
+TEST(StepIndex, EachRankReadsOnlyTheRecordsItNeedsEachChecked) {
+  TempDir dir;
+  const std::string path = dir.path + "/index.bin";
+  io::Marker saved = SampleMarkerV3();
+  WriteIndex(&saved, path);
+  auto m = io::ParseMarker(io::MarkerToJson(saved), "m.json");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  auto layout = io::IndexLayout::Of(*m, "x");
+  ASSERT_TRUE(layout.ok());
+  const std::vector<io::BoxRef> want{{2, 1}, {0, 1}};
+  ASSERT_TRUE(io::LoadIndexRecords(path, *layout, want, &*m).ok());
+  EXPECT_EQ(m->arrays[0].boxes[1].checksum, saved.arrays[0].boxes[1].checksum);
+  EXPECT_EQ(m->arrays[0].boxes[1].chunks, saved.arrays[0].boxes[1].chunks);
+  EXPECT_EQ(m->arrays[2].boxes[1].chunks, saved.arrays[2].boxes[1].chunks);
+  EXPECT_TRUE(m->arrays[0].boxes[0].chunks.empty());  // not asked for, not read
+  EXPECT_TRUE(m->arrays[1].boxes[0].chunks.empty());
+  // The whole index, with its checksum: what verify reads.
+  io::Marker all = *m;
+  ASSERT_TRUE(io::LoadIndex(path, &all).ok());
+  for (size_t a = 0; a < all.arrays.size(); ++a) {
+    for (size_t b = 0; b < all.arrays[a].boxes.size(); ++b) {
+      EXPECT_EQ(all.arrays[a].boxes[b].checksum, saved.arrays[a].boxes[b].checksum);
+      EXPECT_EQ(all.arrays[a].boxes[b].chunks, saved.arrays[a].boxes[b].chunks);
+    }
+  }
+}
+
+TEST(StepIndex, DamageIsDataLossNamingTheFileArrayAndBox) {
+  TempDir dir;
+  const std::string path = dir.path + "/index.bin";
+  io::Marker saved = SampleMarkerV3();
+  WriteIndex(&saved, path);
+  const std::string good = ReadFile(path);
+  auto layout = io::IndexLayout::Of(saved, "x");
+  auto load = [&](const std::string& bytes, io::BoxRef box) {
+    EXPECT_TRUE(WriteFile(path, bytes));
+    io::Marker m = *io::ParseMarker(io::MarkerToJson(saved), "m.json");
+    const std::vector<io::BoxRef> want{box};
+    Status s = io::LoadIndexRecords(path, *layout, want, &m);
+    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
+    return s.message();
+  };
+  std::string flipped = good;
+  flipped[layout->offset(2, 1) + 3] ^= 1;
+  EXPECT_THAT(load(flipped, {2, 1}),
+              HasSubstr("the record of array 'c' box [1:4, 0:1] (written by rank 0) fails its "
+                        "check"));
+  // Two records of the same size swapped: each fails, tied to its place.
+  std::string swapped = good;
+  const uint64_t a = layout->offset(0, 0), b = layout->offset(0, 1);
+  ASSERT_EQ(layout->record_bytes(0, 0), layout->record_bytes(0, 1));
+  std::swap_ranges(swapped.begin() + static_cast<std::ptrdiff_t>(a),
+                   swapped.begin() + static_cast<std::ptrdiff_t>(b), swapped.begin() +
+                   static_cast<std::ptrdiff_t>(b));
+  EXPECT_THAT(load(swapped, {0, 1}), HasSubstr("array 'a' box [2:4, 0:2]"));
+  EXPECT_THAT(load(good.substr(0, layout->offset(2, 2)), {2, 2}), HasSubstr("ends at byte"));
+  std::string other_step = good;
+  other_step[8] ^= 1;
+  EXPECT_THAT(load(other_step, {0, 0}), HasSubstr("is not the index of step 7"));
+  // verify's whole read: the size, and the checksum over every record.
+  EXPECT_TRUE(WriteFile(path, good + "x"));
+  io::Marker m = *io::ParseMarker(io::MarkerToJson(saved), "m.json");
+  EXPECT_THAT(io::LoadIndex(path, &m).message(), HasSubstr("the commit marker says"));
+  EXPECT_TRUE(WriteFile(path, good));
+  m.index.checksum ^= 1;
+  EXPECT_THAT(io::LoadIndex(path, &m).message(), HasSubstr("its records' checksum is"));
+  EXPECT_TRUE(std::filesystem::remove(path));
+  EXPECT_THAT(io::LoadIndex(path, &m).message(), HasSubstr("is missing"));
 }
 
 }  // namespace

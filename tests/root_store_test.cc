@@ -21,6 +21,7 @@
 #include "io/memory_root_store.h"
 #include "io/posix_root_store.h"
 #include "io/root_store.h"
+#include "io/step_index.h"
 
 namespace mhckpt::io {
 namespace {
@@ -94,6 +95,7 @@ Marker MarkerOf(int64_t step) {
   m.step = step;
   m.world_size = 1;
   m.chunk_bytes = kChunkBytes;
+  m.index.bytes = io::kIndexHeaderBytes;  // no boxes: the header alone
   return m;
 }
 
