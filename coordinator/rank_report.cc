@@ -7,6 +7,7 @@
 
 #include "base/checksum.h"
 #include "coordinator/agree.h"
+#include "io/step_index.h"
 
 namespace mhckpt::internal {
 namespace {
@@ -63,6 +64,70 @@ BoxSum BoxChecksums(const io::MarkerArray& a, size_t ai, size_t bi,
   sum.chunks.reserve(b.chunks.size());
   sum.sum = ChecksumChunks(box.data(), box.size(), std::max<size_t>(chunk_bytes, 1), &sum.chunks);
   return sum;
+}
+
+// Rank 0: every (array, box) index that ranks reported lies inside the plan.
+Status CheckSumsInPlan(const io::Marker& plan, const std::vector<std::vector<BoxSum>>& sums) {
+  for (size_t r = 0; r < sums.size(); ++r) {
+    for (const BoxSum& b : sums[r]) {
+      if (b.array >= plan.arrays.size() || b.box >= plan.arrays[b.array].boxes.size()) {
+        return Internal(
+            fmt::format("rank {} reported a checksum of box {} of array {}, which "
+                        "the plan does not have",
+                        r, b.box, b.array));
+      }
+    }
+  }
+  return OkStatus();
+}
+
+// Rank 0: every rank's outcome, and the checksums of the boxes each wrote
+// into `plan` (steps 5 and 6, and the local tier's commit).
+Status FillChecksums(const std::vector<std::string>& reports, io::Marker* plan) {
+  std::vector<std::vector<BoxSum>> all;
+  MHCKPT_RETURN_IF_ERROR(CollectReports(reports, &all));
+  MHCKPT_RETURN_IF_ERROR(CheckSumsInPlan(*plan, all));
+  for (const std::vector<BoxSum>& sums : all) {
+    for (const BoxSum& b : sums) {
+      io::MarkerBox& box = plan->arrays[b.array].boxes[b.box];
+      box.checksum = b.sum;
+      box.chunks = b.chunks;
+    }
+  }
+  return OkStatus();
+}
+
+// Rank 0, format 3: every box's check word from the writers' reports
+// (rank_report.h: BoxSum::sum), each box reported exactly once, into the
+// marker's index entry.
+Status FillIndex(const std::vector<std::string>& reports, const io::IndexLayout& layout,
+                 io::Marker* plan) {
+  std::vector<std::vector<BoxSum>> all;
+  MHCKPT_RETURN_IF_ERROR(CollectReports(reports, &all));
+  MHCKPT_RETURN_IF_ERROR(CheckSumsInPlan(*plan, all));
+  std::vector<size_t> first(plan->arrays.size() + 1, 0);
+  for (size_t i = 0; i < plan->arrays.size(); ++i) {
+    first[i + 1] = first[i] + plan->arrays[i].boxes.size();
+  }
+  std::vector<uint64_t> checks(first.back(), 0);
+  std::vector<uint8_t> seen(first.back(), 0);
+  for (const std::vector<BoxSum>& sums : all) {
+    for (const BoxSum& b : sums) {
+      checks[first[b.array] + b.box] = b.sum;
+      seen[first[b.array] + b.box] = 1;
+    }
+  }
+  for (size_t i = 0; i < plan->arrays.size(); ++i) {
+    for (size_t k = 0; k < plan->arrays[i].boxes.size(); ++k) {
+      if (seen[first[i] + k] == 0) {
+        const io::MarkerArray& a = plan->arrays[i];
+        return Internal(fmt::format("array '{}' box {}: rank {} reported no index record", a.name,
+                                    BoxToString(a.boxes[k].box), a.boxes[k].writer));
+      }
+    }
+  }
+  plan->index = {layout.total(), io::IndexChecksum(checks)};
+  return OkStatus();
 }
 
 }  // namespace mhckpt::internal

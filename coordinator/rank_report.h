@@ -11,6 +11,7 @@
 
 #include "base/status.h"
 #include "io/marker.h"
+#include "io/step_index.h"
 
 namespace mhckpt::internal {
 
@@ -35,5 +36,18 @@ std::string EncodeReport(const Status& s, const std::vector<BoxSum>& sums);
 /// first error (lowest rank), noting how many ranks failed.
 Status CollectReports(const std::vector<std::string>& reports,
                       std::vector<std::vector<BoxSum>>* sums);
+
+/// Rank 0: every (array, box) index that ranks reported lies inside the plan.
+Status CheckSumsInPlan(const io::Marker& plan, const std::vector<std::vector<BoxSum>>& sums);
+
+/// Rank 0, format 2: every rank's outcome, and the checksums of the boxes
+/// each wrote, into `plan` (the commit, and the local tier's).
+Status FillChecksums(const std::vector<std::string>& reports, io::Marker* plan);
+
+/// Rank 0, format 3: every rank's outcome, and the check word of each box's
+/// index record (BoxSum::sum, no chunks), each box reported exactly once,
+/// into `plan`'s index entry (io::MarkerIndex).
+Status FillIndex(const std::vector<std::string>& reports, const io::IndexLayout& layout,
+                 io::Marker* plan);
 
 }  // namespace mhckpt::internal
