@@ -102,7 +102,8 @@ Status CopyDeviceToHostAfter(std::span<const CopyTask> tasks, const CallerStream
                              std::optional<size_t>* failed);
 
 /// Tests only: false makes the copies above start at once, without waiting
-/// for the caller streams (the bug the ordering tests must catch).
+/// for the caller streams (the bug the ordering tests must catch);
+/// MarkCallerStreams then records no event.
 void SetWaitForCallerStreamsForTest(bool wait);
 
 /// Makes a CUDA device current on the calling thread for a scope, and puts

@@ -341,8 +341,8 @@ Status MarkCallerStreams(std::span<CopyTask> tasks, CallerStreamMark* mark,
   if (!CudaAvailable())
     return FailedPrecondition("device memory given, but no CUDA device is usable");
   const Blame blame{tasks.data(), failed};
-  // Each task's device, resolved now: the pointer is the caller's to free
-  // once the fence completes, not before.
+  // Each task's device, resolved now, on the caller's thread (the copier
+  // reads it from the task).
   std::map<int, std::vector<const CopyTask*>> by_device;
   for (CopyTask& t : tasks) {
     if (t.bytes == 0) continue;

@@ -151,13 +151,7 @@ Status CopyBoxes(const std::vector<SnapshotCopy>& copies, const Snapshot& out,
     }
   }
   Status s;
-  if (!device.empty() && mark == nullptr) {
-    s = CopyDeviceToHost(device);
-  } else if (!device.empty()) {
-    std::optional<size_t> failed;
-    s = CopyDeviceToHostAfter(device, *mark, &failed);
-    if (!s.ok() && failed) s = AboutBox(s, copies[device_index[*failed]], out);
-  }
+  if (!device.empty() && mark == nullptr) s = CopyDeviceToHost(device);
   if (!options.guarded) {
     ParallelCopy(host, options.threads);
   } else if (std::optional<size_t> bad = ParallelGuardedCopy(host, options.threads)) {
@@ -167,6 +161,13 @@ Status CopyBoxes(const std::vector<SnapshotCopy>& copies, const Snapshot& out,
         "copy of it ended (wait on the save's fence before freeing, donating or deleting a "
         "saved buffer)",
         out.arrays[c.array].name, BoxToString(c.box)));
+  }
+  // A lazy save's device boxes after its host boxes: the work queued on the
+  // caller's streams before Save, which they wait for, runs meanwhile.
+  if (!device.empty() && mark != nullptr) {
+    std::optional<size_t> failed;
+    s = CopyDeviceToHostAfter(device, *mark, &failed);
+    if (!s.ok() && failed) s = AboutBox(s, copies[device_index[*failed]], out);
   }
   return s;
 }
