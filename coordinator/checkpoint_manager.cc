@@ -36,6 +36,7 @@ using internal::CheckStep;
 using internal::CheckUserMetadata;
 using internal::Comm;
 using internal::FillSnapshot;
+using internal::MarkDeviceCopies;
 using internal::PrepareSnapshot;
 using internal::SaveJob;
 using internal::SnapshotCopy;
@@ -601,13 +602,21 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
   // I/O thread, or the other ranks would wait for it in the plan round.
   std::vector<SnapshotCopy> copies;
   job->local = Guarded(where, [&] { return PrepareSnapshot(arrays, so, &job->snapshot, &copies); });
-  // Lazy: the copies run on a thread of their own. Device boxes are copied
-  // here (a copy issued later would be ordered after work the caller queued
-  // on its stream since).
-  const bool lazy = save_options.copy == CopyMode::kLazy && impl_->async() &&
-                    std::none_of(copies.begin(), copies.end(), [](const SnapshotCopy& c) {
-                      return c.memory == Memory::kCuda && c.size > 0;
-                    });
+  // Lazy: the copies run on a thread of their own. Device boxes are ordered
+  // here, on the caller's thread: an event recorded now on each caller
+  // stream, which the copies wait for (not for work queued there later).
+  const bool lazy = save_options.copy == CopyMode::kLazy && impl_->async();
+  auto mark = std::make_shared<internal::CallerStreamMark>();
+  if (lazy) {
+    Status marked =
+        Guarded(where, [&] { return MarkDeviceCopies(&copies, job->snapshot, so, mark.get()); });
+    if (!marked.ok()) {
+      // The save fails; the copier leaves the device boxes alone.
+      if (job->local.ok()) job->local = marked;
+      std::erase_if(copies, [](const SnapshotCopy& c) { return c.memory == Memory::kCuda; });
+      mark->Reset();
+    }
+  }
   if (!lazy) {
     Status copied = Guarded(
         where, [&] { return FillSnapshot(copies, so, job->local, impl_->pool(), &job->snapshot); });
@@ -652,7 +661,7 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
   so.guarded = true;
   // The copier owns what it needs; the job is joined by the I/O thread
   // (SubmitSave) before the plan round.
-  auto copy = [job_ptr = job.get(), copies = std::move(copies), so, state, watch,
+  auto copy = [job_ptr = job.get(), copies = std::move(copies), so, state, watch, mark,
                check = save_options.check_after_copy, on_copied = save_options.on_copied,
                pool = &impl_->pool(), where] {
     // The lowest priority (its copy threads inherit it): on busy cores the
@@ -662,8 +671,9 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
     auto start = std::chrono::steady_clock::now();
     Status s = Guarded(where, [&] {
       MHCKPT_RETURN_IF_ERROR(fault::Hit("lazy_copy"));
-      return FillSnapshot(copies, so, OkStatus(), *pool, &job_ptr->snapshot);
+      return FillSnapshot(copies, so, OkStatus(), *pool, &job_ptr->snapshot, mark.get());
     });
+    mark->Reset();  // the events, once the copies that waited on them have ended
     watch->Release();
     job_ptr->timings.budget_wait = job_ptr->snapshot.budget_wait_seconds;
     job_ptr->timings.snapshot =

@@ -249,7 +249,13 @@ enum class CopyMode : uint8_t {
   /// (at the lowest priority) while the caller computes, and the SaveFence
   /// completes when every box is copied. Until then the caller must not write, free, donate or
   /// delete any buffer it saved (a training loop waits just before the
-  /// optimizer step). The rest of the save (plan, write, commit) starts
+  /// optimizer step). Device boxes (Memory::kCuda) too: Save records an
+  /// event on each Shard::stream and returns; the copies are queued later on
+  /// mhckpt's own streams behind that event (so they see the work queued on
+  /// the stream before Save, not after it) into pinned staging memory, and
+  /// the fence completes once they have completed. This device path has not
+  /// yet run on a GPU, in CI or on the development machines (it is compiled,
+  /// and its tests skip without a device). The rest of the save (plan, write, commit) starts
   /// after the copy, in the background, as for a blocking save. Without
   /// asynchronous saves (Options::async false, or no MPI_THREAD_MULTIPLE)
   /// Save copies before it returns, as kBlocking does.

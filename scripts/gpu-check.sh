@@ -8,9 +8,11 @@
 #      donation_test, save_restore_test, mhckpt-gpu-stall) into build-gpu/
 #      (host code only, linked with cudart: no GPU architecture to choose);
 #   3. runs every gpu-labelled test (ordering of save and restore with the
-#      caller's stream, each with its negative control; donation right after
-#      Save; a replicated array read once into every GPU; no context on a
-#      device not asked for; 2 -> 3 ranks resharding) and fails if any was
+#      caller's stream, each with its negative control; lazy saves of device
+#      buffers: Save returns before the copy, which sees the work queued on
+#      the caller's stream before Save, with a negative control; donation
+#      right after Save; a replicated array read once into every GPU; no
+#      context on a device not asked for; 2 -> 3 ranks resharding) and fails if any was
 #      skipped although a GPU is present; then donation and save_restore;
 #   4. prints the stall figure: Save's stall for 1 GiB of device memory
 #      against a plain cudaMemcpy D2H of the same bytes (one JSON line per

@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "worker/copy.h"
@@ -28,6 +30,23 @@ TEST(Cuda, AbsentDeviceIsReportedNotFatal) {
   char host[8] = {};
   CopyTask t{host, host, 8};
   EXPECT_EQ(CopyDeviceToHost({&t, 1}).code(), StatusCode::kFailedPrecondition);
+}
+
+// A lazy save's halves without a device: refused, naming no task; an empty
+// mark is harmless to reset and destroy.
+TEST(Cuda, LazyHalvesWithoutADeviceAreRefused) {
+  if (CudaAvailable()) GTEST_SKIP() << "a CUDA device is present";
+  char host[8] = {};
+  CopyTask t{host, host, 8};
+  CallerStreamMark mark;
+  std::optional<size_t> failed;
+  EXPECT_EQ(MarkCallerStreams({&t, 1}, &mark, &failed).code(), StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(failed.has_value());
+  EXPECT_TRUE(mark.entries().empty());
+  EXPECT_EQ(CopyDeviceToHostAfter({&t, 1}, mark, &failed).code(), StatusCode::kFailedPrecondition);
+  CallerStreamMark moved(std::move(mark));
+  moved.Reset();
+  EXPECT_TRUE(moved.entries().empty());
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // Device memory: save from GPU buffers that are freed right after Save, and
-// restore into GPU buffers. Skipped (and reported as skipped) without a GPU.
-// scripts/gpu-check.sh runs it on a machine that has one.
+// restore into GPU buffers; lazy saves of device buffers. Skipped (and reported as skipped) without
+// a GPU. scripts/gpu-check.sh runs it on a machine that has one.
 #include <cuda.h>  // types only
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -227,6 +227,163 @@ TEST(Gpu, RestoreWithoutTheWaitIsOverwritten) {
   WithoutTheWait off;
   std::vector<std::byte> expected;
   EXPECT_FALSE(RestoredWhileTheStreamWrites(&expected) == expected);
+}
+
+// Lazy saves of device memory: Save records an event on the caller's stream
+// and returns; the copy runs on mhckpt's streams behind that event, and the
+// fence completes once it has.
+
+SaveOptions Lazy() {
+  SaveOptions so;
+  so.copy = CopyMode::kLazy;
+  return so;
+}
+
+// The caller stream of a lazy-save test: a stream of its own, or (nullptr)
+// the legacy default stream.
+class CallerStream {
+ public:
+  explicit CallerStream(bool own) {
+    if (own) EXPECT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
+  }
+  ~CallerStream() {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  CallerStream(const CallerStream&) = delete;
+  CallerStream& operator=(const CallerStream&) = delete;
+  [[nodiscard]] cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+// Restores array "w" of `step` into host memory.
+std::vector<std::byte> RestoreToHost(CheckpointManager& mgr, int64_t step,
+                                     const StreamOrderCase& c) {
+  std::vector<std::byte> got(c.bytes);
+  ArrayToRestore want{"w", DType::kFloat32, {Destination{c.mine, got.data()}}};
+  Status s = mgr.Restore(step, {&want, 1});
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return got;
+}
+
+// Saved lazily from a device buffer of known values; the caller waits on the
+// fence, then overwrites the buffer on its stream (a cudaMemsetAsync) and
+// frees it: the step holds the values of the fence.
+void LazySaveThenOverwriteAfterTheFence(bool own_stream) {
+  StreamOrderCase c = OrderCase();
+  const std::vector<std::byte> values = Fill(DType::kFloat32, c.shape, c.mine, 53);
+  auto mgr = OpenForTest(FreshDir());
+  ASSERT_TRUE(mgr);
+  CallerStream stream(own_stream);
+  void* d = ToDevice(values);
+  std::vector<ArrayToSave> arrays{
+      {"w", DType::kFloat32, c.shape, {Shard{c.mine, d, Memory::kCuda, -1, stream.get()}}}};
+  SaveFence fence;
+  Status s = mgr->Save(1, arrays, {}, Lazy(), &fence);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  s = fence.Wait();
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  // The fence has completed: the buffer is the caller's again.
+  EXPECT_EQ(cudaMemsetAsync(d, 0xEE, c.bytes, stream.get()), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+  cudaFree(d);
+  s = mgr->WaitUntilFinished();
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(RestoreToHost(*mgr, 1, c) == values);
+}
+
+TEST(GpuLazy, OverwrittenAfterTheFenceRestoresTheSavedBytes) {
+  MHCKPT_NEED_GPU();
+  LazySaveThenOverwriteAfterTheFence(true);
+}
+
+TEST(GpuLazy, OverwrittenAfterTheFenceOnTheLegacyDefaultStream) {
+  MHCKPT_NEED_GPU();
+  LazySaveThenOverwriteAfterTheFence(false);
+}
+
+// A zeroed device buffer whose caller stream, held 500 ms by a host
+// function, still has a cudaMemsetAsync(0x5A) queued when Save is called
+// lazily. `returned_before_copy` is set to whether the fence was still open
+// when Save returned (the copy waits for the held stream, so a Save that
+// waited for the copy returns after it). The restored bytes: all 0x5A if the
+// copy waited for the work queued before Save, zeros if not.
+std::vector<std::byte> LazySavedWhileTheStreamWrites(bool own_stream, bool* returned_before_copy) {
+  StreamOrderCase c = OrderCase();
+  *returned_before_copy = false;
+  auto mgr = OpenForTest(FreshDir());
+  EXPECT_TRUE(mgr);
+  if (!mgr) return {};
+  CallerStream stream(own_stream);
+  void* d = ToDevice(std::vector<std::byte>(c.bytes));
+  DelayStream(stream.get());
+  EXPECT_EQ(cudaMemsetAsync(d, 0x5A, c.bytes, stream.get()), cudaSuccess);
+  std::vector<ArrayToSave> arrays{
+      {"w", DType::kFloat32, c.shape, {Shard{c.mine, d, Memory::kCuda, -1, stream.get()}}}};
+  SaveFence fence;
+  Status s = mgr->Save(1, arrays, {}, Lazy(), &fence);
+  *returned_before_copy = !fence.Done();
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  s = fence.Wait();
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+  cudaFree(d);
+  s = mgr->WaitUntilFinished();
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return RestoreToHost(*mgr, 1, c);
+}
+
+TEST(GpuLazy, CopyWaitsForTheCallersStreamAndSaveDoesNot) {
+  MHCKPT_NEED_GPU();
+  bool returned_before_copy = false;
+  EXPECT_TRUE(LazySavedWhileTheStreamWrites(true, &returned_before_copy) ==
+              std::vector<std::byte>(OrderCase().bytes, std::byte{0x5A}));
+  EXPECT_TRUE(returned_before_copy) << "Save waited for the device copy";
+}
+
+TEST(GpuLazy, CopyWaitsForTheLegacyDefaultStream) {
+  MHCKPT_NEED_GPU();
+  bool returned_before_copy = false;
+  EXPECT_TRUE(LazySavedWhileTheStreamWrites(false, &returned_before_copy) ==
+              std::vector<std::byte>(OrderCase().bytes, std::byte{0x5A}));
+  EXPECT_TRUE(returned_before_copy) << "Save waited for the device copy";
+}
+
+// Negative control: without the event on the caller's stream, the lazy copy
+// takes the old zeros, so the tests above can fail.
+TEST(GpuLazy, CopyWithoutTheWaitTakesTheOldBytes) {
+  MHCKPT_NEED_GPU();
+  WithoutTheWait off;
+  bool returned_before_copy = false;
+  EXPECT_FALSE(LazySavedWhileTheStreamWrites(true, &returned_before_copy) ==
+               std::vector<std::byte>(OrderCase().bytes, std::byte{0x5A}));
+}
+
+// Host memory passed as device memory: the lazy save's CUDA error names the
+// array, the rank and the box, is returned by Save, and fails the save on
+// every rank.
+TEST(GpuLazy, CudaErrorNamesTheArrayTheRankAndTheBox) {
+  MHCKPT_NEED_GPU();
+  StreamOrderCase c = OrderCase();
+  auto mgr = OpenForTest(FreshDir());
+  ASSERT_TRUE(mgr);
+  std::vector<std::byte> host(c.bytes);
+  std::vector<ArrayToSave> arrays{
+      {"w", DType::kFloat32, c.shape, {Shard{c.mine, host.data(), Memory::kCuda}}}};
+  SaveFence fence;
+  Status s = mgr->Save(1, arrays, {}, Lazy(), &fence);
+  EXPECT_FALSE(s.ok());
+  const std::string where =
+      "rank " + std::to_string(Rank()) + ": array 'w', box " + BoxToString(c.mine);
+  EXPECT_NE(s.message().find(where), std::string::npos) << s.ToString();
+  EXPECT_TRUE(fence.Wait().ok());  // nothing left to copy
+  Status all = mgr->WaitUntilFinished();
+  EXPECT_FALSE(all.ok());
+  EXPECT_TRUE(testing::SameOnAllRanks(all)) << all.ToString();
+  auto steps = mgr->CommittedSteps();
+  ASSERT_TRUE(steps.ok());
+  EXPECT_TRUE(steps->empty());
 }
 
 // A replicated array restored whole into every rank's GPU is read once (by

@@ -14,6 +14,7 @@
 
 #include "coordinator/checkpoint_manager.h"
 #include "tests/test_util.h"
+#include "worker/copy.h"
 
 namespace mhckpt {
 namespace {
@@ -188,6 +189,35 @@ TEST(LazySave, InputErrorsAreReturnedBySaveAsWhenBlocking) {
   Status local = m->Save(0, a, {}, Lazy(), &fence);
   EXPECT_EQ(local.ok(), Rank() != 0);
   (void)fence.Wait();
+  Status s = m->WaitUntilFinished();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_TRUE(SameOnAllRanks(s));
+}
+
+// Without a usable CUDA device (tests/gpu_test.cc covers the device path
+// where there is one): a lazy save of a device box beside a host box fails
+// at Save, naming the array, as a blocking one does; the host box's copy
+// still runs and the fence completes; the save fails on every rank.
+TEST(LazySave, DeviceBoxWithoutADeviceIsAnInputError) {
+  if (internal::CudaAvailable()) GTEST_SKIP() << "a CUDA device is usable: gpu_test covers it";
+  auto m = OpenForTest(FreshDir());
+  ASSERT_TRUE(m);
+  Buffer buf(8);
+  std::vector<ArrayToSave> a = buf.Arrays("w");
+  std::vector<std::byte> device_like(64);
+  if (Rank() == 0) {
+    a.push_back(
+        {"d", DType::kFloat32, {16}, {Shard{FullBox({16}), device_like.data(), Memory::kCuda}}});
+  } else {
+    a.push_back({"d", DType::kFloat32, {16}, {}});
+  }
+  SaveFence fence;
+  Status local = m->Save(0, a, {}, Lazy(), &fence);
+  EXPECT_EQ(local.ok(), Rank() != 0) << local.ToString();
+  if (Rank() == 0) {
+    EXPECT_NE(local.message().find("array 'd'"), std::string::npos) << local.ToString();
+  }
+  EXPECT_TRUE(fence.Wait().ok());
   Status s = m->WaitUntilFinished();
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
   EXPECT_TRUE(SameOnAllRanks(s));

@@ -7,6 +7,7 @@
 #include <optional>
 #include <span>
 #include <utility>
+#include <vector>
 
 #include "base/status.h"
 
@@ -52,8 +53,57 @@ Status CopyDeviceToHost(std::span<const CopyTask> tasks);
 /// Returns after every copy completed.
 Status CopyHostToDevice(std::span<const CopyTask> tasks);
 
+/// A lazy save's device copies, ordered at Save time and issued later.
+/// MarkCallerStreams runs on the caller's thread when Save is called: it
+/// resolves each task's device (CopyTask::device) and records an event of
+/// its own on each distinct caller stream of each device, so that the mark
+/// stands for the work issued there so far (a per-thread default stream is
+/// the calling thread's, which is why this cannot wait for another thread).
+/// CopyDeviceToHostAfter, on any thread and later, queues the copies on
+/// mhckpt's streams behind those events instead of recording new ones, so
+/// that work the caller issued after the mark is not waited for, and
+/// returns once every copy has completed (as CopyDeviceToHost). The events
+/// are destroyed with the mark. Move-only.
+class CallerStreamMark {
+ public:
+  CallerStreamMark() = default;
+  ~CallerStreamMark();
+  CallerStreamMark(CallerStreamMark&& other) noexcept;
+  CallerStreamMark& operator=(CallerStreamMark&& other) noexcept;
+  CallerStreamMark(const CallerStreamMark&) = delete;
+  CallerStreamMark& operator=(const CallerStreamMark&) = delete;
+
+  /// One caller stream on one device, and the event recorded on it.
+  struct Entry {
+    int device = -1;
+    void* stream = nullptr;  // cudaStream_t
+    void* event = nullptr;   // cudaEvent_t
+  };
+  [[nodiscard]] const std::vector<Entry>& entries() const { return entries_; }
+  /// Destroys the events (each in its device's context).
+  void Reset();
+
+ private:
+  friend Status MarkCallerStreams(std::span<CopyTask>, CallerStreamMark*, std::optional<size_t>*);
+  std::vector<Entry> entries_;
+};
+
+/// See CallerStreamMark. Tasks with no bytes are skipped; their `dst` is not
+/// read. On an error, `failed` (if given) is set to the index of the task
+/// the error is about, when one is.
+Status MarkCallerStreams(std::span<CopyTask> tasks, CallerStreamMark* mark,
+                         std::optional<size_t>* failed);
+/// See CallerStreamMark: `tasks` as given to MarkCallerStreams (devices
+/// resolved), with their destinations. On an error, `failed` (if given) is
+/// set to the index of the task the error is about: the copy that CUDA
+/// refused, or for an error seen only when the copies were waited for, the
+/// first copy on the stream that reported it.
+Status CopyDeviceToHostAfter(std::span<const CopyTask> tasks, const CallerStreamMark& mark,
+                             std::optional<size_t>* failed);
+
 /// Tests only: false makes the copies above start at once, without waiting
-/// for the caller streams (the bug the ordering tests must catch).
+/// for the caller streams (the bug the ordering tests must catch);
+/// MarkCallerStreams then records no event.
 void SetWaitForCallerStreamsForTest(bool wait);
 
 /// Makes a CUDA device current on the calling thread for a scope, and puts

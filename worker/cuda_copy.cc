@@ -20,6 +20,15 @@
 //   7. Return the first error, as one Status; a sticky-free CUDA error is
 //      cleared (cudaGetLastError) once it has become that Status, so that the
 //      framework's next launch check does not report it as its own.
+//
+// A lazy save splits step 2 off (MarkCallerStreams): on the caller's thread,
+// when Save is called, an event of the save's own is recorded on each caller
+// stream; later, on the save's copying thread, CopyDeviceToHostAfter runs
+// steps 1-7 with step 2 reduced to making every lane wait on those events.
+// Its step 6 first waits on each lane's `done` event (made with
+// cudaEventBlockingSync: the low-priority copying thread sleeps rather than
+// spins while the copies wait for the caller's queued work), then
+// synchronises the lanes as above.
 #include <cuda.h>  // types only: driver calls are reached through the runtime
 #include <cuda_runtime_api.h>
 
@@ -30,6 +39,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -117,8 +127,9 @@ class Lanes {
     for (int i = 0; i < kStreamsPerDevice; ++i) {
       MHCKPT_CUDA_RETURN("stream create",
                          cudaStreamCreateWithFlags(&l.streams[i], cudaStreamNonBlocking));
-      MHCKPT_CUDA_RETURN("event create",
-                         cudaEventCreateWithFlags(&l.done[i], cudaEventDisableTiming));
+      MHCKPT_CUDA_RETURN(
+          "event create",
+          cudaEventCreateWithFlags(&l.done[i], cudaEventDisableTiming | cudaEventBlockingSync));
     }
     MHCKPT_CUDA_RETURN("event create", cudaEventCreateWithFlags(&l.ready, cudaEventDisableTiming));
     return &lanes_.emplace(device, l).first->second;
@@ -155,12 +166,46 @@ std::vector<cudaStream_t> CallerStreams(const std::vector<const CopyTask*>& task
   return callers;
 }
 
-// Steps 2-5 on one device (current already) for its tasks.
-Status QueueOnDevice(DeviceLanes& l, const std::vector<const CopyTask*>& tasks,
-                     cudaMemcpyKind kind) {
+// The event `mark` recorded on `caller` on `device`, or nullptr.
+cudaEvent_t MarkedEvent(const CallerStreamMark& mark, int device, cudaStream_t caller) {
+  for (const CallerStreamMark::Entry& e : mark.entries()) {
+    if (e.device == device && static_cast<cudaStream_t>(e.stream) == caller) {
+      return static_cast<cudaEvent_t>(e.event);
+    }
+  }
+  return nullptr;
+}
+
+// Where an error is reported: the task it is about (an index into the
+// caller's span), if the caller asked.
+struct Blame {
+  const CopyTask* base = nullptr;
+  std::optional<size_t>* failed = nullptr;
+  void On(const CopyTask* t) const {
+    if (failed != nullptr && !failed->has_value()) *failed = static_cast<size_t>(t - base);
+  }
+};
+
+// Steps 2-5 on one device (current already) for its tasks. With `mark`
+// (a lazy save), step 2 waits on the events recorded at Save time.
+Status QueueOnDevice(DeviceLanes& l, int device, const std::vector<const CopyTask*>& tasks,
+                     cudaMemcpyKind kind, const CallerStreamMark* mark, const Blame& blame) {
   const std::vector<cudaStream_t> callers = CallerStreams(tasks);
-  // 2. Our lanes wait for everything issued so far on each caller stream.
-  if (wait_for_callers.load()) {
+  if (mark != nullptr) {
+    // 2 (lazy). Our lanes wait for what was issued on each caller stream
+    // before Save returned, and nothing later.
+    for (cudaStream_t caller : callers) {
+      cudaEvent_t e = MarkedEvent(*mark, device, caller);
+      if (e == nullptr) continue;  // not marked: the tests' negative control
+      for (cudaStream_t s : l.streams) {
+        if (cudaError_t err = cudaStreamWaitEvent(s, e, 0); err != cudaSuccess) {
+          blame.On(tasks.front());
+          return CudaError("stream wait on the event recorded at Save", err);
+        }
+      }
+    }
+  } else if (wait_for_callers.load()) {
+    // 2. Our lanes wait for everything issued so far on each caller stream.
     for (cudaStream_t caller : callers) {
       MHCKPT_CUDA_RETURN("event record on the caller's stream", cudaEventRecord(l.ready, caller));
       for (cudaStream_t s : l.streams) {
@@ -171,8 +216,11 @@ Status QueueOnDevice(DeviceLanes& l, const std::vector<const CopyTask*>& tasks,
   // 3. The copies.
   for (size_t i = 0; i < tasks.size(); ++i) {
     const CopyTask& t = *tasks[i];
-    MHCKPT_CUDA_RETURN(
-        "memcpy", cudaMemcpyAsync(t.dst, t.src, t.bytes, kind, l.streams[i % kStreamsPerDevice]));
+    cudaError_t e = cudaMemcpyAsync(t.dst, t.src, t.bytes, kind, l.streams[i % kStreamsPerDevice]);
+    if (e != cudaSuccess) {
+      blame.On(&t);
+      return CudaError("memcpy", e);
+    }
   }
   // 4. The end of each lane.
   for (int i = 0; i < kStreamsPerDevice; ++i) {
@@ -190,10 +238,13 @@ Status QueueOnDevice(DeviceLanes& l, const std::vector<const CopyTask*>& tasks,
 }
 
 // 6. Waits for every lane of every device in `devices` that has lanes.
+// `queued`: steps 1-5 succeeded on every device, so each lane's `done` event
+// marks the end of this call's copies on it; with `sleep`, it is waited on
+// first (a blocking-sync event: the thread sleeps).
 Status DrainLanes(const std::map<int, std::vector<const CopyTask*>>& devices, Lanes& lanes,
-                  ScopedDevice& scope) {
+                  ScopedDevice& scope, bool queued, bool sleep, const Blame& blame) {
   Status s;
-  for (const auto& [device, unused] : devices) {
+  for (const auto& [device, mine] : devices) {
     DeviceLanes* l = lanes.Find(device);
     if (l == nullptr) continue;
     Status used = scope.Use(device);
@@ -201,22 +252,35 @@ Status DrainLanes(const std::map<int, std::vector<const CopyTask*>>& devices, La
       if (s.ok()) s = used;
       continue;
     }
-    for (cudaStream_t stream : l->streams) {
-      cudaError_t e = cudaStreamSynchronize(stream);
-      if (e != cudaSuccess && s.ok()) s = CudaError("synchronize", e);
+    for (int i = 0; i < kStreamsPerDevice; ++i) {
+      cudaError_t e = queued && sleep ? cudaEventSynchronize(l->done[i]) : cudaSuccess;
+      if (e == cudaSuccess) e = cudaStreamSynchronize(l->streams[i]);
+      if (e != cudaSuccess && s.ok()) {
+        // The first copy queued on this lane (or on the device).
+        blame.On(mine[static_cast<size_t>(i) < mine.size() ? i : 0]);
+        s = CudaError("synchronize", e);
+      }
     }
   }
   return s;
 }
 
-Status Copy(std::span<const CopyTask> tasks, cudaMemcpyKind kind) {
+// `mark` (a lazy save's): step 2 waits on its events. `failed`: see
+// CopyDeviceToHostAfter.
+Status Copy(std::span<const CopyTask> tasks, cudaMemcpyKind kind,
+            const CallerStreamMark* mark = nullptr, std::optional<size_t>* failed = nullptr) {
   if (!CudaAvailable())
     return FailedPrecondition("device memory given, but no CUDA device is usable");
+  const Blame blame{tasks.data(), failed};
   std::map<int, std::vector<const CopyTask*>> by_device;
   for (const CopyTask& t : tasks) {
     if (t.bytes == 0) continue;
-    MHCKPT_ASSIGN_OR_RETURN(int device, DeviceOf(t, kind));
-    by_device[device].push_back(&t);
+    Result<int> device = DeviceOf(t, kind);
+    if (!device.ok()) {
+      blame.On(&t);
+      return device.status();
+    }
+    by_device[*device].push_back(&t);
   }
   Lanes& lanes = TheLanes();
   std::lock_guard<std::mutex> lock(lanes.mu);
@@ -232,10 +296,10 @@ Status Copy(std::span<const CopyTask> tasks, cudaMemcpyKind kind) {
       s = l.status();
       break;
     }
-    s = QueueOnDevice(**l, mine, kind);
+    s = QueueOnDevice(**l, device, mine, kind, mark, blame);
     if (!s.ok()) break;
   }
-  Status drained = DrainLanes(by_device, lanes, scope);
+  Status drained = DrainLanes(by_device, lanes, scope, s.ok(), mark != nullptr, blame);
   return s.ok() ? drained : s;
 }
 
@@ -271,6 +335,92 @@ Status CopyHostToDevice(std::span<const CopyTask> tasks) {
 }
 
 void SetWaitForCallerStreamsForTest(bool wait) { wait_for_callers.store(wait); }
+
+Status MarkCallerStreams(std::span<CopyTask> tasks, CallerStreamMark* mark,
+                         std::optional<size_t>* failed) {
+  if (!CudaAvailable())
+    return FailedPrecondition("device memory given, but no CUDA device is usable");
+  const Blame blame{tasks.data(), failed};
+  // Each task's device, resolved now, on the caller's thread (the copier
+  // reads it from the task).
+  std::map<int, std::vector<const CopyTask*>> by_device;
+  for (CopyTask& t : tasks) {
+    if (t.bytes == 0) continue;
+    if (t.device < 0) {
+      Result<int> device = DeviceOfPointer(t.src);
+      if (!device.ok()) {
+        blame.On(&t);
+        return device.status();
+      }
+      t.device = *device;
+    }
+    by_device[t.device].push_back(&t);
+  }
+  if (!wait_for_callers.load()) return OkStatus();  // the tests' negative control
+  // On the caller's thread, with its context put back at the end: an event
+  // per (device, caller stream), recorded now.
+  ScopedDevice scope;
+  for (const auto& [device, mine] : by_device) {
+    if (Status used = scope.Use(device); !used.ok()) {
+      blame.On(mine.front());
+      return used;
+    }
+    noted_device.store(device);
+    std::vector<cudaStream_t> done;
+    for (const CopyTask* t : mine) {
+      auto caller = static_cast<cudaStream_t>(t->stream);
+      if (std::find(done.begin(), done.end(), caller) != done.end()) continue;
+      done.push_back(caller);
+      cudaEvent_t e = nullptr;
+      cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+      if (err != cudaSuccess) {
+        blame.On(t);
+        return CudaError("event create", err);
+      }
+      mark->entries_.push_back({device, t->stream, e});
+      if (err = cudaEventRecord(e, caller); err != cudaSuccess) {
+        blame.On(t);
+        return CudaError("event record on the caller's stream", err);
+      }
+    }
+  }
+  return OkStatus();
+}
+
+Status CopyDeviceToHostAfter(std::span<const CopyTask> tasks, const CallerStreamMark& mark,
+                             std::optional<size_t>* failed) {
+  return Copy(tasks, cudaMemcpyDeviceToHost, &mark, failed);
+}
+
+CallerStreamMark::~CallerStreamMark() { Reset(); }
+
+CallerStreamMark::CallerStreamMark(CallerStreamMark&& other) noexcept
+    : entries_(std::move(other.entries_)) {
+  other.entries_.clear();
+}
+
+CallerStreamMark& CallerStreamMark::operator=(CallerStreamMark&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    entries_ = std::move(other.entries_);
+    other.entries_.clear();
+  }
+  return *this;
+}
+
+void CallerStreamMark::Reset() {
+  if (entries_.empty()) return;
+  ScopedDevice scope;
+  for (const Entry& e : entries_) {
+    // An event still waited on is released once the wait has ended.
+    if (scope.Use(e.device).ok() &&
+        cudaEventDestroy(static_cast<cudaEvent_t>(e.event)) == cudaSuccess) {
+      continue;
+    }
+    (void)cudaGetLastError();
+  }
+  entries_.clear();
+}
 
 ScopedDevice::ScopedDevice() {
   if (!CudaAvailable()) return;

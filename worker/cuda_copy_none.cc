@@ -19,6 +19,36 @@ Result<int> DeviceOfPointer(const void*) {
 
 void SetWaitForCallerStreamsForTest(bool) {}
 
+// No device copy is ever planned without CUDA (device boxes fail the input
+// checks); these only keep the lazy save's calls linkable.
+Status MarkCallerStreams(std::span<CopyTask> tasks, CallerStreamMark*, std::optional<size_t>*) {
+  for (const CopyTask& t : tasks) {
+    if (t.bytes > 0) {
+      return FailedPrecondition("device memory given, but mhckpt was built without CUDA");
+    }
+  }
+  return OkStatus();
+}
+
+Status CopyDeviceToHostAfter(std::span<const CopyTask> tasks, const CallerStreamMark&,
+                             std::optional<size_t>*) {
+  for (const CopyTask& t : tasks) {
+    if (t.bytes > 0) {
+      return FailedPrecondition("device memory given, but mhckpt was built without CUDA");
+    }
+  }
+  return OkStatus();
+}
+
+CallerStreamMark::~CallerStreamMark() = default;
+CallerStreamMark::CallerStreamMark(CallerStreamMark&& other) noexcept
+    : entries_(std::move(other.entries_)) {}
+CallerStreamMark& CallerStreamMark::operator=(CallerStreamMark&& other) noexcept {
+  entries_ = std::move(other.entries_);
+  return *this;
+}
+void CallerStreamMark::Reset() { entries_.clear(); }
+
 ScopedDevice::ScopedDevice() = default;
 ScopedDevice::~ScopedDevice() = default;
 Status ScopedDevice::Use(int) { return FailedPrecondition("mhckpt was built without CUDA"); }

@@ -126,24 +126,32 @@ Status PlanCopies(std::span<const ArrayToSave> arrays, int rank, Snapshot* out,
   return first_error;
 }
 
-// Step 3: host boxes on several threads, device boxes through CUDA.
+// `s` about copy `c`: its message after the array and the box.
+Status AboutBox(const Status& s, const SnapshotCopy& c, const Snapshot& out) {
+  return Status(s.code(), fmt::format("array '{}', box {}: {}", out.arrays[c.array].name,
+                                      BoxToString(c.box), s.message()));
+}
+
+// Step 3: host boxes on several threads, device boxes through CUDA (after
+// `mark`'s events, for a lazy save).
 Status CopyBoxes(const std::vector<SnapshotCopy>& copies, const Snapshot& out,
-                 const SnapshotOptions& options) {
+                 const SnapshotOptions& options, const CallerStreamMark* mark) {
   std::vector<CopyTask> host, device;
-  std::vector<size_t> host_index;
+  std::vector<size_t> host_index, device_index;
   for (size_t i = 0; i < copies.size(); ++i) {
     const SnapshotCopy& c = copies[i];
     CopyTask t{out.buffer.data() + c.offset, c.src, c.size, c.device, c.stream};
     if (c.size == 0) continue;
     if (c.memory == Memory::kCuda) {
       device.push_back(t);
+      device_index.push_back(i);
     } else {
       host.push_back(t);
       host_index.push_back(i);
     }
   }
   Status s;
-  if (!device.empty()) s = CopyDeviceToHost(device);
+  if (!device.empty() && mark == nullptr) s = CopyDeviceToHost(device);
   if (!options.guarded) {
     ParallelCopy(host, options.threads);
   } else if (std::optional<size_t> bad = ParallelGuardedCopy(host, options.threads)) {
@@ -153,6 +161,13 @@ Status CopyBoxes(const std::vector<SnapshotCopy>& copies, const Snapshot& out,
         "copy of it ended (wait on the save's fence before freeing, donating or deleting a "
         "saved buffer)",
         out.arrays[c.array].name, BoxToString(c.box)));
+  }
+  // A lazy save's device boxes after its host boxes: the work queued on the
+  // caller's streams before Save, which they wait for, runs meanwhile.
+  if (!device.empty() && mark != nullptr) {
+    std::optional<size_t> failed;
+    s = CopyDeviceToHostAfter(device, *mark, &failed);
+    if (!s.ok() && failed) s = AboutBox(s, copies[device_index[*failed]], out);
   }
   return s;
 }
@@ -167,8 +182,29 @@ Status PrepareSnapshot(std::span<const ArrayToSave> arrays, const SnapshotOption
   return s;
 }
 
+Status MarkDeviceCopies(std::vector<SnapshotCopy>* copies, const Snapshot& out,
+                        const SnapshotOptions& options, CallerStreamMark* mark) {
+  std::vector<CopyTask> device;
+  std::vector<size_t> device_index;
+  for (size_t i = 0; i < copies->size(); ++i) {
+    const SnapshotCopy& c = (*copies)[i];
+    if (c.memory != Memory::kCuda || c.size == 0) continue;
+    device.push_back(CopyTask{nullptr, c.src, c.size, c.device, c.stream});
+    device_index.push_back(i);
+  }
+  if (device.empty()) return OkStatus();
+  std::optional<size_t> failed;
+  Status s = MarkCallerStreams(device, mark, &failed);
+  if (!s.ok()) {
+    if (failed) s = AboutBox(s, (*copies)[device_index[*failed]], out);
+    return Status(s.code(), fmt::format("rank {}: {}", options.rank, s.message()));
+  }
+  for (size_t k = 0; k < device.size(); ++k) (*copies)[device_index[k]].device = device[k].device;
+  return OkStatus();
+}
+
 Status FillSnapshot(const std::vector<SnapshotCopy>& copies, const SnapshotOptions& options,
-                    Status error, StagingPool& pool, Snapshot* out) {
+                    Status error, StagingPool& pool, Snapshot* out, const CallerStreamMark* mark) {
   const int rank = options.rank;
   auto with_rank = [rank](const Status& s) {
     return Status(s.code(), fmt::format("rank {}: {}", rank, s.message()));
@@ -183,7 +219,7 @@ Status FillSnapshot(const std::vector<SnapshotCopy>& copies, const SnapshotOptio
   out->buffer = std::move(buffer).value();
 
   // 3. Copy.
-  Status copied = CopyBoxes(copies, *out, options);
+  Status copied = CopyBoxes(copies, *out, options, mark);
   if (error.ok() && !copied.ok()) error = with_rank(copied);
   return error;
 }

@@ -11,6 +11,7 @@
 
 #include "base/status.h"
 #include "worker/array.h"
+#include "worker/copy.h"
 #include "worker/staging_pool.h"
 
 namespace mhckpt::internal {
@@ -79,9 +80,18 @@ Status TakeSnapshot(std::span<const ArrayToSave> arrays, const SnapshotOptions& 
 /// describes `arrays` in `out` and plans `copies` (it reads no array bytes);
 /// FillSnapshot takes the staging buffer and copies. `error` is what
 /// PrepareSnapshot returned; FillSnapshot returns it or its own.
+/// A lazy save's device boxes are ordered between the halves, on the
+/// caller's thread when Save is called: MarkDeviceCopies records an event on
+/// each caller stream of `copies` (CallerStreamMark, worker/copy.h) and sets
+/// each device copy's device; FillSnapshot given `mark` then copies device
+/// boxes after those events, on mhckpt's streams, and returns once they have
+/// completed. A CUDA error names the array, the rank and the box.
 Status PrepareSnapshot(std::span<const ArrayToSave> arrays, const SnapshotOptions& options,
                        Snapshot* out, std::vector<SnapshotCopy>* copies);
+Status MarkDeviceCopies(std::vector<SnapshotCopy>* copies, const Snapshot& out,
+                        const SnapshotOptions& options, CallerStreamMark* mark);
 Status FillSnapshot(const std::vector<SnapshotCopy>& copies, const SnapshotOptions& options,
-                    Status error, StagingPool& pool, Snapshot* out);
+                    Status error, StagingPool& pool, Snapshot* out,
+                    const CallerStreamMark* mark = nullptr);
 
 }  // namespace mhckpt::internal

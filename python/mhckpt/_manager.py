@@ -275,7 +275,10 @@ class CheckpointManager:
         ``protect_host=True`` write-protects their pages until copied, so
         that such a write kills the process with a message naming the array
         (for debugging: two mprotect calls per buffer). Device buffers are
-        copied before ``save`` returns, as without ``lazy``.
+        copied on mhckpt's CUDA streams after the work queued on their stream
+        before ``save`` (not after later work), and the fence completes once
+        those copies have; this device path has not yet run on a GPU (it is
+        compiled, and its tests skip without a device).
 
         Args:
           step: a non-negative step number, the same on every rank.
