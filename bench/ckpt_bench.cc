@@ -92,6 +92,7 @@ struct Flags {
   bool keep = false;
   bool drop_caches = false;
   uint64_t chunk_bytes = 0;  // Options::checksum_chunk_bytes
+  int format = 0;            // Options::format_version (0: the library's default)
   bool no_verify_checksums = false;
   std::string prefault = "on";      // RestoreOptions::prefault
   std::string direct_reads = "on";  // RestoreOptions::direct_reads
@@ -161,6 +162,7 @@ Options MakeOptions(const Flags& f) {
   o.max_to_keep = 2;  // bounds the disk; the deletes run after the commit is reported
   o.replica_parallel_min_bytes = f.replica_split_bytes;
   o.checksum_chunk_bytes = f.chunk_bytes;
+  if (f.format != 0) o.format_version = f.format;
   return o;
 }
 
@@ -723,6 +725,8 @@ int Main(int argc, char** argv, int provided) {
   app.add_flag("--keep", f.keep, "Keep the checkpoints written (save: for a later restore)");
   app.add_option("--chunk-bytes", f.chunk_bytes,
                  "Options::checksum_chunk_bytes of the saves (0: the library's default)");
+  app.add_option("--format", f.format,
+                 "Options::format_version of the saves (0: the library's default)");
   app.add_option("--dest-pages", f.dest_pages,
                  "restore, many: new destinations advised MADV_HUGEPAGE as numpy advises its "
                  "arrays (huge), or not (base)")

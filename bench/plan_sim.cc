@@ -51,7 +51,9 @@
 #include "bench/bench_util.h"
 #include "coordinator/layouts.h"
 #include "coordinator/plan.h"
+#include "coordinator/rank_report.h"
 #include "io/marker.h"
+#include "io/step_index.h"
 #include "programs/main_guard.h"
 
 // ---- Every allocation counted, so rank 0's peak is measured, not guessed ----
@@ -252,6 +254,7 @@ struct Flags {
   int reps = 3;
   int64_t full_max_bytes = int64_t{3} << 30;
   std::string json_path;
+  std::string index_dir = "/tmp";
 };
 
 // What reaches rank 0 in the deduplicated plan round (step 1).
@@ -349,12 +352,6 @@ json RootPlan(const Gathered& g, uint64_t rp_min_bytes, uint64_t chunk_bytes,
   Result<io::Marker> parsed = io::ParseMarker(text, "plan", io::MarkerText::kPlan);
   if (!parsed.ok()) throw std::runtime_error(parsed.status().ToString());
   const double parse_s = Since(t1);
-  // The commit marker of the same plan (chunk checksums included), which
-  // every rank parses at restore.
-  const std::string marker = io::MarkerToJson(*plan);
-  auto t2 = Clock::now();
-  if (!io::ParseMarker(marker, "marker").ok()) throw std::runtime_error("marker");
-  const double marker_parse_s = Since(t2);
   json out = {{"layouts", groups.first_rank.size()},
               {"group_seconds", group_s},
               {"plan_seconds", plan_s},
@@ -365,10 +362,150 @@ json RootPlan(const Gathered& g, uint64_t rp_min_bytes, uint64_t chunk_bytes,
               {"plan_json_bytes", text.size()},
               {"plan_json_xxh3", XXH3_64bits(text.data(), text.size())},
               {"parse_seconds_per_rank", parse_s},
-              {"marker_json_bytes", marker.size()},
-              {"marker_parse_seconds_per_rank", marker_parse_s},
               {"balance", Balance(*plan)}};
   if (plan_out != nullptr) *plan_out = std::move(plan).value();
+  return out;
+}
+
+// The writers' reports of a save of `plan` (index = rank), as save.cc sends
+// them, with made-up checksums: format 2, each box's checksum and its
+// chunks'; format 3, its index record's check word. Also the index file
+// those writers would write, and each writer's share of it.
+struct Reports {
+  std::vector<std::string> v2, v3;
+  std::string index;
+  std::vector<uint64_t> index_bytes_of;  // per rank
+};
+
+Reports WriterReports(const io::Marker& plan, const io::IndexLayout& layout) {
+  const auto world = static_cast<size_t>(plan.world_size);
+  std::vector<std::vector<internal::BoxSum>> v2(world), v3(world);
+  Reports r;
+  r.index_bytes_of.assign(world, 0);
+  r.index = io::IndexHeader(plan.step);
+  r.index.reserve(layout.total());
+  uint64_t sum = 1;
+  for (size_t ai = 0; ai < plan.arrays.size(); ++ai) {
+    for (size_t bi = 0; bi < plan.arrays[ai].boxes.size(); ++bi) {
+      const io::MarkerBox& b = plan.arrays[ai].boxes[bi];
+      std::vector<uint64_t> chunks(static_cast<size_t>(io::ChunkCount(b.box, b.chunk_rows)));
+      for (uint64_t& c : chunks) c = sum++;
+      const auto w = static_cast<size_t>(b.writer);
+      const uint64_t check = io::AppendIndexRecord(ai, bi, sum, chunks, &r.index);
+      v3[w].push_back({static_cast<uint32_t>(ai), static_cast<uint32_t>(bi), check, {}});
+      v2[w].push_back({static_cast<uint32_t>(ai), static_cast<uint32_t>(bi), sum++,
+                       std::move(chunks)});
+      r.index_bytes_of[w] += layout.record_bytes(ai, bi);
+    }
+  }
+  for (size_t w = 0; w < world; ++w) {
+    r.v2.push_back(internal::EncodeReport(OkStatus(), v2[w]));
+    r.v3.push_back(internal::EncodeReport(OkStatus(), v3[w]));
+  }
+  return r;
+}
+
+size_t TotalBytes(const std::vector<std::string>& v) {
+  size_t n = 0;
+  for (const std::string& s : v) n += s.size();
+  return n;
+}
+
+// The stored boxes a rank at TP x PP position `rank` reads when it restores
+// what it holds (a restore at the save's layout; another layout reads about
+// as many).
+std::vector<io::BoxRef> BoxesToRead(const io::Marker& plan, const RankDescription& d) {
+  std::vector<io::BoxRef> refs;
+  for (size_t ai = 0; ai < plan.arrays.size(); ++ai) {
+    for (const Box& held : d.arrays[ai].boxes) {
+      for (size_t bi = 0; bi < plan.arrays[ai].boxes.size(); ++bi) {
+        if (BoxesIntersect(held, plan.arrays[ai].boxes[bi].box)) {
+          refs.emplace_back(static_cast<uint32_t>(ai), static_cast<uint32_t>(bi));
+        }
+      }
+    }
+  }
+  return refs;
+}
+
+// The commit of `plan` (format 3, as planned) in both formats, measured with
+// the library's code: what rank 0 gathers, does and writes per save, what
+// each writer puts in the index, and one rank's restore metadata (the rank
+// that reads the most of the index): bytes and the time to parse them.
+json Commit(const io::Marker& plan3, const std::vector<Tensor>& tensors, const Model& m,
+            const std::string& index_dir) {
+  io::Marker plan2 = plan3;
+  io::PlanChunks(&plan2, plan3.chunk_bytes, 2);
+  const io::IndexLayout layout = io::IndexLayout::Of(plan3, "plan").value();
+  const Reports r = WriterReports(plan3, layout);
+  json out;
+  {  // Format 2: every chunk's checksum to rank 0, into the marker.
+    io::Marker marker = plan2;
+    const double cpu0 = ThreadCpuSeconds();
+    if (!internal::FillChecksums(r.v2, &marker).ok()) throw std::runtime_error("fill v2");
+    const std::string text = io::MarkerToJson(marker);
+    const double root_cpu = ThreadCpuSeconds() - cpu0;
+    const double parse0 = ThreadCpuSeconds();
+    if (!io::ParseMarker(text, "marker").ok()) throw std::runtime_error("parse v2");
+    out["format2"] = {{"reports_bytes", TotalBytes(r.v2)},
+                      {"root_commit_cpu_seconds", root_cpu},
+                      {"marker_json_bytes", text.size()},
+                      {"restore_metadata_bytes_per_rank", text.size()},
+                      {"restore_parse_cpu_seconds_per_rank", ThreadCpuSeconds() - parse0}};
+  }
+  // Format 3: a check word per box to rank 0; the records in the index.
+  io::Marker marker = plan3;
+  const double cpu0 = ThreadCpuSeconds();
+  const io::IndexLayout root_layout = io::IndexLayout::Of(marker, "plan").value();
+  if (!internal::FillIndex(r.v3, root_layout, &marker).ok()) throw std::runtime_error("fill v3");
+  const std::string text = io::MarkerToJson(marker);
+  const double root_cpu = ThreadCpuSeconds() - cpu0;
+  const std::string path = index_dir + "/mhckpt-plan-sim-index.bin";
+  {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f.write(r.index.data(), static_cast<std::streamsize>(r.index.size()));
+    if (!f) throw std::runtime_error("cannot write " + path);
+  }
+  // The rank that reads the most records: one per TP x PP position (data
+  // parallel replicas read the same).
+  std::vector<io::BoxRef> most;
+  uint64_t most_bytes = 0;
+  for (int p = 0; p < m.tp * m.pp && p < plan3.world_size; ++p) {
+    std::vector<io::BoxRef> refs = BoxesToRead(plan3, DescribeRank(tensors, m, p));
+    uint64_t bytes = 0;
+    for (const io::BoxRef& b : refs) bytes += layout.record_bytes(b.first, b.second);
+    if (bytes >= most_bytes) {
+      most_bytes = bytes;
+      most = std::move(refs);
+    }
+  }
+  const double parse0 = ThreadCpuSeconds();
+  auto t0 = Clock::now();
+  Result<io::Marker> parsed = io::ParseMarker(text, "marker");
+  if (!parsed.ok()) throw std::runtime_error(parsed.status().ToString());
+  const double marker_parse = ThreadCpuSeconds() - parse0;
+  const io::IndexLayout reader_layout = io::IndexLayout::Of(*parsed, "marker").value();
+  uint64_t read = 0;
+  Status loaded = io::LoadIndexRecords(path, reader_layout, most, &*parsed, &read);
+  const double parse_cpu = ThreadCpuSeconds() - parse0;
+  const double parse_wall = Since(t0);
+  std::remove(path.c_str());
+  if (!loaded.ok()) throw std::runtime_error(loaded.ToString());
+  const uint64_t largest_share = *std::max_element(r.index_bytes_of.begin(), r.index_bytes_of.end());
+  out["format3"] = {{"reports_bytes", TotalBytes(r.v3)},
+                    {"root_commit_cpu_seconds", root_cpu},
+                    {"marker_json_bytes", text.size()},
+                    {"index_bytes", layout.total()},
+                    {"index_writers", std::count_if(r.index_bytes_of.begin(),
+                                                    r.index_bytes_of.end(),
+                                                    [](uint64_t b) { return b > 0; })},
+                    {"index_max_bytes_per_writer", largest_share},
+                    {"restore_boxes_per_rank", most.size()},
+                    {"restore_index_bytes_per_rank", read},
+                    {"restore_metadata_bytes_per_rank", text.size() + read},
+                    {"restore_marker_parse_cpu_seconds", marker_parse},
+                    {"restore_parse_cpu_seconds_per_rank", parse_cpu},
+                    {"restore_parse_seconds_per_rank", parse_wall}};
   return out;
 }
 
@@ -439,6 +576,7 @@ json Run(const Flags& f) {
   out["plan"] = RootPlanReps(g, 0, f.chunk_bytes, f.reps, &plan);
   out["hdf5_metadata_ops"] = MetadataOps(plan);
   out["total_bytes"] = plan.total_bytes;
+  out["commit"] = Commit(plan, tensors, m, f.index_dir);
   plan = {};
   if (f.rp_min_bytes > 0) {
     out["plan_replica_parallel"] = RootPlanReps(g, f.rp_min_bytes, f.chunk_bytes, f.reps, nullptr);
@@ -461,13 +599,11 @@ void PrintPlan(const char* what, const json& p) {
   std::printf(
       "  %s: %d layouts; rank 0 %.3f s (cpu %.3f; group %.3f, plan %.3f), peak %.1f MB;"
       " plan JSON %.2f MB, parse per rank %.3f s\n"
-      "    commit marker %.2f MB, parse per rank at restore %.3f s\n"
       "    %d boxes, %d writers, max/mean %.3f (of writers %.3f)\n",
       what, p["layouts"].get<int>(), p["root_seconds"].get<double>(),
       p["root_cpu_seconds"].get<double>(), p["group_seconds"].get<double>(),
       p["plan_seconds"].get<double>(), p["root_peak_bytes"].get<double>() / 1e6,
       p["plan_json_bytes"].get<double>() / 1e6, p["parse_seconds_per_rank"].get<double>(),
-      p["marker_json_bytes"].get<double>() / 1e6, p["marker_parse_seconds_per_rank"].get<double>(),
       p["balance"]["boxes"].get<int>(), p["balance"]["writers"].get<int>(),
       p["balance"]["max_over_mean"].get<double>(),
       p["balance"]["max_over_mean_of_writers"].get<double>());
@@ -493,6 +629,26 @@ void Print(const json& o) {
                                          o["plan_replica_parallel"]["rp_min_bytes"].get<int64_t>());
     PrintPlan(what.c_str(), o["plan_replica_parallel"]);
   }
+  const json& c2 = o["commit"]["format2"];
+  const json& c3 = o["commit"]["format3"];
+  std::printf(
+      "  commit, format 2: rank 0 gathers %.2f MB, %.3f s cpu, writes a %.2f MB marker;"
+      " restore metadata per rank %.2f MB, parsed in %.3f s cpu\n"
+      "  commit, format 3: rank 0 gathers %.2f MB, %.3f s cpu, writes a %.2f MB marker;"
+      " index %.2f MB by %d writers (at most %.2f MB each)\n"
+      "    restore metadata per rank %.2f MB (%.2f MB of index, %d boxes), parsed in %.3f s cpu"
+      " (marker %.3f s)\n",
+      c2["reports_bytes"].get<double>() / 1e6, c2["root_commit_cpu_seconds"].get<double>(),
+      c2["marker_json_bytes"].get<double>() / 1e6,
+      c2["restore_metadata_bytes_per_rank"].get<double>() / 1e6,
+      c2["restore_parse_cpu_seconds_per_rank"].get<double>(), c3["reports_bytes"].get<double>() / 1e6,
+      c3["root_commit_cpu_seconds"].get<double>(), c3["marker_json_bytes"].get<double>() / 1e6,
+      c3["index_bytes"].get<double>() / 1e6, c3["index_writers"].get<int>(),
+      c3["index_max_bytes_per_writer"].get<double>() / 1e6,
+      c3["restore_metadata_bytes_per_rank"].get<double>() / 1e6,
+      c3["restore_index_bytes_per_rank"].get<double>() / 1e6,
+      c3["restore_boxes_per_rank"].get<int>(), c3["restore_parse_cpu_seconds_per_rank"].get<double>(),
+      c3["restore_marker_parse_cpu_seconds"].get<double>());
   std::printf("  HDF5 metadata ops: save %d, restore %d; collective writes per save %d\n",
               o["hdf5_metadata_ops"]["save"].get<int>(),
               o["hdf5_metadata_ops"]["restore"].get<int>(),
@@ -526,6 +682,8 @@ int main(int argc, char** argv) {
                  "Build and encode every rank's description (else once per TP x PP position)");
     app.add_option("--full-max-bytes", f.full_max_bytes, "Skip --full above these gathered bytes");
     app.add_option("--json", f.json_path, "Write the figures here");
+    app.add_option("--index-dir", f.index_dir,
+                   "Where the format-3 index is written, read in part and removed");
     CLI11_PARSE(app, argc, argv);
     nlohmann::json out = mhckpt::bench::Run(f);
     mhckpt::bench::Print(out);

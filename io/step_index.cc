@@ -19,7 +19,7 @@ namespace {
 constexpr char kMagic[8] = {'M', 'H', 'C', 'K', 'I', 'D', 'X', '3'};
 // Records closer than this are read in one pread (the gap is read and
 // dropped); no single read is larger than kMaxReadBytes unless one record is.
-constexpr uint64_t kJoinGapBytes = 64 << 10;
+constexpr uint64_t kJoinGapBytes = 512;
 constexpr uint64_t kMaxReadBytes = 16 << 20;
 constexpr uint64_t kMaxIndexBytes = uint64_t{1} << 56;
 
@@ -141,13 +141,14 @@ uint64_t IndexChecksum(std::span<const uint64_t> checks) {
 }
 
 Status LoadIndexRecords(const std::string& path, const IndexLayout& layout,
-                        std::span<const BoxRef> boxes, Marker* m) {
+                        std::span<const BoxRef> boxes, Marker* m, uint64_t* bytes_read) {
   std::vector<BoxRef> todo(boxes.begin(), boxes.end());
   std::sort(todo.begin(), todo.end());
   todo.erase(std::unique(todo.begin(), todo.end()), todo.end());
   if (todo.empty()) return OkStatus();
   Fd fd;
   MHCKPT_RETURN_IF_ERROR(OpenIndex(path, m->step, &fd).status());
+  if (bytes_read != nullptr) *bytes_read += kIndexHeaderBytes;
   std::vector<std::byte> buffer;
   for (size_t i = 0; i < todo.size();) {
     // One read: records i..j-1, each starting within kJoinGapBytes of the
@@ -163,6 +164,7 @@ Status LoadIndexRecords(const std::string& path, const IndexLayout& layout,
     }
     buffer.resize(end - begin);
     MHCKPT_RETURN_IF_ERROR(ReadAt(fd.fd, path, begin, buffer.data(), buffer.size()));
+    if (bytes_read != nullptr) *bytes_read += buffer.size();
     for (size_t k = i; k < j; ++k) {
       const auto [ai, bi] = todo[k];
       MarkerArray& a = m->arrays[ai];

@@ -70,8 +70,9 @@ using BoxRef = std::pair<uint32_t, uint32_t>;
 /// byte ranges, sorted, nearby ones in one pread; each record checked.
 /// DataLoss naming the file, the array and the box on a short file, a wrong
 /// header or a record that fails its check; IoError if it cannot be read.
+/// `bytes_read`, if not null, is increased by the bytes read.
 Status LoadIndexRecords(const std::string& path, const IndexLayout& layout,
-                        std::span<const BoxRef> boxes, Marker* m);
+                        std::span<const BoxRef> boxes, Marker* m, uint64_t* bytes_read = nullptr);
 
 /// Reads every record (LoadIndexRecords of every box) and checks the file's
 /// size and the marker's index checksum too: for verify.
