@@ -36,6 +36,7 @@ struct Spec {
 };
 
 bool replica_parallel = false;  // the `rp` argument
+int format_version = 3;         // the `f2` argument: 2 (what the save writes, the restore expects)
 
 const std::vector<Spec>& Specs() {
   static const std::vector<Spec> rp_specs = {
@@ -99,6 +100,7 @@ int Save(const std::string& dir, int p, int r) {
   MPI_Barrier(MPI_COMM_WORLD);
   Options o;
   if (replica_parallel) o.replica_parallel_min_bytes = 64;  // rp/small (12 bytes) stays whole
+  o.format_version = format_version;
   auto mgr = OpenAgreed(dir, o);
   if (!mgr.ok()) return fmt::print(stderr, "open: {}\n", mgr.status().ToString()), 1;
   std::vector<std::vector<std::byte>> bufs;
@@ -125,6 +127,10 @@ int Restore(const std::string& dir, int p, int r) {
   auto latest = (*mgr)->LatestStep();
   if (!latest.ok() || !latest.value() || **latest != 42) {
     return fmt::print(stderr, "rank {}: no step 42 in {}\n", r, dir), 1;
+  }
+  auto described = (*mgr)->Describe(42);
+  if (!described.ok() || described->format_version != format_version) {
+    return fmt::print(stderr, "rank {}: step 42 is not in format {}\n", r, format_version), 1;
   }
   std::vector<std::vector<std::byte>> bufs;
   std::vector<ArrayToRestore> arrays;
@@ -226,6 +232,9 @@ int main(int argc, char** argv) {
     if (argc == 4 && std::strcmp(argv[3], "rp") == 0) {
       mhckpt::replica_parallel = true;
       --argc;
+    } else if (argc == 4 && std::strcmp(argv[3], "f2") == 0) {
+      mhckpt::format_version = 2;
+      --argc;
     }
     if (argc == 3 && std::strcmp(argv[1], "save") == 0)
       rc = mhckpt::Save(argv[2], p, r);
@@ -234,7 +243,7 @@ int main(int argc, char** argv) {
     else if (argc == 3 && std::strcmp(argv[1], "damaged") == 0)
       rc = mhckpt::RestoreDamaged(argv[2], p, r);
     else if (r == 0)
-      std::fprintf(stderr, "usage: reshard_test save|restore|damaged DIR [rp]\n");
+      std::fprintf(stderr, "usage: reshard_test save|restore|damaged DIR [rp|f2]\n");
     return rc;
   });
 }
