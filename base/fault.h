@@ -15,6 +15,7 @@
 //   mid_write       this rank has written at least after_bytes of its boxes
 //   after_flush     the data file is durable and closed on this rank
 //   index_write     format 3: this rank has put its index records, before their fsync
+//                   (an errno action: the records' write fails)
 //   before_marker   every rank reported; rank 0 is about to write the marker
 //   mid_marker      commit.json.tmp written and fsynced, not yet renamed
 //   retention       a step's marker is unlinked, its files not yet removed

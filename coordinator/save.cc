@@ -53,13 +53,8 @@
 //
 // A crash anywhere before step 6 leaves a directory without a marker, which
 // is never listed and is removed by the next Open.
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <span>
@@ -158,46 +153,24 @@ int64_t NowUnixMs() {
 }
 
 // Format 3, each rank: the index records of the boxes it wrote (`sums`, in
-// plan order), put at their places in the step's index file with pwrite
-// (records next to each other in one call) and fsynced; rank 0 also writes
-// the header. `sums` then hold each record's check word, for rank 0.
+// plan order), put at their places in the step's index file (records next to
+// each other in one write) and made durable; rank 0 also writes the header.
+// `sums` then hold each record's check word, for rank 0.
 Status WriteIndexRecords(const std::string& path, const io::Marker& plan, int rank,
                          std::vector<BoxSum>* sums) {
   if (sums->empty() && rank != 0) return OkStatus();
   MHCKPT_ASSIGN_OR_RETURN(io::IndexLayout layout, io::IndexLayout::Of(plan, "the plan"));
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return IoError(fmt::format("open '{}': {}", path, std::strerror(errno)));
-  Status s;
-  auto put = [&](uint64_t at, const std::string& bytes) {
-    size_t done = 0;
-    while (s.ok() && done < bytes.size()) {
-      ssize_t n = ::pwrite(fd, bytes.data() + done, bytes.size() - done,
-                           static_cast<off_t>(at + done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) s = IoError(fmt::format("write '{}': {}", path, std::strerror(errno)));
-      if (n > 0) done += static_cast<size_t>(n);
-    }
-  };
-  if (rank == 0) put(0, io::IndexHeader(plan.step));
-  std::string run;
-  uint64_t run_at = 0;
+  std::vector<std::pair<uint64_t, std::string>> ranges;
+  if (rank == 0) ranges.emplace_back(0, io::IndexHeader(plan.step));
   for (BoxSum& b : *sums) {
     const uint64_t at = layout.offset(b.array, b.box);
-    if (!run.empty() && run_at + run.size() != at) {
-      put(run_at, run);
-      run.clear();
+    if (ranges.empty() || ranges.back().first + ranges.back().second.size() != at) {
+      ranges.emplace_back(at, std::string());
     }
-    if (run.empty()) run_at = at;
-    b.sum = io::AppendIndexRecord(b.array, b.box, b.sum, b.chunks, &run);
+    b.sum = io::AppendIndexRecord(b.array, b.box, b.sum, b.chunks, &ranges.back().second);
     b.chunks = {};
   }
-  if (!run.empty()) put(run_at, run);
-  if (s.ok()) s = fault::Hit("index_write");
-  if (s.ok() && ::fsync(fd) != 0) {
-    s = IoError(fmt::format("fsync '{}': {}", path, std::strerror(errno)));
-  }
-  ::close(fd);
-  return s;
+  return io::PutIndexRanges(path, ranges);
 }
 
 std::map<std::string_view, const StagedArray*> StagedByName(const Snapshot& snapshot) {

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "base/checksum.h"
+#include "base/fault.h"
 
 namespace mhckpt::io {
 namespace {
@@ -131,6 +132,28 @@ uint64_t AppendIndexRecord(size_t array, size_t box, uint64_t checksum,
   const uint64_t check = CheckWord(array, box, out->data() + start, out->size() - start);
   PutU64(out, check);
   return check;
+}
+
+Status PutIndexRanges(const std::string& path,
+                      std::span<const std::pair<uint64_t, std::string>> ranges) {
+  Fd fd;
+  fd.fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd.fd < 0) return IoError(fmt::format("open '{}': {}", path, std::strerror(errno)));
+  for (const auto& [at, bytes] : ranges) {
+    size_t done = 0;
+    while (done < bytes.size()) {
+      errno = fault::Errno("index_write");
+      ssize_t n = errno != 0 ? -1
+                             : ::pwrite(fd.fd, bytes.data() + done, bytes.size() - done,
+                                        static_cast<off_t>(at + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return IoError(fmt::format("write '{}': {}", path, std::strerror(errno)));
+      done += static_cast<size_t>(n);
+    }
+  }
+  MHCKPT_RETURN_IF_ERROR(fault::Hit("index_write"));
+  if (::fsync(fd.fd) != 0) return IoError(fmt::format("fsync '{}': {}", path, std::strerror(errno)));
+  return OkStatus();
 }
 
 uint64_t IndexChecksum(std::span<const uint64_t> checks) {

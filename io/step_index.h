@@ -59,6 +59,14 @@ std::string IndexHeader(int64_t step);
 uint64_t AppendIndexRecord(size_t array, size_t box, uint64_t checksum,
                            std::span<const uint64_t> chunks, std::string* out);
 
+/// Puts `ranges` (offset, bytes) into the index file at `path`, creating it
+/// if need be (every writer of a step writes its own ranges of the one
+/// file), and fsyncs it. IoError naming the file. Fault point `index_write`:
+/// an errno action fails the writes; other actions fire after them, before
+/// the fsync.
+Status PutIndexRanges(const std::string& path,
+                      std::span<const std::pair<uint64_t, std::string>> ranges);
+
 /// The check word of every record, in order, hashed: MarkerIndex::checksum.
 uint64_t IndexChecksum(std::span<const uint64_t> checks);
 

@@ -85,6 +85,7 @@ POINTS = {
     "plan": None,
     "mid_write": None,
     "after_flush": None,
+    "index_write": None,
     "before_marker": 0,
     "mid_marker": 0,
     "retention": 0,
@@ -262,9 +263,11 @@ def debris_problems(point, disk):
     if 1 not in disk:
         problems.append("step 1 directory missing before check")
     s2 = disk.get(2)
-    if point in ("mid_write", "after_flush", "before_marker"):
+    if point in ("mid_write", "after_flush", "index_write", "before_marker"):
         if s2 is None or "data.h5" not in s2 or "commit.json" in s2:
             problems.append("expected an uncommitted step 2 with data.h5, found %s" % s2)
+        if point in ("index_write", "before_marker") and s2 is not None and "index.bin" not in s2:
+            problems.append("expected step 2's index.bin (format 3), found %s" % s2)
     elif point == "mid_marker":
         if s2 is None or "commit.json.tmp" not in s2 or "commit.json" in s2:
             problems.append("expected step 2 with commit.json.tmp and no commit.json, found %s"

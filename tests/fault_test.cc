@@ -153,7 +153,7 @@ TEST_F(Faults, InjectedFailureAtEachPhaseIsAgreed) {
   ASSERT_TRUE(Open(FreshDir()));
   ASSERT_TRUE(SaveStep(1).ok());
   int64_t step = 2;
-  for (const char* point : {"after_snapshot", "plan", "mid_write", "after_flush"}) {
+  for (const char* point : {"after_snapshot", "plan", "mid_write", "after_flush", "index_write"}) {
     ASSERT_TRUE(fault::Configure(fmt::format("rank={},point={},action=error", Last(), point)).ok());
     Status s = SaveStep(step);
     EXPECT_THAT(s.message(), HasSubstr(fmt::format("injected failure at {}", point))) << point;
@@ -181,6 +181,29 @@ TEST_F(Faults, DataFileFsyncFails) {
     ExpectAgreedFailure(SaveStep(step), step,
                         fmt::format("rank {}: flush '{}': {} (injected at data_fsync)", Last(),
                                     io::DataPath(dir_, step), why));
+    ++step;
+  }
+  ASSERT_TRUE(fault::Configure("").ok());
+  EXPECT_EQ(mgr_->CommittedSteps().value(), std::vector<int64_t>{1});
+  ExpectRestores(1);
+  ASSERT_TRUE(SaveStep(step).ok());
+  ExpectRestores(step);
+}
+
+// Format 3: a writer's index records cannot be written (EIO, ENOSPC): the
+// same error on every rank, no marker, and the job saves on.
+TEST_F(Faults, IndexWriteFails) {
+  ASSERT_TRUE(Open(FreshDir()));
+  ASSERT_TRUE(SaveStep(1).ok());
+  int64_t step = 2;
+  for (const char* action : {"eio", "enospc"}) {
+    ASSERT_TRUE(
+        fault::Configure(fmt::format("rank={},point=index_write,action={}", Last(), action)).ok());
+    const std::string why =
+        action == std::string("eio") ? std::strerror(EIO) : std::strerror(ENOSPC);
+    ExpectAgreedFailure(SaveStep(step), step,
+                        fmt::format("rank {}: write '{}/{}': {}", Last(), io::StepDir(dir_, step),
+                                    io::kIndexFileName, why));
     ++step;
   }
   ASSERT_TRUE(fault::Configure("").ok());
