@@ -95,6 +95,10 @@ class CheckpointManager:
         (0: 2).
       checksum_chunk_bytes: bytes per checksummed chunk of a stored box, the
         unit a restore at another sharding reads and checks (0: 1 MiB).
+      format_version: the checkpoint format written: 3 (checksums in an
+        index file each rank reads only in part) or 2 (every checksum in
+        the commit marker, for readers built before format 3). Every
+        version restores.
       own_root: take ownership of ``root`` (a lock and a lease) for the
         manager's lifetime; False opens it read-only: it removes nothing and
         ``save`` raises FailedPreconditionError.
@@ -153,6 +157,7 @@ class CheckpointManager:
         data_path: str = "direct",
         writer_threads: int = 0,
         checksum_chunk_bytes: int = 0,
+        format_version: int = 3,
         own_root: bool = True,
         root_lease_seconds: float = 60.0,
         root_wait_seconds: float = 0.0,
@@ -182,6 +187,7 @@ class CheckpointManager:
         o.data_path = data_path
         o.writer_threads = writer_threads
         o.checksum_chunk_bytes = checksum_chunk_bytes
+        o.format_version = format_version
         o.own_root = own_root
         o.root_lease_seconds = root_lease_seconds
         o.root_wait_seconds = root_wait_seconds
@@ -366,7 +372,7 @@ class CheckpointManager:
     def describe(self, step: int) -> Dict[str, Any]:
         """What committed step ``step`` holds (local, from its commit marker).
 
-        Returns a dict with ``step``, ``world_size`` (at save),
+        Returns a dict with ``step``, ``format_version``, ``world_size`` (at save),
         ``total_bytes``, ``arrays`` (name -> dtype, shape, replicated,
         boxes), ``values`` (the non-array leaves) and ``metadata`` (the
         ``metadata`` argument of ``save``). Raises NotFoundError if the step

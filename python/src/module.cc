@@ -581,6 +581,7 @@ NB_MODULE(_core, m) {
       .def_rw("root_lease_seconds", &Options::root_lease_seconds)
       .def_rw("root_wait_seconds", &Options::root_wait_seconds)
       .def_rw("checksum_chunk_bytes", &Options::checksum_chunk_bytes)
+      .def_rw("format_version", &Options::format_version)
       .def_rw("local_dir", &Options::local_dir)
       .def_rw("persistent_every", &Options::persistent_every)
       .def_rw("local_max_to_keep", &Options::local_max_to_keep)
