@@ -4,9 +4,11 @@
 //      the same bytes (coordinator/committed_step.h). A marker that does not
 //      parse, or names another step, ends the verify here. Rank 0 checks that
 //      the boxes of every array tile it exactly once (CheckTiling, the
-//      plan's own check). In a version-3 step every rank reads the whole
-//      index and checks each record and the index's checksum in the marker
-//      (rank 0 reports a bad index; then no box is checked against it).
+//      plan's own check). In a version-3 step rank 0 reads the whole index
+//      and checks each record, its size and its checksum in the marker; the
+//      others read (step 3) the records of the boxes dealt to them. A rank
+//      whose records cannot be read reports it and checks no box against
+//      them.
 //   2. All ranks open the step through the storage engine, and agree on it:
 //      a rank that cannot open it must not leave the others alone in the
 //      collective opens that follow. Then every array, collectively; the
@@ -173,12 +175,13 @@ class StepVerifier {
       if (m.status().code() == StatusCode::kDataLoss) report->problems = {m.status().message()};
       return m.status();
     }
-    // Format 3: every record of the index, checked, and its checksum; only
-    // rank 0 reports a bad index, and no rank checks boxes against it.
-    if (m->format_version >= 3) {
-      Status index = io::LoadIndex(io::IndexPath(store_.root(), step_), &*m);
+    // Format 3: rank 0 reads the whole index, checks every record, its size
+    // and its checksum; the other ranks read the records of the boxes they
+    // check (ReadShare).
+    if (m->format_version >= 3 && comm_.rank() == 0) {
+      Status index = io::LoadIndex(IndexPath(), &*m);
       index_ok_ = index.ok();
-      if (!index.ok() && comm_.rank() == 0) Problem(index.message());
+      if (!index.ok()) Problem(index.message());
     }
     report->arrays = m->arrays.size();
     for (const io::MarkerArray& a : m->arrays) report->boxes += a.boxes.size();
@@ -251,10 +254,11 @@ class StepVerifier {
   // 3. This rank's share of the boxes. Boxes of one slab are read together
   // in batches of up to kSlabBytes (sorted and joined by a reader by
   // offset); larger ones slab by slab.
-  void ReadShare(const io::Marker& m, io::StepReader& reader,
+  void ReadShare(io::Marker& m, io::StepReader& reader,
                  const std::vector<std::optional<size_t>>& handles) {
     const std::vector<BoxRead> reads = PlanReads(m, handles);
     const std::vector<int> owner = DealReads(reads, comm_.size());
+    if (m.format_version >= 3 && comm_.rank() != 0) LoadMyRecords(m, reads, owner);
     uint64_t largest = 0, small = 0;
     for (size_t i = 0; i < reads.size(); ++i) {
       if (owner[i] != comm_.rank()) continue;
@@ -282,6 +286,26 @@ class StepVerifier {
     }
     ReadTogether(m, batch, reader, handles, buffer);
   }
+
+  // 3, format 3, a rank other than 0: the index records of the boxes dealt
+  // to it. A bad one is this rank's problem; its boxes are then unchecked.
+  void LoadMyRecords(io::Marker& m, const std::vector<BoxRead>& reads,
+                     const std::vector<int>& owner) {
+    std::vector<io::BoxRef> mine;
+    for (size_t i = 0; i < reads.size(); ++i) {
+      if (owner[i] == comm_.rank()) {
+        mine.emplace_back(static_cast<uint32_t>(reads[i].array),
+                          static_cast<uint32_t>(reads[i].box));
+      }
+    }
+    Result<io::IndexLayout> layout = io::IndexLayout::Of(m, IndexPath());
+    Status loaded =
+        layout.ok() ? io::LoadIndexRecords(IndexPath(), *layout, mine, &m) : layout.status();
+    index_ok_ = loaded.ok();
+    if (!loaded.ok()) Problem(fmt::format("rank {}: {}", comm_.rank(), loaded.message()));
+  }
+
+  [[nodiscard]] std::string IndexPath() const { return io::IndexPath(store_.root(), step_); }
 
   // 3, boxes of one slab each, read together into `buffer`; if the batch
   // fails, box by box, so that each problem names its box.
