@@ -166,45 +166,28 @@ TEST_F(Faults, InjectedFailureAtEachPhaseIsAgreed) {
   ASSERT_TRUE(SaveStep(step).ok());
 }
 
-// The data file's fsync (H5Fflush -> MPI_File_sync) fails on one rank, with
-// EIO or with ENOSPC (a file system that only finds out it is full when it
-// writes back).
-TEST_F(Faults, DataFileFsyncFails) {
+// A write that reaches the disk fails on one rank, with EIO or with ENOSPC (a
+// file system that only finds out it is full when it writes back): the data
+// file's fsync (H5Fflush -> MPI_File_sync), or, format 3, the writer's index
+// records. The same error on every rank, no marker, and the job saves on.
+TEST_F(Faults, DataFileFsyncOrIndexWriteFails) {
   ASSERT_TRUE(Open(FreshDir()));
   ASSERT_TRUE(SaveStep(1).ok());
   int64_t step = 2;
-  for (const char* action : {"eio", "enospc"}) {
-    ASSERT_TRUE(
-        fault::Configure(fmt::format("rank={},point=data_fsync,action={}", Last(), action)).ok());
-    const std::string why =
-        action == std::string("eio") ? std::strerror(EIO) : std::strerror(ENOSPC);
-    ExpectAgreedFailure(SaveStep(step), step,
-                        fmt::format("rank {}: flush '{}': {} (injected at data_fsync)", Last(),
-                                    io::DataPath(dir_, step), why));
-    ++step;
-  }
-  ASSERT_TRUE(fault::Configure("").ok());
-  EXPECT_EQ(mgr_->CommittedSteps().value(), std::vector<int64_t>{1});
-  ExpectRestores(1);
-  ASSERT_TRUE(SaveStep(step).ok());
-  ExpectRestores(step);
-}
-
-// Format 3: a writer's index records cannot be written (EIO, ENOSPC): the
-// same error on every rank, no marker, and the job saves on.
-TEST_F(Faults, IndexWriteFails) {
-  ASSERT_TRUE(Open(FreshDir()));
-  ASSERT_TRUE(SaveStep(1).ok());
-  int64_t step = 2;
-  for (const char* action : {"eio", "enospc"}) {
-    ASSERT_TRUE(
-        fault::Configure(fmt::format("rank={},point=index_write,action={}", Last(), action)).ok());
-    const std::string why =
-        action == std::string("eio") ? std::strerror(EIO) : std::strerror(ENOSPC);
-    ExpectAgreedFailure(SaveStep(step), step,
-                        fmt::format("rank {}: write '{}/{}': {}", Last(), io::StepDir(dir_, step),
-                                    io::kIndexFileName, why));
-    ++step;
+  for (const char* point : {"data_fsync", "index_write"}) {
+    for (const char* action : {"eio", "enospc"}) {
+      ASSERT_TRUE(
+          fault::Configure(fmt::format("rank={},point={},action={}", Last(), point, action)).ok());
+      const std::string why =
+          action == std::string("eio") ? std::strerror(EIO) : std::strerror(ENOSPC);
+      const std::string text =
+          point == std::string("data_fsync")
+              ? fmt::format("rank {}: flush '{}': {} (injected at data_fsync)", Last(),
+                            io::DataPath(dir_, step), why)
+              : fmt::format("rank {}: write '{}': {}", Last(), io::IndexPath(dir_, step), why);
+      ExpectAgreedFailure(SaveStep(step), step, text);
+      ++step;
+    }
   }
   ASSERT_TRUE(fault::Configure("").ok());
   EXPECT_EQ(mgr_->CommittedSteps().value(), std::vector<int64_t>{1});
