@@ -47,17 +47,25 @@ struct Fd {
   }
 };
 
-Status ReadAt(int fd, const std::string& path, uint64_t offset, std::byte* out, size_t n) {
+// Reads up to `n` bytes at `offset`: fewer only where the file ends.
+Result<size_t> ReadUpTo(int fd, const std::string& path, uint64_t offset, std::byte* out,
+                        size_t n) {
   size_t done = 0;
   while (done < n) {
     ssize_t r = ::pread(fd, out + done, n - done, static_cast<off_t>(offset + done));
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) return IoError(fmt::format("read '{}': {}", path, std::strerror(errno)));
-    if (r == 0) {
-      return DataLoss(fmt::format("index '{}' ends at byte {}, before the records the marker lists",
-                                  path, offset + done));
-    }
+    if (r == 0) break;
     done += static_cast<size_t>(r);
+  }
+  return done;
+}
+
+Status ReadAt(int fd, const std::string& path, uint64_t offset, std::byte* out, size_t n) {
+  MHCKPT_ASSIGN_OR_RETURN(size_t done, ReadUpTo(fd, path, offset, out, n));
+  if (done < n) {
+    return DataLoss(fmt::format("index '{}' ends at byte {}, before the records the marker lists",
+                                path, offset + done));
   }
   return OkStatus();
 }
@@ -162,10 +170,17 @@ Status LoadIndexRecords(const std::string& path, const IndexLayout& layout,
       end = next;
     }
     buffer.resize(end - begin);
-    MHCKPT_RETURN_IF_ERROR(ReadAt(fd.fd, path, begin, buffer.data(), buffer.size()));
+    MHCKPT_ASSIGN_OR_RETURN(size_t got, ReadUpTo(fd.fd, path, begin, buffer.data(), buffer.size()));
     for (size_t k = i; k < j; ++k) {
       const auto [ai, bi] = todo[k];
       MarkerArray& a = m->arrays[ai];
+      if (layout.offset(ai, bi) + layout.record_bytes(ai, bi) > begin + got) {
+        const MarkerBox& b = a.boxes[bi];
+        return DataLoss(fmt::format(
+            "index '{}' ends at byte {}, before the end of the record of array '{}' box {} "
+            "(written by rank {})",
+            path, begin + got, a.name, BoxToString(b.box), b.writer));
+      }
       MHCKPT_RETURN_IF_ERROR(DecodeRecord(path, a, ai, bi,
                                           buffer.data() + (layout.offset(ai, bi) - begin),
                                           layout.record_bytes(ai, bi), &a.boxes[bi]));
