@@ -156,6 +156,26 @@ Status LoadIndexRecords(const std::string& path, const IndexLayout& layout,
   if (todo.empty()) return OkStatus();
   Fd fd;
   MHCKPT_RETURN_IF_ERROR(OpenIndex(path, m->step, &fd).status());
+  // A record past the file's end is refused before anything is sized from
+  // it: a forged marker can make one record of any size up to 2^56 bytes.
+  struct stat st {};
+  if (::fstat(fd.fd, &st) != 0) {
+    return IoError(fmt::format("stat '{}': {}", path, std::strerror(errno)));
+  }
+  const auto size = static_cast<uint64_t>(st.st_size);
+  auto short_file = [&](uint64_t ends, const BoxRef& r) {
+    const MarkerArray& a = m->arrays[r.first];
+    const MarkerBox& b = a.boxes[r.second];
+    return DataLoss(
+        fmt::format("index '{}' ends at byte {}, before the end of the record of array '{}' box "
+                    "{} (written by rank {})",
+                    path, ends, a.name, BoxToString(b.box), b.writer));
+  };
+  for (const BoxRef& r : todo) {
+    if (layout.offset(r.first, r.second) + layout.record_bytes(r.first, r.second) > size) {
+      return short_file(size, r);
+    }
+  }
   std::vector<std::byte> buffer;
   for (size_t i = 0; i < todo.size();) {
     // One read: records i..j-1, each starting within kJoinGapBytes of the
@@ -175,11 +195,7 @@ Status LoadIndexRecords(const std::string& path, const IndexLayout& layout,
       const auto [ai, bi] = todo[k];
       MarkerArray& a = m->arrays[ai];
       if (layout.offset(ai, bi) + layout.record_bytes(ai, bi) > begin + got) {
-        const MarkerBox& b = a.boxes[bi];
-        return DataLoss(fmt::format(
-            "index '{}' ends at byte {}, before the end of the record of array '{}' box {} "
-            "(written by rank {})",
-            path, begin + got, a.name, BoxToString(b.box), b.writer));
+        return short_file(begin + got, todo[k]);  // it shrank since the fstat
       }
       MHCKPT_RETURN_IF_ERROR(DecodeRecord(path, a, ai, bi,
                                           buffer.data() + (layout.offset(ai, bi) - begin),
