@@ -2,9 +2,10 @@
 // every committed step passes through. Beyond "no crash, no sanitizer report"
 // it checks what docs/FORMAT.md promises of a marker that parses:
 //   - a refusal is DataLoss and names the marker;
-//   - an accepted marker is valid: version 1, step >= 0, world size >= 1,
+//   - an accepted marker is valid: versions 1-3, step >= 0, world size >= 1,
 //     names valid, sorted and unique, shapes with fewer than 2^62 elements,
-//     every box inside its shape, writers inside the world size;
+//     every box inside its shape, writers inside the world size; version 3:
+//     no checksums in it, and the index size its boxes' records take;
 //   - nothing is lost or reinterpreted: every field the parser read has the
 //     same JSON value in the input and in MarkerToJson of the result (so a
 //     float, a boolean or an out-of-range integer cannot pass for an int);
@@ -27,6 +28,7 @@
 #include "base/status.h"
 #include "base/types.h"
 #include "io/marker.h"
+#include "io/step_index.h"
 
 namespace {
 
@@ -67,33 +69,42 @@ void CheckValid(const Marker& m, const std::string& input) {
     for (const auto& b : a.boxes) {
       if (!mhckpt::CheckBoxInShape(b.box, a.shape).empty()) Fail("accepted a box outside", input);
       if (b.writer < 0 || b.writer >= m.world_size) Fail("accepted a writer outside", input);
-      // Format 3 keeps the chunk checksums in the index: none after a parse.
-      const bool listed = m.format_version < 3 || !b.chunks.empty();
+      // Version 3 keeps the checksums in the index: none in the marker.
+      if (m.format_version >= 3 && (!b.chunks.empty() || b.checksum != 0)) {
+        Fail("a version-3 marker with checksums", input);
+      }
       if (chunked && (b.chunk_rows < 1 ||
-                      (listed && static_cast<int64_t>(b.chunks.size()) !=
-                                     mhckpt::io::ChunkCount(b.box, b.chunk_rows)))) {
+                      (m.format_version < 3 && static_cast<int64_t>(b.chunks.size()) !=
+                                                   mhckpt::io::ChunkCount(b.box, b.chunk_rows)))) {
         Fail("accepted chunks that do not cover the box", input);
       }
     }
     if (chunked && a.offset < -1) Fail("accepted a negative offset", input);
   }
+  // Version 3: the index the marker records has the size its boxes' records
+  // take (io/step_index.h).
+  if (m.format_version >= 3) {
+    auto layout = mhckpt::io::IndexLayout::Of(m, "fuzz");
+    if (!layout.ok() || layout->total() != m.index.bytes) {
+      Fail("accepted an index size that its boxes do not take", input);
+    }
+  }
 }
 
-// An array's boxes as start, count and writer: listed, or (format 3) the
-// cells of its grid in row-major order, as docs/FORMAT.md defines them.
-json BoxesOf(const json& a) {
+// The boxes of a marker's array (JSON): version 3 may write them as a grid
+// ("grid": the cuts of each dimension, "writers": one per cell, row-major).
+json Boxes(const json& a) {
   if (a.contains("boxes")) return a.at("boxes");
   const json& grid = a.at("grid");
-  const json& writers = a.at("writers");
   json boxes = json::array();
   std::vector<size_t> cell(grid.size(), 0);
-  for (const json& w : writers) {
+  for (const json& writer : a.at("writers")) {
     json start = json::array(), count = json::array();
     for (size_t d = 0; d < grid.size(); ++d) {
       start.push_back(grid[d][cell[d]]);
       count.push_back(grid[d][cell[d] + 1].get<int64_t>() - grid[d][cell[d]].get<int64_t>());
     }
-    boxes.push_back({{"start", start}, {"count", count}, {"writer", w}});
+    boxes.push_back({{"count", count}, {"start", start}, {"writer", writer}});
     for (size_t d = grid.size(); d > 0 && ++cell[d - 1] + 1 >= grid[d - 1].size(); --d) {
       cell[d - 1] = 0;
     }
@@ -102,14 +113,18 @@ json BoxesOf(const json& a) {
 }
 
 // The fields ParseMarker reads must come out of MarkerToJson with the same
-// JSON value they went in with (format 3: the same boxes, grid or list).
+// JSON value they went in with.
 void CheckLossless(const json& in, const json& out, const std::string& input) {
   for (const char* k : {"format", "format_version", "step", "world_size", "created_unix_ms",
                         "data_file", "total_bytes", "user_metadata"}) {
     if (in.at(k) != out.at(k)) Fail(std::string("field '") + k + "' changed in parsing", input);
   }
-  if (in.at("format_version") == 3 && in.at("index").at("bytes") != out.at("index").at("bytes")) {
-    Fail("field 'index.bytes' changed in parsing", input);
+  if (in.at("format_version") == 3) {
+    for (const char* k : {"bytes", "checksum", "file"}) {
+      if (in.at("index").at(k) != out.at("index").at(k)) {
+        Fail(std::string("index field '") + k + "' changed in parsing", input);
+      }
+    }
   }
   const json& ia = in.at("arrays");
   const json& oa = out.at("arrays");
@@ -118,8 +133,8 @@ void CheckLossless(const json& in, const json& out, const std::string& input) {
     for (const char* k : {"name", "dtype", "shape", "replicated"}) {
       if (ia[i].at(k) != oa[i].at(k)) Fail(std::string("array field '") + k + "' changed", input);
     }
-    const json ib = BoxesOf(ia[i]);
-    const json ob = BoxesOf(oa[i]);
+    const json ib = Boxes(ia[i]);
+    const json ob = Boxes(oa[i]);
     if (ib.size() != ob.size()) Fail("box count changed", input);
     for (size_t j = 0; j < ib.size(); ++j) {
       for (const char* k : {"start", "count", "writer"}) {

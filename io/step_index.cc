@@ -48,17 +48,25 @@ struct Fd {
   }
 };
 
-Status ReadAt(int fd, const std::string& path, uint64_t offset, std::byte* out, size_t n) {
+// Reads up to `n` bytes at `offset`: fewer only where the file ends.
+Result<size_t> ReadUpTo(int fd, const std::string& path, uint64_t offset, std::byte* out,
+                        size_t n) {
   size_t done = 0;
   while (done < n) {
     ssize_t r = ::pread(fd, out + done, n - done, static_cast<off_t>(offset + done));
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) return IoError(fmt::format("read '{}': {}", path, std::strerror(errno)));
-    if (r == 0) {
-      return DataLoss(fmt::format("index '{}' ends at byte {}, before the records the marker lists",
-                                  path, offset + done));
-    }
+    if (r == 0) break;
     done += static_cast<size_t>(r);
+  }
+  return done;
+}
+
+Status ReadAt(int fd, const std::string& path, uint64_t offset, std::byte* out, size_t n) {
+  MHCKPT_ASSIGN_OR_RETURN(size_t done, ReadUpTo(fd, path, offset, out, n));
+  if (done < n) {
+    return DataLoss(fmt::format("index '{}' ends at byte {}, before the records the marker lists",
+                                path, offset + done));
   }
   return OkStatus();
 }
@@ -172,6 +180,26 @@ Status LoadIndexRecords(const std::string& path, const IndexLayout& layout,
   Fd fd;
   MHCKPT_RETURN_IF_ERROR(OpenIndex(path, m->step, &fd).status());
   if (bytes_read != nullptr) *bytes_read += kIndexHeaderBytes;
+  // A record past the file's end is refused before anything is sized from
+  // it: a forged marker can make one record of any size up to 2^56 bytes.
+  struct stat st {};
+  if (::fstat(fd.fd, &st) != 0) {
+    return IoError(fmt::format("stat '{}': {}", path, std::strerror(errno)));
+  }
+  const auto size = static_cast<uint64_t>(st.st_size);
+  auto short_file = [&](uint64_t ends, const BoxRef& r) {
+    const MarkerArray& a = m->arrays[r.first];
+    const MarkerBox& b = a.boxes[r.second];
+    return DataLoss(
+        fmt::format("index '{}' ends at byte {}, before the end of the record of array '{}' box "
+                    "{} (written by rank {})",
+                    path, ends, a.name, BoxToString(b.box), b.writer));
+  };
+  for (const BoxRef& r : todo) {
+    if (layout.offset(r.first, r.second) + layout.record_bytes(r.first, r.second) > size) {
+      return short_file(size, r);
+    }
+  }
   std::vector<std::byte> buffer;
   for (size_t i = 0; i < todo.size();) {
     // One read: records i..j-1, each starting within kJoinGapBytes of the
@@ -186,11 +214,14 @@ Status LoadIndexRecords(const std::string& path, const IndexLayout& layout,
       end = next;
     }
     buffer.resize(end - begin);
-    MHCKPT_RETURN_IF_ERROR(ReadAt(fd.fd, path, begin, buffer.data(), buffer.size()));
-    if (bytes_read != nullptr) *bytes_read += buffer.size();
+    MHCKPT_ASSIGN_OR_RETURN(size_t got, ReadUpTo(fd.fd, path, begin, buffer.data(), buffer.size()));
+    if (bytes_read != nullptr) *bytes_read += got;
     for (size_t k = i; k < j; ++k) {
       const auto [ai, bi] = todo[k];
       MarkerArray& a = m->arrays[ai];
+      if (layout.offset(ai, bi) + layout.record_bytes(ai, bi) > begin + got) {
+        return short_file(begin + got, todo[k]);  // it shrank since the fstat
+      }
       MHCKPT_RETURN_IF_ERROR(DecodeRecord(path, a, ai, bi,
                                           buffer.data() + (layout.offset(ai, bi) - begin),
                                           layout.record_bytes(ai, bi), &a.boxes[bi]));

@@ -18,6 +18,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "coordinator/checkpoint_manager.h"
@@ -74,6 +75,30 @@ long PeakRssKiB() {
 
 std::string R(int rank) { return "rank " + std::to_string(rank); }
 
+// A format-3 marker's array with its grid ("grid", "writers") written out as
+// the list of boxes ({"count", "start", "writer"}, cells in row-major order)
+// that a format-3 marker holds for shardings that are not a grid.
+json GridAsBoxes(json a) {
+  const json grid = a["grid"];
+  json boxes = json::array();
+  std::vector<size_t> cell(grid.size(), 0);
+  for (const json& writer : a["writers"]) {
+    json start = json::array(), count = json::array();
+    for (size_t d = 0; d < grid.size(); ++d) {
+      start.push_back(grid[d][cell[d]]);
+      count.push_back(grid[d][cell[d] + 1].get<int64_t>() - grid[d][cell[d]].get<int64_t>());
+    }
+    boxes.push_back({{"count", count}, {"start", start}, {"writer", writer}});
+    for (size_t d = grid.size(); d > 0 && ++cell[d - 1] + 1 >= grid[d - 1].size(); --d) {
+      cell[d - 1] = 0;
+    }
+  }
+  a.erase("grid");
+  a.erase("writers");
+  a["boxes"] = boxes;
+  return a;
+}
+
 class BadInput : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -100,6 +125,15 @@ class BadInput : public ::testing::Test {
   }
 
   int Last() const { return Size() - 1; }
+
+  // The manager again, writing format `version` (Options::format_version).
+  void ReopenAtVersion(int version) {
+    mgr_.reset();
+    Options o;
+    o.format_version = version;
+    mgr_ = OpenForTest(dir_, o);
+    ASSERT_TRUE(mgr_);
+  }
 
   // A valid array: `rows` x 4 float32 split by rows over the ranks.
   ArrayToSave Rows(const std::string& name, int64_t rows = 10) {
@@ -671,7 +705,63 @@ TEST_F(BadInput, ForgedMarkerHugeShape) {
       "invalid shape [1099511627776, 1099511627776]");
 }
 
+// Format 3 writes "fine" (rows split over the ranks) as a grid; a marker may
+// list the same boxes one by one.
+TEST_F(BadInput, ForgedMarkerBoxListedAsBoxesStillRestores) {
+  ExpectNextSaveWorks();
+  const int64_t step = next_good_step_ - 1;
+  json j = MarkerJson(step);
+  MPI_Barrier(MPI_COMM_WORLD);
+  ASSERT_EQ(j["format_version"], 3);
+  ASSERT_EQ(j["arrays"][0]["writers"].size(), static_cast<size_t>(Size()));
+  j["arrays"][0] = GridAsBoxes(j["arrays"][0]);
+  Forge(step, j.dump());
+  std::vector<float> out(40, -1.0f);
+  std::vector<ArrayToRestore> back{
+      {"fine", DType::kFloat32, {Destination{Box{{0, 0}, {10, 4}}, out.data()}}}};
+  Status s = mgr_->Restore(step, back);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], static_cast<float>(i));
+  EXPECT_TRUE(mgr_->Verify(step).ok());
+}
+
 TEST_F(BadInput, ForgedMarkerBoxOutsideShapeOrWriterOutsideWorld) {
+  // Format 3, boxes listed one by one.
+  ExpectForgedRefused(
+      [](json j) {
+        j["arrays"][0] = GridAsBoxes(j["arrays"][0]);
+        j["arrays"][0]["boxes"][0]["count"][0] = int64_t{1} << 50;
+        return j.dump();
+      },
+      "past the extent 10");
+  ExpectForgedRefused(
+      [](json j) {
+        j["arrays"][0] = GridAsBoxes(j["arrays"][0]);
+        j["arrays"][0]["boxes"][0]["writer"] = 4096;
+        return j.dump();
+      },
+      "writer rank 4096 outside world size");
+  // Format 3, a grid.
+  ExpectForgedRefused(
+      [](json j) {
+        j["arrays"][0]["grid"][0].back() = int64_t{1} << 50;
+        return j.dump();
+      },
+      "the grid's cuts of dimension 0 do not rise from 0 to 10");
+  ExpectForgedRefused(
+      [](json j) {
+        j["arrays"][0]["writers"][0] = 4096;
+        return j.dump();
+      },
+      "writer rank 4096 outside world size");
+  ExpectForgedRefused(
+      [](json j) {
+        j["arrays"][0]["writers"][0] = int64_t{1} << 40;
+        return j.dump();
+      },
+      "writer 1099511627776 out of range");
+  // Format 2.
+  ReopenAtVersion(2);
   ExpectForgedRefused(
       [](json j) {
         j["arrays"][0]["boxes"][0]["count"][0] = int64_t{1} << 50;
@@ -690,6 +780,7 @@ TEST_F(BadInput, ForgedMarkerHugeBoxCount) {
   // 100,000 boxes (~8 MB of JSON), the last one outside the shape.
   ExpectForgedRefused(
       [](json j) {
+        j["arrays"][0] = GridAsBoxes(j["arrays"][0]);
         json box = j["arrays"][0]["boxes"][0];
         const std::string one = box.dump();
         box["start"][0] = 11;
@@ -702,6 +793,23 @@ TEST_F(BadInput, ForgedMarkerHugeBoxCount) {
         return text;
       },
       "box [11:");
+  // A grid of 100,000 writers (and cells to match), one outside the world.
+  ExpectForgedRefused(
+      [](json j) {
+        std::string cuts = "[0", writers = "[";
+        for (int i = 1; i < 100000; ++i) cuts += "," + std::to_string(i * 1000);
+        for (int i = 0; i < 99999; ++i) writers += "0,";
+        cuts += ",100000000]";
+        writers += "4096]";
+        j["arrays"][0]["shape"][0] = 100000000;
+        j["arrays"][0]["grid"][0] = "CUTS";
+        j["arrays"][0]["writers"] = "WRITERS";
+        std::string text = j.dump();
+        text.replace(text.find("\"CUTS\""), 6, cuts);
+        text.replace(text.find("\"WRITERS\""), 9, writers);
+        return text;
+      },
+      "writer rank 4096 outside world size");
 }
 
 TEST_F(BadInput, ForgedMarkerHugeMetadataOfAWrongType) {
@@ -803,27 +911,55 @@ TEST_F(BadInput, ForgedMarkerLargerThanTheLimit) {
 
 // A marker that lies about the shape. Format 2 records chunk checksums, which
 // then do not cover the boxes: the marker is refused when parsed, before
-// anything is sized from it.
+// anything is sized from it. Format 3 sizes the index from the boxes: it
+// disagrees with the size the marker records, or, forged to agree, with the
+// index file, whose records are then refused unread, unallocated.
 TEST_F(BadInput, ForgedMarkerLyingShape) {
-  ExpectNextSaveWorks();
-  const int64_t step = next_good_step_;
-  ExpectNextSaveWorks();
-  json j = MarkerJson(step);
-  MPI_Barrier(MPI_COMM_WORLD);
-  const int64_t big = int64_t{1} << 40;
-  j["arrays"][0]["shape"] = {big, 4};
-  j["arrays"][0]["boxes"] = json::array({j["arrays"][0]["boxes"][0]});
-  j["arrays"][0]["boxes"][0]["start"] = {0, 0};
-  j["arrays"][0]["boxes"][0]["count"] = {big, 4};
-  Forge(step, j.dump());
-  const std::string why = "do not cover it";
-  ExpectAgreed(mgr_->Describe(step).status(), StatusCode::kDataLoss, why);
-  std::vector<float> out(4);
-  std::vector<ArrayToRestore> want{
-      {"fine", DType::kFloat32, {Destination{Box{{0, 0}, {1, 4}}, out.data()}}}};
-  ExpectAgreed(mgr_->Restore(step, want), StatusCode::kDataLoss, why);
-  ExpectAgreed(mgr_->Verify(step), StatusCode::kDataLoss, why);
-  ExpectNextSaveWorks();
+  for (int version : {3, 2}) {
+    SCOPED_TRACE("format " + std::to_string(version));
+    ReopenAtVersion(version);
+    for (bool index_agrees : {false, true}) {
+      if (version == 2 && index_agrees) continue;
+      ExpectNextSaveWorks();
+      const int64_t step = next_good_step_;
+      ExpectNextSaveWorks();
+      json j = MarkerJson(step);
+      MPI_Barrier(MPI_COMM_WORLD);
+      ASSERT_EQ(j["format_version"], version);
+      if (version >= 3) j["arrays"][0] = GridAsBoxes(j["arrays"][0]);
+      // Chunks of 1 MiB, 65,536 rows: 2^34 chunks, a record of 128 GiB.
+      const int64_t big = int64_t{1} << 50;
+      j["arrays"][0]["shape"] = {big, 4};
+      j["arrays"][0]["boxes"] = json::array({j["arrays"][0]["boxes"][0]});
+      j["arrays"][0]["boxes"][0]["start"] = {0, 0};
+      j["arrays"][0]["boxes"][0]["count"] = {big, 4};
+      const uint64_t record = (uint64_t{1} << 37) + 16;
+      std::string why = "do not cover it";
+      if (version >= 3) {
+        ASSERT_EQ(j["chunk_bytes"], uint64_t{1} << 20);
+        why = fmt::format("the index is {} bytes, but its boxes' records take {}",
+                          j["index"]["bytes"].get<uint64_t>(), 16 + record);
+        if (index_agrees) {
+          j["index"]["bytes"] = 16 + record;
+          why = fmt::format("index '{}' ends at byte", io::IndexPath(dir_, step));
+        }
+      }
+      Forge(step, j.dump());
+      std::vector<float> out(4);
+      std::vector<ArrayToRestore> want{
+          {"fine", DType::kFloat32, {Destination{Box{{0, 0}, {1, 4}}, out.data()}}}};
+      ExpectAgreed(mgr_->Restore(step, want), StatusCode::kDataLoss, why);
+      if (version >= 3 && index_agrees) {
+        // Describe needs no checksum; Verify finds the index's size wrong.
+        EXPECT_TRUE(mgr_->Describe(step).ok());
+        why = fmt::format("index '{}' is ", io::IndexPath(dir_, step));
+      } else {
+        ExpectAgreed(mgr_->Describe(step).status(), StatusCode::kDataLoss, why);
+      }
+      ExpectAgreed(mgr_->Verify(step), StatusCode::kDataLoss, why);
+      ExpectNextSaveWorks();
+    }
+  }
 }
 
 }  // namespace

@@ -10,14 +10,17 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include <fmt/format.h>
 
+#include "base/checksum.h"
 #include "coordinator/checked_read.h"
 #include "coordinator/checkpoint_manager.h"
 #include "io/layout.h"
 #include "io/marker.h"
+#include "io/step_index.h"
 #include "tests/test_util.h"
 
 namespace mhckpt {
@@ -54,12 +57,15 @@ std::vector<Box> AsWorld(const std::vector<int64_t>& shape, int dim, int world) 
   return mine;
 }
 
-class CheckedRestore : public ::testing::Test {
+// Each test runs at both format versions a save writes: 2 (chunk checksums
+// in the commit marker) and 3 (in the step's index file).
+class CheckedRestore : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
     dir_ = FreshDir();
     Options o;
     o.checksum_chunk_bytes = kChunkBytes;
+    o.format_version = GetParam();
     mgr_ = OpenForTest(dir_, o);
     ASSERT_TRUE(mgr_);
     Box rows = Part(kRows, 0, Size(), Rank());
@@ -73,6 +79,18 @@ class CheckedRestore : public ::testing::Test {
     ASSERT_TRUE(mgr_->Save(1, arrays).ok());
     Status s = mgr_->WaitUntilFinished();
     ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+
+  // Step 1's marker with every checksum: format 3 reads them from the index.
+  io::Marker MarkerWithChecksums() {
+    Result<io::Marker> m = io::ReadMarker(io::MarkerPath(dir_, 1));
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    if (!m.ok()) return {};
+    if (m->format_version >= 3) {
+      Status s = io::LoadIndex(io::IndexPath(dir_, 1), &*m);
+      EXPECT_TRUE(s.ok()) << s.ToString();
+    }
+    return *m;
   }
 
   // Restores `boxes` of array `name` and compares them with what was saved
@@ -116,23 +134,86 @@ class CheckedRestore : public ::testing::Test {
   std::vector<std::byte> w_, cols_, step_;
 };
 
-TEST_F(CheckedRestore, MarkerHasChunksAndOffsets) {
-  Result<io::Marker> m = io::ReadMarker(io::MarkerPath(dir_, 1));
-  ASSERT_TRUE(m.ok()) << m.status().ToString();
-  EXPECT_EQ(m->format_version, 2);
-  EXPECT_EQ(m->chunk_bytes, kChunkBytes);
-  for (const io::MarkerArray& a : m->arrays) {
+std::string VersionName(const ::testing::TestParamInfo<int>& info) {
+  return "v" + std::to_string(info.param);
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, CheckedRestore, ::testing::Values(2, 3), VersionName);
+
+TEST_P(CheckedRestore, MarkerHasChunksAndOffsets) {
+  Result<io::Marker> read = io::ReadMarker(io::MarkerPath(dir_, 1));
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(read->format_version, GetParam());
+  EXPECT_EQ(read->chunk_bytes, kChunkBytes);
+  for (const io::MarkerArray& a : read->arrays) {
     EXPECT_GT(a.offset, 0) << a.name;
     for (const io::MarkerBox& b : a.boxes) {
       EXPECT_EQ(b.chunk_rows, io::ChunkRows(b.box, a.dtype, kChunkBytes)) << a.name;
-      EXPECT_EQ(b.chunks.size(), io::ChunkCount(b.box, b.chunk_rows)) << a.name;
+      // Format 3: the checksums are in the index, not the marker.
+      if (GetParam() >= 3) {
+        EXPECT_TRUE(b.chunks.empty()) << a.name;
+        EXPECT_EQ(b.checksum, 0u) << a.name;
+      }
     }
   }
-  EXPECT_EQ(m->Find("w")->boxes[0].chunk_rows, 8);
+  // Every chunk's checksum is that of the bytes saved.
+  const io::Marker m = MarkerWithChecksums();
+  const std::vector<std::pair<std::string, uint64_t>> seeds{{"w", 1}, {"cols", 2}, {"step", 3}};
+  for (const auto& [name, seed] : seeds) {
+    const io::MarkerArray* a = m.Find(name);
+    ASSERT_NE(a, nullptr) << name;
+    for (const io::MarkerBox& b : a->boxes) {
+      ASSERT_EQ(b.chunks.size(), io::ChunkCount(b.box, b.chunk_rows)) << name;
+      std::vector<std::byte> whole = Fill(a->dtype, a->shape, b.box, seed);
+      EXPECT_EQ(b.checksum, Checksum(whole.data(), whole.size())) << name;
+      for (size_t c = 0; c < b.chunks.size(); ++c) {
+        Box chunk = b.box;
+        if (!chunk.start.empty()) {
+          chunk.start[0] += static_cast<int64_t>(c) * b.chunk_rows;
+          chunk.count[0] = std::min(b.chunk_rows, b.box.start[0] + b.box.count[0] - chunk.start[0]);
+        }
+        std::vector<std::byte> bytes = Fill(a->dtype, a->shape, chunk, seed);
+        EXPECT_EQ(b.chunks[c], Checksum(bytes.data(), bytes.size()))
+            << name << " box " << BoxToString(b.box) << " chunk " << c;
+      }
+    }
+  }
+  EXPECT_EQ(m.Find("w")->boxes[0].chunk_rows, 8);
   EXPECT_TRUE(mgr_->Verify(1).ok());
 }
 
-TEST_F(CheckedRestore, EveryLayoutOfEveryWorldSizeReadsTheSavedBytes) {
+// Format 3: a reader loads the index records of the boxes it reads, and
+// nothing else of the index.
+TEST_P(CheckedRestore, IndexSourceLoadsOnlyTheRecordsAsked) {
+  if (GetParam() < 3) GTEST_SKIP() << "format 3 only";
+  Result<io::Marker> m = io::ReadMarker(io::MarkerPath(dir_, 1));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  Result<io::IndexLayout> layout = io::IndexLayout::Of(*m, "the marker");
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  const io::MarkerArray* w = m->Find("w");
+  ASSERT_NE(w, nullptr);
+  const size_t wi = static_cast<size_t>(w - m->arrays.data());
+  const size_t last = w->boxes.size() - 1;
+  internal::IndexSource index(io::IndexPath(dir_, 1), &*m);
+  std::vector<std::pair<const io::MarkerArray*, const io::MarkerBox*>> want{{w, &w->boxes[last]}};
+  Status s = index.Load(want);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(index.records(), layout->record_bytes(wi, last));
+  EXPECT_LT(index.records(), m->index.bytes);
+  for (const io::MarkerArray& a : m->arrays) {
+    for (const io::MarkerBox& b : a.boxes) {
+      EXPECT_EQ(b.chunks.empty(), &b != &w->boxes[last]) << a.name << " " << BoxToString(b.box);
+    }
+  }
+  std::vector<std::byte> bytes = Fill(DType::kFloat32, kRows, w->boxes[last].box, 1);
+  EXPECT_EQ(w->boxes[last].checksum, Checksum(bytes.data(), bytes.size()));
+  // Loaded once: asked again, nothing more is read.
+  s = index.Load(want);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(index.records(), layout->record_bytes(wi, last));
+}
+
+TEST_P(CheckedRestore, EveryLayoutOfEveryWorldSizeReadsTheSavedBytes) {
   for (int world = 1; world <= 5; ++world) {
     for (bool verify : {true, false}) {
       SCOPED_TRACE(fmt::format("as {} ranks, verify {}", world, verify));
@@ -158,7 +239,7 @@ TEST_F(CheckedRestore, EveryLayoutOfEveryWorldSizeReadsTheSavedBytes) {
 
 // A byte flipped inside a stored box, read back as part of other boxes
 // (another world size), must not be returned unchecked.
-TEST_F(CheckedRestore, FlippedByteIsDataLossAtEveryWorldSize) {
+TEST_P(CheckedRestore, FlippedByteIsDataLossAtEveryWorldSize) {
   const int64_t row = 13;
   FlipRow(row);
   int writer = 0;
@@ -196,25 +277,50 @@ TEST_F(CheckedRestore, FlippedByteIsDataLossAtEveryWorldSize) {
   EXPECT_EQ(mgr_->Verify(1).code(), StatusCode::kDataLoss);
 }
 
-// Verify checks the chunk checksums too: a marker whose chunks disagree with
-// the file (its box checksums agreeing) fails Verify, not only a restore.
-TEST_F(CheckedRestore, VerifyChecksEveryChunk) {
+// Verify checks the chunk checksums too: a step whose chunk checksums
+// disagree with the file (its box checksums agreeing) fails Verify, not only
+// a restore. Format 2: the marker's chunk list, forged; format 3: the index,
+// forged whole (each record's check word and the index checksum in the
+// marker agreeing with it).
+TEST_P(CheckedRestore, VerifyChecksEveryChunk) {
   if (Rank() == 0) {
-    const std::string path = io::MarkerPath(dir_, 1);
-    Result<io::Marker> m = io::ReadMarker(path);
-    ASSERT_TRUE(m.ok()) << m.status().ToString();
-    for (io::MarkerArray& a : m->arrays) {
-      if (a.name == "w") a.boxes[0].chunks[1] ^= 1;
+    io::Marker m = MarkerWithChecksums();
+    for (io::MarkerArray& a : m.arrays) {
+      if (a.name == "w") {
+        ASSERT_GE(a.boxes[0].chunks.size(), 2u);
+        a.boxes[0].chunks[1] ^= 1;
+      }
     }
-    std::ofstream(path, std::ios::trunc) << io::MarkerToJson(*m);
+    if (m.format_version >= 3) {
+      std::string index = io::IndexHeader(m.step);
+      std::vector<uint64_t> checks;
+      for (size_t a = 0; a < m.arrays.size(); ++a) {
+        for (size_t b = 0; b < m.arrays[a].boxes.size(); ++b) {
+          const io::MarkerBox& box = m.arrays[a].boxes[b];
+          checks.push_back(io::AppendIndexRecord(a, b, box.checksum, box.chunks, &index));
+        }
+      }
+      ASSERT_EQ(index.size(), m.index.bytes);
+      m.index.checksum = io::IndexChecksum(checks);
+      std::ofstream(io::IndexPath(dir_, 1), std::ios::binary | std::ios::trunc) << index;
+    }
+    std::ofstream(io::MarkerPath(dir_, 1), std::ios::trunc) << io::MarkerToJson(m);
   }
   MPI_Barrier(MPI_COMM_WORLD);
   const Box stored = Part(kRows, 0, Size(), 0);
+  const std::string what = fmt::format("array 'w' box {} chunk 1 (rows 8..", BoxToString(stored));
   Status s = mgr_->Verify(1);
   EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
-  EXPECT_THAT(s.message(),
-              HasSubstr(fmt::format("array 'w' box {} chunk 1 (rows 8..", BoxToString(stored))));
+  EXPECT_THAT(s.message(), HasSubstr(what));
   EXPECT_TRUE(SameOnAllRanks(s));
+  // A restore reading those rows finds it too; one reading only chunk 0 not.
+  bool same = false;
+  s = RestoreAndCompare("w", DType::kFloat32, kRows, {Box{{9, 0}, {1, 6}}}, 1, &same);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
+  EXPECT_THAT(s.message(), HasSubstr(what));
+  EXPECT_TRUE(SameOnAllRanks(s));
+  s = RestoreAndCompare("w", DType::kFloat32, kRows, {Box{{0, 0}, {8, 6}}}, 1, &same);
+  EXPECT_TRUE(s.ok() && same) << s.ToString();
 }
 
 TEST(CopyRegion, MovesASubBoxBetweenLayouts) {

@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """Runs the mhckpt CLI on a checkpoint saved by known_values_save (at 3 ranks)
-and on damaged copies of it.
+and on damaged copies of it. --fixture is saved at the default format (3:
+checksums in index.bin), --fixture-v2 at format 2 (checksums in the marker).
 
-    cli_test.py CASE --mhckpt BIN --fixture DIR --work DIR [--mpiexec "mpiexec -n 2 ..."]
+    cli_test.py CASE --mhckpt BIN --fixture DIR --fixture-v2 DIR --work DIR [--mpiexec "mpiexec -n 2 ..."]
 
 CASE is one of: list, list_local, inspect, verify_damage, gc.
 """
@@ -18,11 +19,10 @@ import time
 
 import h5py
 
+import step_files
+from step_files import read_marker, step_dir
+
 FIXTURE_WORLD_SIZE = 3
-
-
-def step_dir(root, step):
-    return os.path.join(root, "step_%010d" % step)
 
 
 def check(condition, what):
@@ -70,12 +70,7 @@ def add_uncommitted(root):
         f.write("{")
 
 
-def read_marker(root, step):
-    with open(os.path.join(step_dir(root, step), "commit.json")) as f:
-        return json.load(f)
-
-
-def case_list(cli, fixture, work):
+def case_list(cli, fixture, fixture_v2, work):
     root = fresh_copy(fixture, work, "list")
     add_uncommitted(root)
     listing = json.loads(cli.ok("list", root, "--json"))
@@ -107,24 +102,19 @@ def case_list(cli, fixture, work):
     check("no checkpoint root" in out, "missing root is named")
 
 
-DTYPE_BYTES = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "float16": 2, "bfloat16": 2,
-               "int32": 4, "uint32": 4, "float32": 4, "int64": 8, "uint64": 8, "float64": 8,
-               "float8_e4m3fn": 1, "float8_e5m2": 1}
-
-
 def writer_bytes(marker):
     """Bytes of each writer's file of a local step (its boxes back to back)."""
     sizes = [0] * marker["world_size"]
     for a in marker["arrays"]:
-        for b in a["boxes"]:
-            n = DTYPE_BYTES[a["dtype"]]
+        for b in step_files.boxes(a):
+            n = step_files.DTYPE_BYTES[a["dtype"]]
             for c in b["count"]:
                 n *= c
             sizes[b["writer"]] += n
     return sizes
 
 
-def case_list_local(cli, fixture, work):
+def case_list_local(cli, fixture, fixture_v2, work):
     """--local-dir: a node's local tier, made from the fixture's steps: step 41
     with the files of ranks 0 and 2 whole, step 42 with rank 1's cut short."""
     root = fresh_copy(fixture, work, "list_local")
@@ -148,10 +138,11 @@ def case_list_local(cli, fixture, work):
           "local row of step 41")
 
 
-def case_inspect(cli, fixture, work):
+def case_inspect(cli, fixture, fixture_v2, work):
     root = fixture  # read-only
     info = json.loads(cli.ok("inspect", root, "--json"))
     check(info["step"] == 42, "default is the newest committed step, got %r" % info["step"])
+    check(info["format_version"] == 3, "format version %r" % info["format_version"])
     check(info["world_size"] == FIXTURE_WORLD_SIZE, "world size")
     check(info["user_metadata"] == {"test": "known_values", "step": "42"}, "metadata %r" % info["user_metadata"])
     check(info["data_file"].endswith("step_0000000042/data.h5"), "data file")
@@ -165,9 +156,29 @@ def case_inspect(cli, fixture, work):
           [{"start": [0, 0], "count": [3, 5], "writer": 0},
            {"start": [3, 0], "count": [2, 5], "writer": 1},
            {"start": [5, 0], "count": [2, 5], "writer": 2}], "f32 boxes %r" % f32["boxes"])
+    # Every box as the marker's grid or list has it, with the checksum its
+    # index record holds (read here without mhckpt).
+    for a in marker["arrays"]:
+        listed = arrays[a["name"]]["boxes"]
+        check([{k: b[k] for k in ("start", "count", "writer")} for b in listed] ==
+              [{k: b[k] for k in ("start", "count", "writer")} for b in step_files.boxes(a)],
+              "%s: boxes as in the marker: %r" % (a["name"], listed))
+        for k, b in enumerate(listed):
+            record = step_files.record_of(marker, a["name"], k)
+            checksum, chunks = step_files.read_record(root, 42, record)
+            check(b["checksum"] == step_files.checksum_string(checksum) and checksum != 0,
+                  "%s box %d: checksum %s, the index has %s"
+                  % (a["name"], k, b["checksum"], step_files.checksum_string(checksum)))
+            check(len(chunks) >= 1, "%s box %d: chunk checksums in the index" % (a["name"], k))
+    # The same arrays saved at format 2: the same boxes and checksums, there
+    # from the marker.
+    info_v2 = json.loads(cli.ok("inspect", fixture_v2, "--json"))
+    check(info_v2["format_version"] == 2, "format 2 fixture: version %r" % info_v2["format_version"])
+    check(info_v2["arrays"] == info["arrays"], "format 2 and 3 inspect the same arrays, boxes and checksums")
+    marker_v2 = read_marker(fixture_v2, 42)
     check([b["checksum"] for b in f32["boxes"]] ==
-          [b["checksum"] for a in marker["arrays"] if a["name"] == "values/f32_arange" for b in a["boxes"]],
-          "checksums as in the marker")
+          [b["checksum"] for a in marker_v2["arrays"] if a["name"] == "values/f32_arange" for b in a["boxes"]],
+          "checksums as in the format-2 marker")
     cols = arrays["values/f64_cols"]
     check([b["count"] for b in cols["boxes"]] == [[3, 2], [3, 1], [3, 1]], "column boxes %r" % cols["boxes"])
     bf16 = arrays["values/bf16"]
@@ -189,7 +200,7 @@ def case_inspect(cli, fixture, work):
           "text output lists arrays, boxes with writers, and metadata")
 
 
-def case_verify_damage(cli, fixture, work):
+def case_verify_damage(cli, fixture, fixture_v2, work):
     good = fresh_copy(fixture, work, "good")
     out = cli.ok("verify", good, "--all")
     check("verified 2 steps" in out and "OK (structure, readability and checksums)" in out,
@@ -216,18 +227,34 @@ def case_verify_damage(cli, fixture, work):
               "checksum mismatch" in out and "(written by rank 2)" in out, "the damaged box and its writer are named")
     cli.ok("verify", root, "--step", 41)
 
-    # One byte of a marker changed: the shape of values/i64 from [5] to [6].
-    root = fresh_copy(fixture, work, "marker_byte")
-    path = os.path.join(step_dir(root, 41), "commit.json")
-    text = open(path).read()
-    at = text.index('"shape"', text.index('"values/i64"'))
-    at = text.index("5", at)
-    open(path, "w").write(text[:at] + "6" + text[at + 1:])
+    # The shape of values/i64 changed from [5] to [6] in the marker. Its
+    # grid listed as boxes: the boxes no longer cover the array.
+    root = fresh_copy(fixture, work, "marker_shape")
+    marker = read_marker(root, 41)
+    i64 = [k for k, a in enumerate(marker["arrays"]) if a["name"] == "values/i64"][0]
+    check(marker["arrays"][i64]["grid"] == [[0, 2, 4, 5]] and marker["arrays"][i64]["writers"] == [0, 1, 2],
+          "values/i64 is a grid of 3 cells: %r" % marker["arrays"][i64])
+    marker["arrays"][i64] = step_files.grid_as_boxes(marker["arrays"][i64])
+    marker["arrays"][i64]["shape"] = [6]
+    step_files.write_marker(root, 41, marker)
     out = cli.fails("verify", root, "--step", 41)
     check("array 'values/i64' of shape [6]: the boxes of all ranks cover 5 of 6 elements" in out,
           "tiling problem named")
     check("array 'values/i64': stored shape does not match" in out, "shape mismatch named")
     cli.ok("verify", root, "--step", 42)
+    # As a grid: its cuts no longer end at the shape.
+    marker = read_marker(fixture, 41)
+    marker["arrays"][i64]["shape"] = [6]
+    step_files.write_marker(root, 41, marker)
+    out = cli.fails("verify", root, "--step", 41)
+    check("array 'values/i64': the grid's cuts of dimension 0 do not rise from 0 to 6" in out,
+          "grid problem named")
+    # A grid whose writers are one too many.
+    marker = read_marker(fixture, 41)
+    marker["arrays"][i64]["writers"].append(1)
+    step_files.write_marker(root, 41, marker)
+    out = cli.fails("verify", root, "--step", 41)
+    check("array 'values/i64': a grid of 3 cells with 4 writers" in out, "writers problem named")
 
     # One byte of a marker changed so that it no longer parses.
     root = fresh_copy(fixture, work, "marker_broken")
@@ -249,8 +276,86 @@ def case_verify_damage(cli, fixture, work):
     out = cli.fails("verify", root, mpi=True)
     check("step 42: data file:" in out and "truncated" in out, "truncation reported")
 
+    # Format 3: damage to index.bin (verify reads every record).
+    marker = read_marker(fixture, 42)
+    record = step_files.record_of(marker, "values/f32_arange", 2)
+    box = "array 'values/f32_arange' box [5:7, 0:5] (written by rank 2)"
+    check(step_files.box_string(record["box"]) == "[5:7, 0:5]", "f32 box 2 is %r" % record["box"])
+    for name, at in (("checksum", 0), ("chunk", 8), ("check_word", record["bytes"] - 1)):
+        root = fresh_copy(fixture, work, "index_" + name)
+        index = step_files.index_path(root, 42)
+        step_files.flip_byte(index, record["offset"] + at)
+        for mpi in ((False, True) if name == "checksum" else (False,)):
+            out = cli.fails("verify", root, mpi=mpi)
+            check("index '%s': the record of %s fails its check" % (index, box) in out,
+                  "a flipped %s byte of the index names it, the array and the box" % name)
+    cli.ok("verify", root, "--step", 41)
+    out = cli.fails("inspect", root, "--json")
+    check("index '%s'" % index in out, "inspect needs the index too")
 
-def case_gc(cli, fixture, work):
+    root = fresh_copy(fixture, work, "index_truncated")
+    index = step_files.index_path(root, 42)
+    size = os.path.getsize(index)
+    os.truncate(index, size - 8)
+    out = cli.fails("verify", root, mpi=True)
+    check("index '%s' is %d bytes; the commit marker says %d" % (index, size - 8, size) in out,
+          "a truncated index is named with both sizes")
+    cli.ok("verify", root, "--step", 41)
+
+    root = fresh_copy(fixture, work, "index_missing")
+    index = step_files.index_path(root, 42)
+    os.remove(index)
+    for mpi in (False, True):
+        out = cli.fails("verify", root, mpi=mpi)
+        check("index '%s' is missing" % index in out, "a missing index is named")
+
+    # A record of step 41 in step 42's index: it passes its own check (the
+    # same array and box), but not the marker's index checksum, nor the data.
+    root = fresh_copy(fixture, work, "index_other_step")
+    index = step_files.index_path(root, 42)
+    with open(step_files.index_path(root, 41), "rb") as f:
+        f.seek(record["offset"])
+        other = f.read(record["bytes"])
+    with open(index, "r+b") as f:
+        f.seek(record["offset"])
+        f.write(other)
+    out = cli.fails("verify", root)
+    check("index '%s': its records' checksum is" % index in out, "the index checksum names the index")
+
+    # The index size the marker records.
+    root = fresh_copy(fixture, work, "index_bytes")
+    marker = read_marker(root, 42)
+    marker["index"]["bytes"] += 8
+    step_files.write_marker(root, 42, marker)
+    out = cli.fails("verify", root, "--step", 42)
+    check("the index is %d bytes, but its boxes' records take %d"
+          % (marker["index"]["bytes"], marker["index"]["bytes"] - 8) in out, "index size named")
+
+    # Format 2: a checksum forged in the marker (the chunk's agreeing).
+    root = fresh_copy(fixture_v2, work, "v2_forged_checksum")
+    check(not os.path.exists(step_files.index_path(root, 42)), "a format-2 step has no index")
+    cli.ok("verify", root, "--all")
+    marker = read_marker(root, 42)
+    check(marker["format_version"] == 2, "format 2 fixture")
+    f32 = [a for a in marker["arrays"] if a["name"] == "values/f32_arange"][0]
+    f32["boxes"][2]["checksum"] = "xxh3:%016x" % (int(f32["boxes"][2]["checksum"][5:], 16) ^ 1)
+    step_files.write_marker(root, 42, marker)
+    for mpi in (False, True):
+        out = cli.fails("verify", root, mpi=mpi)
+        check("array 'values/f32_arange' box [5:7, 0:5]" in out and "checksum mismatch" in out,
+              "a forged checksum in a format-2 marker is named")
+    cli.ok("verify", root, "--step", 41)
+    # and a forged chunk checksum
+    marker = read_marker(fixture_v2, 42)
+    f32 = [a for a in marker["arrays"] if a["name"] == "values/f32_arange"][0]
+    f32["boxes"][2]["chunks"][0] = "xxh3:0000000000000000"
+    step_files.write_marker(root, 42, marker)
+    out = cli.fails("verify", root)
+    check("array 'values/f32_arange' box [5:7, 0:5] chunk 0 (rows 5..7): checksum mismatch" in out,
+          "a forged chunk checksum in a format-2 marker is named")
+
+
+def case_gc(cli, fixture, fixture_v2, work):
     root = fresh_copy(fixture, work, "gc")
     add_uncommitted(root)
     # A step a job retired (marker gone, directory renamed) but did not finish removing.
@@ -288,12 +393,13 @@ def main():
     parser.add_argument("case", choices=["list", "list_local", "inspect", "verify_damage", "gc"])
     parser.add_argument("--mhckpt", required=True)
     parser.add_argument("--fixture", required=True)
+    parser.add_argument("--fixture-v2", required=True)
     parser.add_argument("--work", required=True)
     parser.add_argument("--mpiexec", default="")
     args = parser.parse_args()
     os.makedirs(args.work, exist_ok=True)
     cli = Cli(args.mhckpt, args.mpiexec)
-    globals()["case_" + args.case](cli, args.fixture, args.work)
+    globals()["case_" + args.case](cli, args.fixture, args.fixture_v2, args.work)
     print("cli_test %s: passed" % args.case)
 
 

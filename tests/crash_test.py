@@ -14,7 +14,7 @@ phases: for every fault point x action (exit, kill) at each world size, job A
   neither listed nor on disk after Open, and step 1 restoring bit-exactly and
   verifying (retention, with --max-to-keep 1: step 2 committed and intact,
   step 1 gone). --share I/N runs every N-th case from the I-th (ctest's
-  default suite deals the 14 cases out over np 2, 3 and 4; label long runs
+  default suite deals the 16 cases out over np 2, 3 and 4; label long runs
   all of them at each size). Control cases first show that the checks can fail: a flipped
   data byte, a forged checksum and a truncated marker must each be caught.
 
@@ -77,6 +77,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import step_files
 
 # Points of base/fault.h that a crash can hit during a save, with the rank
 # that must carry the fault (None: any rank; the test picks one).
@@ -266,8 +268,9 @@ def debris_problems(point, disk):
     if point in ("mid_write", "after_flush", "index_write", "before_marker"):
         if s2 is None or "data.h5" not in s2 or "commit.json" in s2:
             problems.append("expected an uncommitted step 2 with data.h5, found %s" % s2)
-        if point in ("index_write", "before_marker") and s2 is not None and "index.bin" not in s2:
-            problems.append("expected step 2's index.bin (format 3), found %s" % s2)
+        # Format 3: each rank puts its index records before its flush ends.
+        if point != "mid_write" and (s2 is None or "index.bin" not in s2):
+            problems.append("expected step 2's index.bin, found %s" % s2)
     elif point == "mid_marker":
         if s2 is None or "commit.json.tmp" not in s2 or "commit.json" in s2:
             problems.append("expected step 2 with commit.json.tmp and no commit.json, found %s"
@@ -305,15 +308,18 @@ def have_h5py():
 
 
 def forge_checksum(root, step, array="params/w"):
-    path = os.path.join(step_dir(root, step), "commit.json")
-    with open(path) as f:
-        marker = json.load(f)
+    """The checksum of the array's first box, forged: in the marker (format
+    2) or in the step's index (format 3: a flipped byte of its record)."""
+    marker = step_files.read_marker(root, step)
+    if marker["format_version"] >= 3:
+        record = step_files.record_of(marker, array, 0)
+        step_files.flip_byte(step_files.index_path(root, step), record["offset"])
+        return
     box = [a for a in marker["arrays"] if a["name"] == array][0]["boxes"][0]
     digits = box["checksum"]
     last = digits[-1]
     box["checksum"] = digits[:-1] + ("0" if last != "0" else "1")
-    with open(path, "w") as f:
-        f.write(json.dumps(marker) + "\n")
+    step_files.write_marker(root, step, marker)
 
 
 def truncate_marker(root, step):
@@ -363,7 +369,7 @@ def run_phases(args):
 
             for name, damage, expect in (
                     ("flipped data byte", flip_data_byte, "verify"),
-                    ("forged checksum in marker", forge_checksum, "verify")):
+                    ("forged checksum in marker or index", forge_checksum, "verify")):
                 if damage is flip_data_byte and not have_h5py():
                     print("skip np%d control: %s (no h5py to find the data)" % (np, name))
                     continue

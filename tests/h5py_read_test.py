@@ -16,6 +16,8 @@ import sys
 import h5py
 import numpy as np
 
+import step_files
+
 
 def bfloat16_to_float32(bits):
     return (bits.astype(np.uint32) << 16).view(np.float32)
@@ -55,6 +57,17 @@ def check_step(root, step, world_size):
     check(marker["user_metadata"] == {"test": "known_values", "step": str(step)},
           "user metadata %r" % marker["user_metadata"])
     by_name = {a["name"]: a for a in marker["arrays"]}
+    boxes = {a["name"]: step_files.boxes(a) for a in marker["arrays"]}
+    if marker["format_version"] >= 3:
+        # The index beside the data: its size follows from the marker's boxes.
+        index = step_files.index_path(root, step)
+        check(marker["index"]["file"] == "index.bin", "index file %r" % marker["index"]["file"])
+        check(os.path.getsize(index) == marker["index"]["bytes"] == step_files.index_bytes(marker),
+              "index of %d bytes, marker says %d, its boxes %d"
+              % (os.path.getsize(index), marker["index"]["bytes"], step_files.index_bytes(marker)))
+        check(step_files.read_index_header(root, step) == (step_files.INDEX_MAGIC, step), "index header")
+        for a in marker["arrays"]:
+            check("checksum" not in json.dumps(a), "%s: no checksum in a format-3 marker" % a["name"])
 
     with h5py.File(os.path.join(step_dir, marker["data_file"]), "r") as f:
         datasets = set()
@@ -62,13 +75,15 @@ def check_step(root, step, world_size):
         check(datasets == set(by_name), "datasets %s != marker arrays %s" % (sorted(datasets), sorted(by_name)))
         for name, a in by_name.items():
             check(list(f[name].shape) == a["shape"], "%s: shape %s vs %s" % (name, f[name].shape, a["shape"]))
-            covered = sum(math.prod(b["count"]) for b in a["boxes"])
+            covered = sum(math.prod(b["count"]) for b in boxes[name])
             check(covered == math.prod(a["shape"]), "%s: boxes cover %d elements" % (name, covered))
 
         d = f["values/f32_arange"]
         check(d.dtype == np.float32, "f32 dtype %s" % d.dtype)
         np.testing.assert_array_equal(d[()], (step * 1000 + np.arange(35, dtype=np.float32)).reshape(7, 5))
-        check(len(by_name["values/f32_arange"]["boxes"]) == world_size, "f32 boxes: one per rank")
+        check(len(boxes["values/f32_arange"]) == world_size, "f32 boxes: one per rank")
+        check(sorted(b["writer"] for b in boxes["values/f32_arange"]) == list(range(world_size)),
+              "f32 boxes: each by its rank")
 
         d = f["values/bf16"]
         check(d.dtype == np.uint16, "bf16 stored as %s" % d.dtype)
@@ -96,7 +111,7 @@ def check_step(root, step, world_size):
         d = f["values/f64_cols"]
         expect = np.array([[10.0 * i + j + 0.25 for j in range(4)] for i in range(3)])
         np.testing.assert_array_equal(d[()], expect)
-        for b in by_name["values/f64_cols"]["boxes"]:
+        for b in boxes["values/f64_cols"]:
             check(b["start"][0] == 0 and b["count"][0] == 3, "f64_cols saved by columns: %r" % b)
 
         d = f["values/f8_e4m3"]

@@ -4,17 +4,21 @@
 //
 //   mpiexec -n N known_values_save DIR
 //   mpiexec -n N known_values_save DIR --replay
+//   mpiexec -n N known_values_save DIR --format 2
 //
 // With --replay it saves steps 41 to 45 instead, of the same arrays, so that
 // rank 0 replays the layout of step 41 (io/direct_engine.h) four times; it
 // fails unless it did, writes the count to DIR/layout_replays, and exits 77
-// (skipped) where this build or the HDF5 loaded does not replay.
+// (skipped) where this build or the HDF5 loaded does not replay. With
+// --format it writes that format version (Options::format_version).
 //
 // The values are spelled out in h5py_read_test.py too; change both together.
 #include <mpi.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -132,7 +136,7 @@ int CheckReplays(const std::string& dir, uint64_t replays, uint64_t expected) {
   return 0;
 }
 
-int Run(const std::string& dir, int ranks, int rank, bool replay) {
+int Run(const std::string& dir, int ranks, int rank, bool replay, int format) {
   std::string why_not;
   if (replay && !io::LayoutReplayEnabled(&why_not)) {
     if (rank == 0) fmt::print("no layout replay here: {}\n", why_not);
@@ -140,7 +144,9 @@ int Run(const std::string& dir, int ranks, int rank, bool replay) {
   }
   if (rank == 0) std::filesystem::remove_all(dir);  // a fresh checkpoint every run
   MPI_Barrier(MPI_COMM_WORLD);
-  auto mgr = OpenAgreed(dir);
+  Options options;
+  if (format > 0) options.format_version = format;
+  auto mgr = OpenAgreed(dir, options);
   if (!mgr.ok()) return fmt::print(stderr, "open: {}\n", mgr.status().ToString()), 1;
   const std::vector<int64_t> steps =
       replay ? std::vector<int64_t>{41, 42, 43, 44, 45} : std::vector<int64_t>{41, 42};
@@ -166,10 +172,11 @@ int main(int argc, char** argv) {
   return mhckpt::testing::RunJob(argc, argv, [](int argc, char** argv, int p, int r) {
     int rc = 2;
     const bool replay = argc == 3 && std::string(argv[2]) == "--replay";
-    if (argc == 2 || replay) {
-      rc = mhckpt::Run(argv[1], p, r, replay);
+    const bool format = argc == 4 && std::string(argv[2]) == "--format";
+    if (argc == 2 || replay || format) {
+      rc = mhckpt::Run(argv[1], p, r, replay, format ? std::atoi(argv[3]) : 0);
     } else if (r == 0) {
-      std::fprintf(stderr, "usage: known_values_save DIR [--replay]\n");
+      std::fprintf(stderr, "usage: known_values_save DIR [--replay | --format VERSION]\n");
     }
     return rc;
   });
