@@ -393,8 +393,8 @@ Reports WriterReports(const io::Marker& plan, const io::IndexLayout& layout) {
       const auto w = static_cast<size_t>(b.writer);
       const uint64_t check = io::AppendIndexRecord(ai, bi, sum, chunks, &r.index);
       v3[w].push_back({static_cast<uint32_t>(ai), static_cast<uint32_t>(bi), check, {}});
-      v2[w].push_back({static_cast<uint32_t>(ai), static_cast<uint32_t>(bi), sum++,
-                       std::move(chunks)});
+      v2[w].push_back(
+          {static_cast<uint32_t>(ai), static_cast<uint32_t>(bi), sum++, std::move(chunks)});
       r.index_bytes_of[w] += layout.record_bytes(ai, bi);
     }
   }
@@ -491,21 +491,22 @@ json Commit(const io::Marker& plan3, const std::vector<Tensor>& tensors, const M
   const double parse_wall = Since(t0);
   std::remove(path.c_str());
   if (!loaded.ok()) throw std::runtime_error(loaded.ToString());
-  const uint64_t largest_share = *std::max_element(r.index_bytes_of.begin(), r.index_bytes_of.end());
-  out["format3"] = {{"reports_bytes", TotalBytes(r.v3)},
-                    {"root_commit_cpu_seconds", root_cpu},
-                    {"marker_json_bytes", text.size()},
-                    {"index_bytes", layout.total()},
-                    {"index_writers", std::count_if(r.index_bytes_of.begin(),
-                                                    r.index_bytes_of.end(),
-                                                    [](uint64_t b) { return b > 0; })},
-                    {"index_max_bytes_per_writer", largest_share},
-                    {"restore_boxes_per_rank", most.size()},
-                    {"restore_index_bytes_per_rank", read},
-                    {"restore_metadata_bytes_per_rank", text.size() + read},
-                    {"restore_marker_parse_cpu_seconds", marker_parse},
-                    {"restore_parse_cpu_seconds_per_rank", parse_cpu},
-                    {"restore_parse_seconds_per_rank", parse_wall}};
+  const uint64_t largest_share =
+      *std::max_element(r.index_bytes_of.begin(), r.index_bytes_of.end());
+  out["format3"] = {
+      {"reports_bytes", TotalBytes(r.v3)},
+      {"root_commit_cpu_seconds", root_cpu},
+      {"marker_json_bytes", text.size()},
+      {"index_bytes", layout.total()},
+      {"index_writers", std::count_if(r.index_bytes_of.begin(), r.index_bytes_of.end(),
+                                      [](uint64_t b) { return b > 0; })},
+      {"index_max_bytes_per_writer", largest_share},
+      {"restore_boxes_per_rank", most.size()},
+      {"restore_index_bytes_per_rank", read},
+      {"restore_metadata_bytes_per_rank", text.size() + read},
+      {"restore_marker_parse_cpu_seconds", marker_parse},
+      {"restore_parse_cpu_seconds_per_rank", parse_cpu},
+      {"restore_parse_seconds_per_rank", parse_wall}};
   return out;
 }
 
@@ -641,13 +642,14 @@ void Print(const json& o) {
       c2["reports_bytes"].get<double>() / 1e6, c2["root_commit_cpu_seconds"].get<double>(),
       c2["marker_json_bytes"].get<double>() / 1e6,
       c2["restore_metadata_bytes_per_rank"].get<double>() / 1e6,
-      c2["restore_parse_cpu_seconds_per_rank"].get<double>(), c3["reports_bytes"].get<double>() / 1e6,
-      c3["root_commit_cpu_seconds"].get<double>(), c3["marker_json_bytes"].get<double>() / 1e6,
-      c3["index_bytes"].get<double>() / 1e6, c3["index_writers"].get<int>(),
-      c3["index_max_bytes_per_writer"].get<double>() / 1e6,
+      c2["restore_parse_cpu_seconds_per_rank"].get<double>(),
+      c3["reports_bytes"].get<double>() / 1e6, c3["root_commit_cpu_seconds"].get<double>(),
+      c3["marker_json_bytes"].get<double>() / 1e6, c3["index_bytes"].get<double>() / 1e6,
+      c3["index_writers"].get<int>(), c3["index_max_bytes_per_writer"].get<double>() / 1e6,
       c3["restore_metadata_bytes_per_rank"].get<double>() / 1e6,
       c3["restore_index_bytes_per_rank"].get<double>() / 1e6,
-      c3["restore_boxes_per_rank"].get<int>(), c3["restore_parse_cpu_seconds_per_rank"].get<double>(),
+      c3["restore_boxes_per_rank"].get<int>(),
+      c3["restore_parse_cpu_seconds_per_rank"].get<double>(),
       c3["restore_marker_parse_cpu_seconds"].get<double>());
   std::printf("  HDF5 metadata ops: save %d, restore %d; collective writes per save %d\n",
               o["hdf5_metadata_ops"]["save"].get<int>(),

@@ -41,8 +41,8 @@
 //      a slice of whole rows of it) can be checked; parts of boxes are not.
 //   4. Close; one agreement.
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>

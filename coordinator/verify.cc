@@ -428,9 +428,9 @@ class StepVerifier {
   const int64_t step_;
   const VerifyOptions& options_;
   Findings mine_;
-  uint64_t share_ = 0;  // bytes of the boxes dealt to this rank
-  uint64_t done_ = 0;   // of them, read so far
-  Status failure_;      // an exception on this rank (step 5)
+  uint64_t share_ = 0;    // bytes of the boxes dealt to this rank
+  uint64_t done_ = 0;     // of them, read so far
+  Status failure_;        // an exception on this rank (step 5)
   bool index_ok_ = true;  // format 3: the index was read and checked
   bool progress_failed_ = false;
 };

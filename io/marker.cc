@@ -587,8 +587,9 @@ std::string MarkerToJsonV3(const Marker& m) {
     if (i > 0) out += ',';
     AppendArrayV3(out, m.arrays[i]);
   }
-  fmt::format_to(std::back_inserter(out), "],\"chunk_bytes\":{},\"created_unix_ms\":{},\"data_file\":",
-                 m.chunk_bytes, m.created_unix_ms);
+  fmt::format_to(std::back_inserter(out),
+                 "],\"chunk_bytes\":{},\"created_unix_ms\":{},\"data_file\":", m.chunk_bytes,
+                 m.created_unix_ms);
   AppendString(out, m.data_file);
   fmt::format_to(std::back_inserter(out),
                  ",\"format\":\"mhckpt\",\"format_version\":{},\"index\":{{\"bytes\":{},"
@@ -697,8 +698,8 @@ Status ParseBoxesV3(ArraySlots& sa, const std::string& origin, MarkerArray* a) {
   const std::vector<Slot<std::vector<int64_t>>>& grid = Need(sa.grid, "grid");
   const std::vector<int64_t>& writers = Need(sa.writers, "writers");
   if (grid.size() != a->shape.size()) {
-    return bad(fmt::format("a grid of {} dimensions for a shape of {}", grid.size(),
-                           a->shape.size()));
+    return bad(
+        fmt::format("a grid of {} dimensions for a shape of {}", grid.size(), a->shape.size()));
   }
   // Every dimension's cuts go from 0 to its extent, strictly rising; the
   // cells, counted without overflow, are exactly the writers.
@@ -708,8 +709,8 @@ Status ParseBoxesV3(ArraySlots& sa, const std::string& origin, MarkerArray* a) {
     bool rising = cuts.size() >= 2 && cuts.front() == 0 && cuts.back() == a->shape[d];
     for (size_t i = 1; rising && i < cuts.size(); ++i) rising = cuts[i - 1] < cuts[i];
     if (!rising) {
-      return bad(fmt::format("the grid's cuts of dimension {} do not rise from 0 to {}", d,
-                             a->shape[d]));
+      return bad(
+          fmt::format("the grid's cuts of dimension {} do not rise from 0 to {}", d, a->shape[d]));
     }
     if (__builtin_mul_overflow(cells, cuts.size() - 1, &cells) || cells > writers.size()) {
       return bad(fmt::format("a grid of more cells than its {} writers", writers.size()));
@@ -778,8 +779,7 @@ Result<Marker> ParseMarker(const std::string& text, const std::string& origin, M
       const std::string& sum = Need(s.index_checksum, "index.checksum");
       auto checksum = ChecksumFromString(sum);
       if (!checksum) {
-        return DataLoss(
-            fmt::format("commit marker '{}': bad index checksum '{}'", origin, sum));
+        return DataLoss(fmt::format("commit marker '{}': bad index checksum '{}'", origin, sum));
       }
       m.index.checksum = *checksum;
     }
@@ -839,9 +839,9 @@ Result<Marker> ParseMarker(const std::string& text, const std::string& origin, M
   if (m.format_version >= 3 && what == MarkerText::kCommit) {
     MHCKPT_ASSIGN_OR_RETURN(IndexLayout layout, IndexLayout::Of(m, origin));
     if (layout.total() != m.index.bytes) {
-      return DataLoss(fmt::format(
-          "commit marker '{}': the index is {} bytes, but its boxes' records take {}", origin,
-          m.index.bytes, layout.total()));
+      return DataLoss(
+          fmt::format("commit marker '{}': the index is {} bytes, but its boxes' records take {}",
+                      origin, m.index.bytes, layout.total()));
     }
   }
   return m;

@@ -160,7 +160,8 @@ Status PutIndexRanges(const std::string& path,
     }
   }
   MHCKPT_RETURN_IF_ERROR(fault::Hit("index_write"));
-  if (::fsync(fd.fd) != 0) return IoError(fmt::format("fsync '{}': {}", path, std::strerror(errno)));
+  if (::fsync(fd.fd) != 0)
+    return IoError(fmt::format("fsync '{}': {}", path, std::strerror(errno)));
   return OkStatus();
 }
 
@@ -262,9 +263,9 @@ Status LoadIndex(const std::string& path, Marker* m) {
     }
   }
   if (IndexChecksum(checks) != m->index.checksum) {
-    return DataLoss(fmt::format("index '{}': its records' checksum is {}; the commit marker says {}",
-                                path, ChecksumToString(IndexChecksum(checks)),
-                                ChecksumToString(m->index.checksum)));
+    return DataLoss(
+        fmt::format("index '{}': its records' checksum is {}; the commit marker says {}", path,
+                    ChecksumToString(IndexChecksum(checks)), ChecksumToString(m->index.checksum)));
   }
   return OkStatus();
 }

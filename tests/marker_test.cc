@@ -217,7 +217,6 @@ TEST(Marker, ParsesAnyKeyOrderIgnoresUnknownKeysLastRepeatWins) {
   EXPECT_THAT(io::ParseMarker("[1, 2]", "x").status().message(), HasSubstr("malformed"));
 }
 
-
 // ---- Version 3: the marker without checksums, and the index file ----
 
 bool WriteFile(const std::string& path, const std::string& bytes) {
@@ -244,11 +243,12 @@ struct TempDir {
 // SampleMarker as version 3, with a third array whose boxes are no grid.
 io::Marker SampleMarkerV3() {
   io::Marker m = SampleMarker();
-  m.arrays.push_back({"c",
-                      DType::kFloat32,
-                      {4, 2},
-                      false,
-                      {{Box{{0, 0}, {1, 2}}, 1}, {Box{{1, 0}, {3, 1}}, 0}, {Box{{1, 1}, {3, 1}}, 1}}});
+  m.arrays.push_back(
+      {"c",
+       DType::kFloat32,
+       {4, 2},
+       false,
+       {{Box{{0, 0}, {1, 2}}, 1}, {Box{{1, 0}, {3, 1}}, 0}, {Box{{1, 1}, {3, 1}}, 1}}});
   io::PlanChunks(&m, 8, 3);
   return m;
 }
@@ -288,7 +288,7 @@ TEST(MarkerV3, RegularShardingIsOneGridAndEveryChecksumIsInTheIndex) {
   EXPECT_EQ(j["arrays"][0]["writers"], nlohmann::json::parse("[0,1]"));
   EXPECT_FALSE(j["arrays"][0].contains("boxes"));
   EXPECT_EQ(j["arrays"][1]["grid"], nlohmann::json::array());  // a scalar: one cell
-  EXPECT_EQ(j["arrays"][2]["boxes"].size(), 3u);  // not a grid: listed
+  EXPECT_EQ(j["arrays"][2]["boxes"].size(), 3u);               // not a grid: listed
   EXPECT_EQ(text.find("chunk_rows"), std::string::npos);
   EXPECT_EQ(text.find("xxh3:0000000000000042"), text.rfind("xxh3:"));  // the index's only
   EXPECT_EQ(j["index"]["bytes"], 1234);
@@ -343,15 +343,25 @@ TEST(MarkerV3, RejectsDamagedGrids) {
     if (!parsed.ok()) EXPECT_EQ(parsed.status().code(), StatusCode::kDataLoss);
     return parsed.ok() ? std::string() : parsed.status().message();
   };
-  EXPECT_THAT(fails([](auto& j) { j["arrays"][0]["grid"][0] = {0, 3, 2, 4}; }),
+  EXPECT_THAT(fails([](auto& j) {
+                j["arrays"][0]["grid"][0] = {0, 3, 2, 4};
+              }),
               HasSubstr("array 'a': the grid's cuts of dimension 0 do not rise from 0 to 4"));
-  EXPECT_THAT(fails([](auto& j) { j["arrays"][0]["grid"][1] = {0, 3}; }),
+  EXPECT_THAT(fails([](auto& j) {
+                j["arrays"][0]["grid"][1] = {0, 3};
+              }),
               HasSubstr("do not rise from 0 to 2"));
-  EXPECT_THAT(fails([](auto& j) { j["arrays"][0]["writers"] = {0, 1, 1}; }),
+  EXPECT_THAT(fails([](auto& j) {
+                j["arrays"][0]["writers"] = {0, 1, 1};
+              }),
               HasSubstr("a grid of 2 cells with 3 writers"));
-  EXPECT_THAT(fails([](auto& j) { j["arrays"][0]["writers"] = {0, 9}; }),
+  EXPECT_THAT(fails([](auto& j) {
+                j["arrays"][0]["writers"] = {0, 9};
+              }),
               HasSubstr("writer rank 9 outside world size 2"));
-  EXPECT_THAT(fails([](auto& j) { j["arrays"][0]["grid"] = {{0, 4}}; }),
+  EXPECT_THAT(fails([](auto& j) {
+                j["arrays"][0]["grid"] = {{0, 4}};
+              }),
               HasSubstr("a grid of 1 dimensions for a shape of 2"));
   // A grid of 2^62 cells in a few bytes: refused before any allocation.
   EXPECT_THAT(fails([](auto& j) {
@@ -364,7 +374,9 @@ TEST(MarkerV3, RejectsDamagedGrids) {
   EXPECT_THAT(fails([](auto& j) { j["arrays"][0].erase("writers"); }),
               HasSubstr("missing field 'writers'"));
   EXPECT_THAT(fails([](auto& j) { j["arrays"][0]["grid"] = 3; }), HasSubstr("malformed"));
-  EXPECT_THAT(fails([](auto& j) { j["arrays"][0]["grid"][0] = {0, "2", 4}; }),
+  EXPECT_THAT(fails([](auto& j) {
+                j["arrays"][0]["grid"][0] = {0, "2", 4};
+              }),
               HasSubstr("malformed"));
   EXPECT_THAT(fails([](auto& j) { j.erase("index"); }), HasSubstr("missing field 'index'"));
   EXPECT_THAT(fails([](auto& j) { j["index"]["file"] = "../x"; }),
@@ -425,8 +437,8 @@ TEST(StepIndex, DamageIsDataLossNamingTheFileArrayAndBox) {
   const uint64_t a = layout->offset(0, 0), b = layout->offset(0, 1);
   ASSERT_EQ(layout->record_bytes(0, 0), layout->record_bytes(0, 1));
   std::swap_ranges(swapped.begin() + static_cast<std::ptrdiff_t>(a),
-                   swapped.begin() + static_cast<std::ptrdiff_t>(b), swapped.begin() +
-                   static_cast<std::ptrdiff_t>(b));
+                   swapped.begin() + static_cast<std::ptrdiff_t>(b),
+                   swapped.begin() + static_cast<std::ptrdiff_t>(b));
   EXPECT_THAT(load(swapped, {0, 1}), HasSubstr("array 'a' box [2:4, 0:2]"));
   EXPECT_THAT(load(good.substr(0, layout->offset(2, 2)), {2, 2}), HasSubstr("ends at byte"));
   std::string other_step = good;
