@@ -98,6 +98,14 @@ std::vector<std::string> Comm::AllGatherBytes(const std::string& mine) const {
   return all;
 }
 
+Comm Comm::Split(int color) const {
+  Comm c;
+  MPI_Comm_split(comm_, color, rank_, &c.comm_);
+  MPI_Comm_rank(c.comm_, &c.rank_);
+  MPI_Comm_size(c.comm_, &c.size_);
+  return c;
+}
+
 int Comm::SharedMemoryLeader() const {
   MPI_Comm node = MPI_COMM_NULL;
   MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);

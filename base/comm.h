@@ -43,6 +43,9 @@ class Comm {
   /// The lowest rank of this communicator that shares memory with this one
   /// (MPI_Comm_split_type with MPI_COMM_TYPE_SHARED: in practice, the node).
   [[nodiscard]] int SharedMemoryLeader() const;
+  /// Collective: the ranks of this communicator with the same `color`, in
+  /// the order of their ranks here (MPI_Comm_split).
+  [[nodiscard]] Comm Split(int color) const;
   /// Each rank's entry of `values` (significant at `root` only, index = rank).
   [[nodiscard]] int ScatterInt(const std::vector<int>& values, int root) const;
   /// `root`'s bytes everywhere.

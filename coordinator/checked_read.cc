@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "base/checksum.h"
 #include "coordinator/committed_step.h"
 #include "coordinator/plan.h"
@@ -37,7 +39,7 @@ Status CheckStoredBoxes(const io::MarkerArray& a, const Box& box, const std::byt
 }  // namespace
 
 Status ReadBatch::Add(size_t handle, const io::MarkerArray& a, const Box& want, std::byte* out) {
-  if (!verify_ || version_ < 2) {
+  if ((!verify_ || version_ < 2) && !subfiles()) {
     items_.push_back({});
     Item& it = items_.back();
     it.handle = handle;
@@ -143,10 +145,22 @@ Status ReadBatch::Flush() {
   if (bounce_.size() < bounce_bytes_) bounce_.resize(bounce_bytes_);
   std::vector<io::ReadRequest> requests;
   requests.reserve(items_.size());
+  Status s;
   for (const Item& it : items_) {
-    requests.push_back({it.handle, it.box, it.bounced ? bounce_.data() + it.bounce_at : it.dst});
+    void* data = it.bounced ? bounce_.data() + it.bounce_at : it.dst;
+    if (!subfiles()) {
+      requests.push_back({it.handle, it.box, data});
+      continue;
+    }
+    Result<io::ReadRequest> r = InSubfile(it, data);
+    if (!r.ok()) {
+      s = r.status();
+      break;
+    }
+    requests.push_back(*r);
   }
-  Status s = reader_.ReadMany(requests);
+  if (s.ok()) s = reader_.ReadMany(requests);
+
   for (size_t i = 0; s.ok() && i < items_.size(); ++i) {
     s = Finish(items_[i], static_cast<std::byte*>(requests[i].data));
   }
@@ -161,7 +175,7 @@ Status ReadBatch::Finish(const Item& item, std::byte* dst) {
   const size_t bytes = BoxBytes(item.box, a.dtype);
   if (item.whole_boxes) MHCKPT_RETURN_IF_ERROR(CheckStoredBoxes(a, item.box, dst, bytes));
   if (item.stored == nullptr) return OkStatus();
-  MHCKPT_RETURN_IF_ERROR(CheckChunks(a, *item.stored, item.box, dst));
+  if (verify_) MHCKPT_RETURN_IF_ERROR(CheckChunks(a, *item.stored, item.box, dst));
   if (stats_ != nullptr) {
     stats_->read += bytes;
     stats_->checked += bytes;
@@ -171,6 +185,25 @@ Status ReadBatch::Finish(const Item& item, std::byte* dst) {
                DTypeSize(a.dtype));
   }
   return OkStatus();
+}
+
+Result<io::ReadRequest> ReadBatch::InSubfile(const Item& item, void* data) {
+  const io::MarkerBox& b = *item.stored;
+  auto [it, fresh] = box_handles_.try_emplace(&b, 0);
+  if (fresh) {
+    const io::MarkerArray& a = *item.a;
+    io::ArraySpec spec{a.name, a.dtype, b.box.count, b.file_offset, -1, {}};
+    Result<size_t> h = reader_.OpenBox(spec, b.file);
+    if (!h.ok()) {
+      box_handles_.erase(it);
+      return DataLoss(fmt::format("array '{}' box {} (written by rank {}): {}", a.name,
+                                  BoxToString(b.box), b.writer, h.status().message()));
+    }
+    it->second = *h;
+  }
+  Box local = item.box;
+  for (size_t d = 0; d < local.start.size(); ++d) local.start[d] -= b.box.start[d];
+  return io::ReadRequest{it->second, std::move(local), data};
 }
 
 Box Intersection(const Box& a, const Box& b) {

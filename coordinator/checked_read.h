@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -40,6 +41,9 @@ class IndexSource {
   Status Load(std::span<const std::pair<const io::MarkerArray*, const io::MarkerBox*>> boxes);
   /// Bytes of the records loaded so far.
   [[nodiscard]] uint64_t records() const { return records_; }
+  /// The step's subfiles (Marker::files): then every read needs the records
+  /// of its stored boxes, checked or not, for their places.
+  [[nodiscard]] int files() const { return m_->files; }
 
  private:
   std::string path_;
@@ -57,7 +61,9 @@ class ReadBatch {
 
   /// `format_version`: the marker's; `verify`: check checksums
   /// (RestoreOptions::verify_checksums); `index`: for a version-3 step with
-  /// `verify`, where the checksums come from.
+  /// `verify` or with subfiles, where the checksums and the boxes' places
+  /// come from. With subfiles every read is of one stored box, opened on
+  /// first use (StepReader::OpenBox), whether checked or not.
   ReadBatch(io::StepReader& reader, int format_version, bool verify,
             CheckedReadStats* stats = nullptr, IndexSource* index = nullptr)
       : reader_(reader), version_(format_version), verify_(verify), stats_(stats), index_(index) {}
@@ -94,6 +100,9 @@ class ReadBatch {
   Status AddStoredBox(size_t handle, const io::MarkerArray& a, const io::MarkerBox& b,
                       const Box& want, std::byte* out);
   Status Finish(const Item& item, std::byte* dst);
+  [[nodiscard]] bool subfiles() const { return index_ != nullptr && index_->files() > 0; }
+  // With subfiles: the read of `item`, in its stored box's own dataset.
+  Result<io::ReadRequest> InSubfile(const Item& item, void* data);
 
   io::StepReader& reader_;
   int version_;
@@ -103,6 +112,7 @@ class ReadBatch {
   std::vector<Item> items_;
   size_t bounce_bytes_ = 0;
   std::vector<std::byte> bounce_;  // kept between flushes
+  std::map<const io::MarkerBox*, size_t> box_handles_;  // with subfiles: opened boxes
 };
 
 /// The elements boxes `a` and `b` share (they intersect: BoxesIntersect).

@@ -161,7 +161,9 @@ Status AgreeOnSharedInputs(const std::string& root, const Options& o, const Comm
                              o.local_parity_group,
                              -o.local_parity_group,
                              deadline_ms,
-                             -deadline_ms};
+                             -deadline_ms,
+                             o.files.ranks_per_file,
+                             -o.files.ranks_per_file};
   comm.AllreduceMax(&votes);  // max and -min of each
   const char* what[] = {"Options::transfer",
                         "Options::verify_replicas",
@@ -171,7 +173,8 @@ Status AgreeOnSharedInputs(const std::string& root, const Options& o, const Comm
                         "Options::local_copies",
                         "Options::local_max_to_keep",
                         "Options::local_parity_group",
-                        "Options::persistent_deadline_seconds"};
+                        "Options::persistent_deadline_seconds",
+                        "Options::files"};
   for (size_t i = 0; i < std::size(what); ++i) {
     if (votes[2 * i] != -votes[2 * i + 1]) {
       return InvalidArgument(fmt::format("{} differs between ranks", what[i]));
@@ -220,6 +223,7 @@ io::StorageOptions StorageFor(const Options& options) {
   s.pwrite = options.data_path != DataPath::kHdf5;
   s.direct = options.data_path == DataPath::kDirect;
   if (options.writer_threads > 0) s.writer_threads = options.writer_threads;
+  s.ranks_per_file = options.files.ranks_per_file;
   return s;
 }
 

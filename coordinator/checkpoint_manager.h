@@ -81,6 +81,22 @@ enum class DataPath : uint8_t {
   kHdf5,
 };
 
+/// Which ranks write which data file of a step (Options::files;
+/// docs/FORMAT.md, "Subfiles").
+struct DataFiles {
+  /// 0: one data file, data.h5, that every rank writes into (the default).
+  /// k > 0: one subfile per k consecutive ranks. kPerNode: one per node (the
+  /// ranks that share memory). With subfiles, each group of ranks writes its
+  /// own file, and data.h5 holds HDF5 virtual datasets that map every array
+  /// onto them, so h5py and h5dump read the global arrays as before.
+  int ranks_per_file = 0;
+  static constexpr int kPerNode = -1;
+
+  static DataFiles One() { return {}; }
+  static DataFiles PerNode() { return {kPerNode}; }
+  static DataFiles PerRanks(int k) { return {k}; }
+};
+
 struct Options {
   /// How array bytes move to storage when saving; restores read independently.
   Transfer transfer = Transfer::kIndependent;
@@ -163,6 +179,13 @@ struct Options {
   /// marker, for readers built before format 3. Every version restores.
   /// Rank 0's value is used.
   int format_version = 3;
+  /// One data file per step (the default), or one per node or per group of
+  /// ranks, behind a data.h5 of virtual datasets. Subfiles need format 3 and
+  /// DataPath::kDirect or kBuffered. On a parallel file system they spare
+  /// the ranks of different groups each other's locks on one shared file;
+  /// on one local disk they gain nothing (docs/SCALE.md). Every rank must
+  /// pass the same value.
+  DataFiles files;
   /// The bytes this rank will stage per save, if known (e.g. its share of
   /// the model and optimizer state): Open then maps that much staging memory
   /// and touches it on a thread of its own while training starts, so that

@@ -36,7 +36,9 @@ Status CheckMarkerStep(const io::Marker& m, const io::RootStore& store, int64_t 
       fmt::format("commit marker '{}' says step {}", store.MarkerLocation(step), m.step));
 }
 
-io::ArraySpec StoredSpec(const io::MarkerArray& a) { return {a.name, a.dtype, a.shape, a.offset}; }
+io::ArraySpec StoredSpec(const io::MarkerArray& a) {
+  return {a.name, a.dtype, a.shape, a.offset, -1, {}};
+}
 
 bool ReadableByOffset(const io::MarkerArray& a) {
   return a.offset >= 0 || Volume(a.shape).value_or(0) == 0;

@@ -42,6 +42,18 @@ Status CheckOptions(const Options& o, int rank) {
   if (o.format_version != 2 && o.format_version != 3) {
     return bad(fmt::format("format_version {} is neither 2 nor 3", o.format_version));
   }
+  if (o.files.ranks_per_file < DataFiles::kPerNode) {
+    return bad(fmt::format("files.ranks_per_file {} is neither 0 (one file), kPerNode nor positive",
+                           o.files.ranks_per_file));
+  }
+  if (o.files.ranks_per_file != 0 && o.format_version < 3) {
+    return bad("files: subfiles need format_version 3 (the index holds where each box lies)");
+  }
+  if (o.files.ranks_per_file != 0 &&
+      (o.transfer != Transfer::kIndependent || o.data_path == DataPath::kHdf5)) {
+    return bad("files: subfiles are written by the direct engine: Transfer::kIndependent with "
+               "DataPath::kDirect or kBuffered");
+  }
   if (o.max_to_keep < 0) return bad(fmt::format("max_to_keep {} is negative", o.max_to_keep));
   if (o.keep_period < 0) return bad(fmt::format("keep_period {} is negative", o.keep_period));
   if (!std::isfinite(o.collective_timeout_seconds) || o.collective_timeout_seconds < 0 ||

@@ -257,7 +257,9 @@ class RestoreRun {
   // 3. Open the step: by offset if the marker places every wanted array.
   Status Open() {
     io::ReadOptions how;
-    how.by_offset = WantedReadableByOffset(m_, flags_);
+    // With subfiles every box is read by offset from its subfile.
+    how.by_offset = m_.files > 0 || WantedReadableByOffset(m_, flags_);
+    how.files = m_.files;
     how.prefault = options_.prefault;
     how.direct = options_.direct_reads;
     Result<std::unique_ptr<io::StepReader>> reader = engine_.Open(store_.root(), step_, comm_, how);
@@ -307,7 +309,7 @@ class RestoreRun {
   // shared boxes sent.
   void Read() {
     std::optional<IndexSource> index;
-    if (m_.format_version >= 3 && options_.verify_checksums) {
+    if (m_.format_version >= 3 && (options_.verify_checksums || m_.files > 0)) {
       index.emplace(io::IndexPath(store_.root(), step_), &m_);
     }
     ReadBatch batch(*reader_, m_.format_version, options_.verify_checksums, nullptr,

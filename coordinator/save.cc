@@ -157,7 +157,7 @@ int64_t NowUnixMs() {
 // each other in one write) and made durable; rank 0 also writes the header.
 // `sums` then hold each record's check word, for rank 0.
 Status WriteIndexRecords(const std::string& path, const io::Marker& plan, int rank,
-                         std::vector<BoxSum>* sums) {
+                         const io::StepWriter& writer, std::vector<BoxSum>* sums) {
   if (sums->empty() && rank != 0) return OkStatus();
   MHCKPT_ASSIGN_OR_RETURN(io::IndexLayout layout, io::IndexLayout::Of(plan, "the plan"));
   std::vector<std::pair<uint64_t, std::string>> ranges;
@@ -167,7 +167,17 @@ Status WriteIndexRecords(const std::string& path, const io::Marker& plan, int ra
     if (ranges.empty() || ranges.back().first + ranges.back().second.size() != at) {
       ranges.emplace_back(at, std::string());
     }
-    b.sum = io::AppendIndexRecord(b.array, b.box, b.sum, b.chunks, &ranges.back().second);
+    std::optional<io::BoxPlace> place;
+    if (plan.files > 0) {
+      place = writer.Place(b.array, b.box);
+      if (!place) {
+        const io::MarkerArray& a = plan.arrays[b.array];
+        return Internal(fmt::format("array '{}' box {}: rank {} wrote it, but not into a subfile",
+                                    a.name, BoxToString(a.boxes[b.box].box), rank));
+      }
+    }
+    b.sum =
+        io::AppendIndexRecord(b.array, b.box, b.sum, b.chunks, &ranges.back().second, place);
     b.chunks = {};
   }
   return io::PutIndexRanges(path, ranges);
@@ -621,8 +631,15 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
                          return b.writer == a.boxes.front().writer;
                        });
       spec.writer = one ? a.boxes.front().writer : -1;  // a layout hint
+      if (impl_.options_.files.ranks_per_file != 0) {
+        spec.boxes.reserve(a.boxes.size());
+        for (const io::MarkerBox& b : a.boxes) spec.boxes.push_back({b.box, b.writer});
+      }
     }
     local_ = writer_->CreateArrays(specs);
+    // With subfiles the index holds each box's place: every rank sizes the
+    // index's records so.
+    plan_.files = writer_->Files();
     // Where each array lies in the data file, for readers that bypass the
     // engine's per-array opens (docs/FORMAT.md); rank 0 writes the marker.
     for (size_t i = 0; local_.ok() && rank_ == 0 && i < plan_.arrays.size(); ++i) {
@@ -662,7 +679,7 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
   // A rank whose array creation failed stops every rank here too.
   bool ReserveEverywhere() {
     Status reserved = local_;
-    if (rank_ == 0 && local_.ok()) {
+    if ((rank_ == 0 || writer_->Files() > 0) && local_.ok()) {
       reserved = writer_->Reserve();
       local_ = reserved;  // only rank 0 reports it
     }
@@ -678,7 +695,8 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
     if (local_.ok()) local_ = flushed;
     // Format 3: this rank's index records, durable before it reports.
     if (local_.ok() && plan_.format_version >= 3) {
-      local_ = WriteIndexRecords(io::IndexPath(impl_.root_, job_.step), plan_, rank_, &sums_);
+      local_ = WriteIndexRecords(io::IndexPath(impl_.root_, job_.step), plan_, rank_, *writer_,
+                                 &sums_);
     }
     if (local_.ok()) local_ = fault::Hit("after_flush");
     t_.flush = Since(t0);

@@ -34,6 +34,7 @@
 //      naming the rank, on every rank (it outranks the report's DataLoss).
 #include <algorithm>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <new>
 #include <optional>
@@ -190,8 +191,10 @@ class StepVerifier {
     // checks each array's dataset (dtype, shape, offset): verify answers for
     // the file as HDF5 tools see it, too.
     io::ReadOptions how;
-    how.by_offset = std::all_of(m->arrays.begin(), m->arrays.end(),
+    how.by_offset = m->files > 0 ||
+                    std::all_of(m->arrays.begin(), m->arrays.end(),
                                 [](const io::MarkerArray& a) { return ReadableByOffset(a); });
+    how.files = m->files;
     how.check_metadata = true;
     how.direct = options_.direct_reads;
     Result<std::unique_ptr<io::StepReader>> reader = engine_.Open(store_.root(), step_, comm_, how);
@@ -313,11 +316,15 @@ class StepVerifier {
                     const std::vector<std::optional<size_t>>& handles, const PageBuffer& buffer) {
     std::vector<io::ReadRequest> requests;
     uint64_t at = 0;
+    bool placed = true;
     for (const BoxRead* r : batch) {
-      requests.push_back({*handles[r->array], r->slabs[0], buffer.data() + at});
+      std::optional<io::ReadRequest> q =
+          Request(m, *r, r->slabs[0], reader, *handles[r->array], buffer.data() + at);
+      placed = placed && q.has_value();
+      if (q) requests.push_back(std::move(*q));
       at += r->bytes;
     }
-    if (!reader.ReadMany(requests).ok()) {
+    if (!placed || !reader.ReadMany(requests).ok()) {
       for (const BoxRead* r : batch) ReadBox(m, *r, reader, *handles[r->array], buffer);
     } else {
       for (size_t i = 0; i < batch.size(); ++i) {
@@ -340,6 +347,32 @@ class StepVerifier {
     mine_.bytes += read.bytes;
   }
 
+  // 3, the read of `slab` of a box into `data`: of the array (`handle`), or
+  // with subfiles of the box's own dataset in its subfile (its place from
+  // the index). nullopt, noted, if the box cannot be opened there.
+  std::optional<io::ReadRequest> Request(const io::Marker& m, const BoxRead& read, const Box& slab,
+                                         io::StepReader& reader, size_t handle, void* data) {
+    if (m.files == 0) return io::ReadRequest{handle, slab, data};
+    const io::MarkerArray& a = m.arrays[read.array];
+    const io::MarkerBox& box = a.boxes[read.box];
+    if (!index_ok_) return std::nullopt;  // no place known: noted with the index
+    auto [it, fresh] = box_handles_.try_emplace({read.array, read.box}, 0);
+    if (fresh) {
+      Result<size_t> h =
+          reader.OpenBox({a.name, a.dtype, box.box.count, box.file_offset, -1, {}}, box.file);
+      if (!h.ok()) {
+        box_handles_.erase(it);
+        Problem(fmt::format("array '{}' box {} (written by rank {}): {}", a.name,
+                            BoxToString(box.box), box.writer, h.status().message()));
+        return std::nullopt;
+      }
+      it->second = *h;
+    }
+    Box local = slab;
+    for (size_t d = 0; d < local.start.size(); ++d) local.start[d] -= box.box.start[d];
+    return io::ReadRequest{it->second, std::move(local), data};
+  }
+
   // 3, one box: slab by slab, then its checksum.
   void ReadBox(const io::Marker& m, const BoxRead& read, io::StepReader& reader, size_t handle,
                const PageBuffer& buffer) {
@@ -349,7 +382,9 @@ class StepVerifier {
     ChecksumStream checksum;
     for (const Box& slab : read.slabs) {
       const uint64_t bytes = static_cast<uint64_t>(*Volume(slab.count)) * DTypeSize(a.dtype);
-      Status s = reader.Read(handle, slab, buffer.data());
+      std::optional<io::ReadRequest> q = Request(m, read, slab, reader, handle, buffer.data());
+      if (!q) return;  // noted
+      Status s = reader.Read(q->array, q->box, q->data);
       done_ += bytes;
       Progress(done_);
       if (!s.ok()) {
@@ -432,6 +467,7 @@ class StepVerifier {
   uint64_t done_ = 0;     // of them, read so far
   Status failure_;        // an exception on this rank (step 5)
   bool index_ok_ = true;  // format 3: the index was read and checked
+  std::map<std::pair<size_t, size_t>, size_t> box_handles_;  // subfiles: (array, box) opened
   bool progress_failed_ = false;
 };
 

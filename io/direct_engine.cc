@@ -193,15 +193,60 @@ class Skeleton {
 // every rank pwrites its boxes there. The other ranks never touch HDF5 while
 // saving, and nobody pays for MPI-IO and collective metadata per dataset
 // (10,000 small arrays: docs/PERFORMANCE.md, "Many small arrays").
+// Subfiles: which group, and so which subfile, each rank writes.
+struct Groups {
+  MPI_Comm of = MPI_COMM_NULL;  // the communicator they were made for
+  std::vector<int> of_rank;     // the group of each rank
+  int count = 0;
+  int mine = 0;
+  Comm comm;  // this rank's group; its rank 0 (the group's lowest) lays the subfile out
+};
+
+// Collective over `comm`: groups of `ranks_per_file` consecutive ranks, or
+// (kFilePerNode) of the ranks sharing memory, numbered in the order of their
+// lowest ranks.
+Groups MakeGroups(const Comm& comm, int ranks_per_file) {
+  Groups g;
+  g.of = comm.get();
+  const auto size = static_cast<size_t>(comm.size());
+  std::vector<int> leader(size, -1);
+  leader[static_cast<size_t>(comm.rank())] =
+      ranks_per_file == kFilePerNode ? comm.SharedMemoryLeader()
+                                     : comm.rank() / ranks_per_file * ranks_per_file;
+  comm.AllreduceMax(&leader);
+  std::vector<int> leaders = leader;
+  std::sort(leaders.begin(), leaders.end());
+  leaders.erase(std::unique(leaders.begin(), leaders.end()), leaders.end());
+  g.count = static_cast<int>(leaders.size());
+  g.of_rank.resize(size);
+  for (size_t r = 0; r < size; ++r) {
+    g.of_rank[r] = static_cast<int>(std::lower_bound(leaders.begin(), leaders.end(), leader[r]) -
+                                    leaders.begin());
+  }
+  g.mine = g.of_rank[static_cast<size_t>(comm.rank())];
+  g.comm = comm.Split(g.mine);
+  return g;
+}
+
+// The dataset of box `box` of array `array` in its subfile.
+std::string BoxDatasetName(size_t array, size_t box) {
+  return fmt::format("box_{}_{}", array, box);
+}
+
 class DirectStepWriter final : public StepWriter {
  public:
   DirectStepWriter(std::optional<H5File> file, std::string path, RawWriterPool& pool,
-                   const Comm& comm, Skeleton* skeleton)
+                   const Comm& comm, Skeleton* skeleton, const Groups* groups = nullptr,
+                   std::optional<H5File> virtual_file = std::nullopt,
+                   std::string virtual_path = {})
       : file_(std::move(file)),
         path_(std::move(path)),
         pool_(pool),
         comm_(comm),
-        skeleton_(skeleton) {}
+        skeleton_(skeleton),
+        groups_(groups),
+        virtual_file_(std::move(virtual_file)),
+        virtual_path_(std::move(virtual_path)) {}
 
   ~DirectStepWriter() override {
     // The error path: no thread may still be writing from a caller's buffer.
@@ -214,6 +259,7 @@ class DirectStepWriter final : public StepWriter {
 
   // Collective: rank 0 creates, the others learn the offsets.
   Status CreateArrays(std::span<const ArraySpec> arrays) override {
+    if (groups_ != nullptr) return CreateBoxes(arrays);
     // [outcome on rank 0 (1: ok), end of the data, offset of each array or -1]
     std::vector<int64_t> layout(arrays.size() + 2, -1);
     Status s;
@@ -237,21 +283,50 @@ class DirectStepWriter final : public StepWriter {
   }
 
   [[nodiscard]] int64_t FileOffset(size_t array) const override {
+    if (groups_ != nullptr) return -1;
     const std::optional<uint64_t>& offset = placements_[array].offset;
     return offset ? static_cast<int64_t>(*offset) : -1;
   }
 
+  [[nodiscard]] std::optional<BoxPlace> Place(size_t array, size_t box) const override {
+    if (groups_ == nullptr) return std::nullopt;
+    for (const GroupBox& g : group_boxes_[array]) {
+      if (g.box == box) {
+        return BoxPlace{static_cast<uint64_t>(groups_->mine),
+                        placements_[g.placement].offset.value_or(0)};
+      }
+    }
+    return std::nullopt;
+  }
+
+  [[nodiscard]] int Files() const override { return groups_ != nullptr ? groups_->count : 0; }
+
+  // With subfiles, the group's first rank reserves its subfile; the others nothing.
   Status Reserve() override {
+    if (groups_ != nullptr && !file_reserver_) return OkStatus();
     return Preallocate(path_, end_);  // exact: see H5StepWriter::Reserve
   }
 
   Status Write(size_t array, const Box& box, const void* data) override {
     MHCKPT_RETURN_IF_ERROR(opened_);
     MHCKPT_RETURN_IF_ERROR(fault::Hit("h5_write"));
+    const Placement* place = &placements_[array];
+    Box at = box;
+    if (groups_ != nullptr) {  // a stored box, whole: its own dataset
+      place = nullptr;
+      for (const GroupBox& g : group_boxes_[array]) {
+        if (g.specs_box == box) place = &placements_[g.placement];
+      }
+      if (place == nullptr) {
+        return Internal(fmt::format("'{}': box {} of array {} is not one this group writes", path_,
+                                    BoxToString(box), array));
+      }
+      std::fill(at.start.begin(), at.start.end(), 0);
+    }
     // Runs wait here until they make a chunk, so that many small arrays are
     // one job for the threads, not one each.
     const auto* bytes = static_cast<const std::byte*>(data);
-    for (const BoxRun& r : BoxRuns(placements_[array], box)) {
+    for (const BoxRun& r : BoxRuns(*place, at)) {
       pending_.push_back({r.offset, bytes + r.at, r.size});
       pending_bytes_ += r.size;
     }
@@ -272,7 +347,10 @@ class DirectStepWriter final : public StepWriter {
   Status Flush() override {
     Status s = FinishWrites();
     Status synced = raw_.SyncAndClose();
-    return s.ok() ? synced : s;
+    if (s.ok()) s = synced;
+    // With subfiles, rank 0 also made data.h5 (virtual datasets only).
+    if (s.ok() && groups_ != nullptr && comm_.rank() == 0) s = FsyncFile(virtual_path_);
+    return s;
   }
 
  private:
@@ -324,6 +402,86 @@ class DirectStepWriter final : public StepWriter {
     return OkStatus();
   }
 
+  // Subfiles: the group's first rank creates one dataset per box of its
+  // group (by writer, so that a rank's boxes lie side by side) and closes the
+  // subfile; the group learns the offsets. Rank 0 then makes data.h5's
+  // virtual datasets, one per array, mapping its boxes onto the subfiles.
+  Status CreateBoxes(std::span<const ArraySpec> arrays) {
+    const Groups& g = *groups_;
+    std::vector<std::pair<size_t, size_t>> boxes;  // (array, box) written by this group
+    group_boxes_.assign(arrays.size(), {});
+    for (size_t i = 0; i < arrays.size(); ++i) {
+      for (size_t j = 0; j < arrays[i].boxes.size(); ++j) {
+        const int writer = arrays[i].boxes[j].writer;
+        if (writer >= 0 && static_cast<size_t>(writer) < g.of_rank.size() &&
+            g.of_rank[static_cast<size_t>(writer)] == g.mine) {
+          boxes.emplace_back(i, j);
+        }
+      }
+    }
+    std::stable_sort(boxes.begin(), boxes.end(), [&](const auto& x, const auto& y) {
+      return arrays[x.first].boxes[x.second].writer < arrays[y.first].boxes[y.second].writer;
+    });
+    // [outcome at the group's first rank (1: ok), end of the data, offset of each box or -1]
+    std::vector<int64_t> layout(boxes.size() + 2, -1);
+    Status s;
+    if (file_) {
+      s = LayoutBoxes(arrays, boxes, layout);
+      layout[0] = s.ok() ? 1 : 0;
+    }
+    g.comm.BroadcastValues(&layout, 0);
+    if (!file_ && layout[0] != 1) {
+      s = IoError(fmt::format("the first rank of group {} could not lay out '{}'", g.mine, path_));
+    }
+    if (s.ok() && virtual_file_) s = LayoutVirtual(arrays);
+    MHCKPT_RETURN_IF_ERROR(s);
+    end_ = static_cast<uint64_t>(layout[1]);
+    for (size_t k = 0; k < boxes.size(); ++k) {
+      const auto [i, j] = boxes[k];
+      const int64_t at = layout[k + 2];
+      const Box& box = arrays[i].boxes[j].box;
+      placements_.push_back({at >= 0 ? std::optional<uint64_t>(at) : std::nullopt, box.count,
+                             DTypeSize(arrays[i].dtype)});
+      group_boxes_[i].push_back({j, box, placements_.size() - 1});
+    }
+    return OkStatus();
+  }
+
+  Status LayoutBoxes(std::span<const ArraySpec> arrays,
+                     std::span<const std::pair<size_t, size_t>> boxes, std::vector<int64_t>& layout) {
+    H5LocalGuard guard;
+    uint64_t end = 0;
+    for (size_t k = 0; k < boxes.size(); ++k) {
+      const auto [i, j] = boxes[k];
+      MHCKPT_ASSIGN_OR_RETURN(Dataset ds,
+                              file_->CreateDataset(BoxDatasetName(i, j), arrays[i].dtype,
+                                                   arrays[i].boxes[j].box.count));
+      if (std::optional<uint64_t> at = ds.OffsetInFile()) layout[k + 2] = static_cast<int64_t>(*at);
+      end = std::max(end, ds.EndInFile());
+    }
+    layout[1] = static_cast<int64_t>(end);
+    file_reserver_ = true;
+    return file_->Close();
+  }
+
+  Status LayoutVirtual(std::span<const ArraySpec> arrays) {
+    H5LocalGuard guard;
+    std::vector<H5File::VirtualSource> sources;
+    for (size_t i = 0; i < arrays.size(); ++i) {
+      sources.clear();
+      for (size_t j = 0; j < arrays[i].boxes.size(); ++j) {
+        const BoxSpec& b = arrays[i].boxes[j];
+        if (Volume(b.box.count).value_or(0) == 0) continue;
+        sources.push_back({b.box, SubfileName(groups_->of_rank[static_cast<size_t>(b.writer)]),
+                           "/" + BoxDatasetName(i, j)});
+      }
+      MHCKPT_RETURN_IF_ERROR(
+          virtual_file_->CreateVirtualDataset(arrays[i].name, arrays[i].dtype, arrays[i].shape,
+                                              sources));
+    }
+    return virtual_file_->Close();
+  }
+
   void SubmitPending() {
     if (!pending_.empty()) pool_.Submit(&raw_, std::move(pending_));
     pending_.clear();
@@ -340,16 +498,31 @@ class DirectStepWriter final : public StepWriter {
   RawFile raw_;
   Status opened_;  // of raw_
   uint64_t end_ = 0;
-  std::vector<Placement> placements_;
+  std::vector<Placement> placements_;  // by array; with subfiles, by box of the group
+  // Subfiles (else null): the groups, and rank 0's data.h5 until laid out.
+  const Groups* groups_;
+  std::optional<H5File> virtual_file_;
+  std::string virtual_path_;
+  bool file_reserver_ = false;  // laid the subfile out
+  struct GroupBox {
+    size_t box = 0;         // in ArraySpec::boxes
+    Box specs_box;          // that box
+    size_t placement = 0;   // in placements_
+  };
+  std::vector<std::vector<GroupBox>> group_boxes_;  // by array
 };
 
 class DirectEngine final : public Engine {
  public:
-  DirectEngine(int threads, bool direct)
-      : pool_(threads), direct_(direct), reader_(MakeH5Engine(Transfer::kIndependent)) {}
+  DirectEngine(int threads, bool direct, int ranks_per_file)
+      : pool_(threads),
+        direct_(direct),
+        ranks_per_file_(ranks_per_file),
+        reader_(MakeH5Engine(Transfer::kIndependent)) {}
 
   Result<std::unique_ptr<StepWriter>> Create(const std::string& root, int64_t step,
                                              const Comm& comm) override {
+    if (ranks_per_file_ != 0) return CreateSubfiles(root, step, comm);
     std::string path = DataPath(root, step);
     const int rank = comm.rank();
     std::optional<H5File> file;
@@ -376,8 +549,41 @@ class DirectEngine final : public Engine {
   }
 
  private:
+  // Subfiles: each group's first rank creates its subfile, and rank 0 data.h5.
+  Result<std::unique_ptr<StepWriter>> CreateSubfiles(const std::string& root, int64_t step,
+                                                     const Comm& comm) {
+    if (!groups_ || groups_->of != comm.get()) groups_ = MakeGroups(comm, ranks_per_file_);
+    const Groups& g = *groups_;
+    std::string path = SubfilePath(root, step, g.mine);
+    std::optional<H5File> file, virtual_file;
+    Status s;
+    if (g.comm.rank() == 0) {
+      Result<H5File> created = H5File::CreateLocal(path);
+      s = created.status();
+      if (s.ok()) file = std::move(created).value();
+    }
+    std::vector<int64_t> ok{s.ok() ? 1 : 0};
+    g.comm.BroadcastValues(&ok, 0);
+    if (g.comm.rank() != 0 && ok[0] != 1) {
+      s = IoError(fmt::format("the first rank of group {} could not create '{}'", g.mine, path));
+    }
+    if (s.ok() && comm.rank() == 0) {
+      Result<H5File> created = H5File::CreateLocal(DataPath(root, step), true);
+      s = created.status();
+      if (s.ok()) virtual_file = std::move(created).value();
+    }
+    MHCKPT_RETURN_IF_ERROR(s);
+    auto writer = std::make_unique<DirectStepWriter>(std::move(file), std::move(path), pool_, comm,
+                                                     &skeleton_, &g, std::move(virtual_file),
+                                                     DataPath(root, step));
+    writer->Open(direct_);
+    return std::unique_ptr<StepWriter>(std::move(writer));
+  }
+
   RawWriterPool pool_;
   bool direct_;
+  int ranks_per_file_;
+  std::optional<Groups> groups_;  // with subfiles, from the first Create on
   std::unique_ptr<Engine> reader_;
   Skeleton skeleton_;  // rank 0's last layout
 };
@@ -402,8 +608,8 @@ bool LayoutReplayEnabled(std::string* why_not) {
   return why.empty();
 }
 
-std::unique_ptr<Engine> MakeDirectEngine(int threads, bool direct) {
-  return std::make_unique<DirectEngine>(threads, direct);
+std::unique_ptr<Engine> MakeDirectEngine(int threads, bool direct, int ranks_per_file) {
+  return std::make_unique<DirectEngine>(threads, direct, ranks_per_file);
 }
 
 }  // namespace mhckpt::io

@@ -59,9 +59,10 @@
 namespace mhckpt::io {
 
 /// `threads` writer threads (kept for the engine's lifetime); O_DIRECT with
-/// `direct`. Its own reads go through HDF5 (independent hyperslabs); reads
-/// by offset are MakeEngine's (io/pread_reader.h).
-std::unique_ptr<Engine> MakeDirectEngine(int threads, bool direct);
+/// `direct`; subfiles with `ranks_per_file` (StorageOptions). Its own reads
+/// go through HDF5 (independent hyperslabs); reads by offset are
+/// MakeEngine's (io/pread_reader.h, io/subfile_reader.h).
+std::unique_ptr<Engine> MakeDirectEngine(int threads, bool direct, int ranks_per_file = 0);
 
 /// Layouts replayed in this process so far (for tests).
 uint64_t LayoutReplays();

@@ -82,6 +82,21 @@ hid_t CreateSpace(const std::vector<int64_t>& shape) {
   return H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
 }
 
+// Where the HDF5 type alone does not say `dtype` (bfloat16, float8: stored
+// as unsigned integers), an attribute of dataset `id` does.
+Status TagDType(hid_t id, const std::string& name, DType dtype) {
+  if (!DTypeStoredAsRawBits(dtype)) return OkStatus();
+  std::string value(DTypeName(dtype));
+  Handle str(H5Tcopy(H5T_C_S1));
+  H5Tset_size(str.get(), value.size());
+  Handle scalar(H5Screate(H5S_SCALAR));
+  Handle attr(H5Acreate2(id, kDTypeAttribute, str.get(), scalar.get(), H5P_DEFAULT, H5P_DEFAULT));
+  if (!attr.ok() || H5Awrite(attr.get(), str.get(), value.data()) < 0) {
+    return H5Error(fmt::format("write attribute of '{}'", name));
+  }
+  return OkStatus();
+}
+
 hid_t MakeDxpl(Transfer transfer) {
   hid_t dxpl = H5Pcreate(H5P_DATASET_XFER);
   H5Pset_dxpl_mpio(
@@ -123,11 +138,14 @@ hid_t MakeCreateFapl(MPI_Comm comm) {
 }
 
 // The same file, made by one process through the POSIX driver.
-hid_t MakeLocalCreateFapl() {
+// `virtual_datasets`: a file that may hold virtual datasets, which need the
+// file format of HDF5 1.10 (readers of 1.8 cannot open it).
+hid_t MakeLocalCreateFapl(bool virtual_datasets) {
   hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
   H5Pset_fapl_sec2(fapl);
   SetAlignment(fapl);
   SetCreateProperties(fapl);
+  if (virtual_datasets) H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_V110);
   return fapl;
 }
 
@@ -331,10 +349,10 @@ Result<H5File> H5File::Create(const std::string& path, MPI_Comm comm, io::Transf
   return f;
 }
 
-Result<H5File> H5File::CreateLocal(const std::string& path) {
+Result<H5File> H5File::CreateLocal(const std::string& path, bool virtual_datasets) {
   H5LocalGuard guard;
   SilenceHdf5();
-  Handle fapl(MakeLocalCreateFapl());
+  Handle fapl(MakeLocalCreateFapl(virtual_datasets));
   H5File f;
   f.id_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get());
   if (f.id_ < 0) return H5Error(fmt::format("create '{}'", path));
@@ -379,18 +397,37 @@ Result<Dataset> H5File::CreateDataset(const std::string& name, DType dtype,
   d.id_ = H5Dcreate2(id_, ("/" + name).c_str(), d.type_, space.get(), shared_->lcpl, shared_->dcpl,
                      H5P_DEFAULT);
   if (d.id_ < 0) return H5Error(fmt::format("create dataset '{}'", name));
-  if (DTypeStoredAsRawBits(dtype)) {
-    std::string value(DTypeName(dtype));
-    Handle str(H5Tcopy(H5T_C_S1));
-    H5Tset_size(str.get(), value.size());
-    Handle scalar(H5Screate(H5S_SCALAR));
-    Handle attr(
-        H5Acreate2(d.id_, kDTypeAttribute, str.get(), scalar.get(), H5P_DEFAULT, H5P_DEFAULT));
-    if (!attr.ok() || H5Awrite(attr.get(), str.get(), value.data()) < 0) {
-      return H5Error(fmt::format("write attribute of '{}'", name));
+  MHCKPT_RETURN_IF_ERROR(TagDType(d.id_, name, dtype));
+  return d;
+}
+
+Status H5File::CreateVirtualDataset(const std::string& name, DType dtype,
+                                    const std::vector<int64_t>& shape,
+                                    std::span<const VirtualSource> sources) {
+  H5LocalGuard guard;
+  Handle dcpl(H5Pcreate(H5P_DATASET_CREATE));
+  Handle space(CreateSpace(shape));
+  for (const VirtualSource& src : sources) {
+    Handle source_space(CreateSpace(src.box.count));
+    if (!shape.empty()) {
+      const std::vector<hsize_t> start = Dims(src.box.start), count = Dims(src.box.count);
+      if (H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(),
+                              nullptr) < 0) {
+        return H5Error(fmt::format("select box {} of '{}'", BoxToString(src.box), name));
+      }
+    }
+    if (H5Pset_virtual(dcpl.get(), space.get(), src.file.c_str(), src.dataset.c_str(),
+                       source_space.get()) < 0) {
+      return H5Error(fmt::format("map box {} of '{}' onto '{}' in '{}'", BoxToString(src.box),
+                                 name, src.dataset, src.file));
     }
   }
-  return d;
+  H5Sselect_all(space.get());
+  const hid_t type = shared_->Type(dtype);
+  Handle ds(H5Dcreate2(id_, ("/" + name).c_str(), type, space.get(), shared_->lcpl, dcpl.get(),
+                       H5P_DEFAULT));
+  if (!ds.ok()) return H5Error(fmt::format("create virtual dataset '{}'", name));
+  return TagDType(ds.get(), name, dtype);
 }
 
 Result<Dataset> H5File::OpenDataset(const std::string& name, DType dtype,

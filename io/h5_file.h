@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -91,7 +92,9 @@ class H5File {
   /// alone: the same file format and creation properties as Create, without
   /// MPI-IO and collective metadata (the direct engine's rank 0 lays out a
   /// step's file so; io/direct_engine.h). Not collective.
-  static Result<H5File> CreateLocal(const std::string& path);
+  /// `virtual_datasets`: in HDF5 1.10's file format, so that it can hold
+  /// CreateVirtualDataset's.
+  static Result<H5File> CreateLocal(const std::string& path, bool virtual_datasets = false);
   /// Collective. Opens `path` for parallel reading.
   static Result<H5File> OpenReadOnly(const std::string& path, MPI_Comm comm, io::Transfer transfer);
 
@@ -99,6 +102,21 @@ class H5File {
   /// the global `shape`, allocated at once, never filled.
   Result<Dataset> CreateDataset(const std::string& name, DType dtype,
                                 const std::vector<int64_t>& shape);
+  /// One part of a virtual dataset: `box` of it is dataset `dataset` (of the
+  /// box's shape) in the file `file`, named relative to this file's folder.
+  struct VirtualSource {
+    Box box;
+    std::string file;
+    std::string dataset;
+  };
+  /// A file created with CreateLocal(path, true): creates `/name` (intermediate groups
+  /// included) as an HDF5 virtual dataset (VDS, HDF5 1.10 on) of the global
+  /// `shape`, made of `sources`, which must not overlap. Readers of the file
+  /// (h5py, h5dump) read the sources through it. A 0-d array is one source
+  /// of one element.
+  Status CreateVirtualDataset(const std::string& name, DType dtype,
+                              const std::vector<int64_t>& shape,
+                              std::span<const VirtualSource> sources);
   /// Collective. Opens `/name` and checks that its type and shape are the ones
   /// the marker promised (DataLoss otherwise).
   Result<Dataset> OpenDataset(const std::string& name, DType dtype,

@@ -34,4 +34,9 @@ std::string IndexPath(const std::string& root, int64_t step) {
   return fmt::format("{}/{}", StepDir(root, step), kIndexFileName);
 }
 
+std::string SubfileName(int64_t file) { return fmt::format("data-{:05d}.h5", file); }
+std::string SubfilePath(const std::string& root, int64_t step, int64_t file) {
+  return fmt::format("{}/{}", StepDir(root, step), SubfileName(file));
+}
+
 }  // namespace mhckpt::io

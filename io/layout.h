@@ -1,6 +1,9 @@
 // Where a checkpoint lives on disk (docs/FORMAT.md):
 //   ROOT/step_0000000042/data.h5      the arrays, as global HDF5 datasets
 //   ROOT/step_0000000042/index.bin    every box's checksums (format 3)
+//   ROOT/step_0000000042/data-00000.h5 with subfiles (Options::files): one
+//                                      data file per group of ranks, and
+//                                      data.h5 maps the arrays onto them
 //   ROOT/step_0000000042/commit.json  the commit marker; present = committed
 //   ROOT/mhckpt.lock                   locked (flock) by the job that owns ROOT
 //   ROOT/mhckpt.lease                  who owns ROOT, with a heartbeat
@@ -29,5 +32,8 @@ std::string StepDir(const std::string& root, int64_t step);
 std::string DataPath(const std::string& root, int64_t step);
 std::string MarkerPath(const std::string& root, int64_t step);
 std::string IndexPath(const std::string& root, int64_t step);
+/// Subfile `file` of a step with subfiles (Marker::files): "data-00003.h5".
+std::string SubfileName(int64_t file);
+std::string SubfilePath(const std::string& root, int64_t step, int64_t file);
 
 }  // namespace mhckpt::io

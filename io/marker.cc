@@ -75,7 +75,7 @@ struct MarkerSlots {
   bool is_object = false;
   Slot<std::string> format, data_file, index_file, index_checksum;
   Slot<Num> format_version, step, world_size, created_unix_ms, total_bytes, chunk_bytes,
-      index_bytes;
+      index_bytes, files;
   Slot<bool> index;  // the "index" object was there
   Slot<std::map<std::string, std::string>> user_metadata;
   Slot<std::vector<ArraySlots>> arrays;
@@ -276,6 +276,7 @@ class MarkerSax final : public nlohmann::json_sax<json> {
         if (key_ == "created_unix_ms") out_->created_unix_ms.Bad();
         if (key_ == "total_bytes") out_->total_bytes.Bad();
         if (key_ == "chunk_bytes") out_->chunk_bytes.Bad();
+        if (key_ == "files") out_->files.Bad();
         if (key_ == "user_metadata") out_->user_metadata.Bad();
         if (key_ == "arrays") out_->arrays.Bad();
         if (key_ == "index") out_->index.Bad();
@@ -329,6 +330,7 @@ class MarkerSax final : public nlohmann::json_sax<json> {
           if (key_ == "created_unix_ms") return out_->created_unix_ms.Set(num_), true;
           if (key_ == "total_bytes") return out_->total_bytes.Set(num_), true;
           if (key_ == "chunk_bytes") return out_->chunk_bytes.Set(num_), true;
+          if (key_ == "files") return out_->files.Set(num_), true;
         }
         break;
       case Kind::kIndex:
@@ -409,6 +411,10 @@ Status Validate(const Marker& m, const std::string& origin) {
   if (chunked && m.chunk_bytes == 0) return bad("chunk size 0");
   if (m.step < 0) return bad(fmt::format("negative step {}", m.step));
   if (m.world_size < 1) return bad(fmt::format("world size {} is not positive", m.world_size));
+  if (m.files < 0 || m.files > m.world_size || (m.files > 0 && m.format_version < 3)) {
+    return bad(fmt::format("{} subfiles for a world of {} ranks at format version {}", m.files,
+                           m.world_size, m.format_version));
+  }
   for (size_t i = 0; i < m.arrays.size(); ++i) {
     const MarkerArray& a = m.arrays[i];
     if (std::string why = CheckArrayName(a.name); !why.empty()) {
@@ -591,6 +597,7 @@ std::string MarkerToJsonV3(const Marker& m) {
                  "],\"chunk_bytes\":{},\"created_unix_ms\":{},\"data_file\":", m.chunk_bytes,
                  m.created_unix_ms);
   AppendString(out, m.data_file);
+  if (m.files > 0) fmt::format_to(std::back_inserter(out), ",\"files\":{}", m.files);
   fmt::format_to(std::back_inserter(out),
                  ",\"format\":\"mhckpt\",\"format_version\":{},\"index\":{{\"bytes\":{},"
                  "\"checksum\":\"{}\",\"file\":\"{}\"}},\"step\":{},\"total_bytes\":{},"
@@ -769,6 +776,7 @@ Result<Marker> ParseMarker(const std::string& text, const std::string& origin, M
     m.user_metadata = std::move(s.user_metadata.value);
     Need(s.user_metadata, "user_metadata");
     const bool indexed = m.format_version >= 3;
+    if (indexed && s.files.state != SlotState::kMissing) m.files = NeedInt<int>(s.files, "files");
     if (indexed && what == MarkerText::kCommit) {
       Need(s.index, "index");
       if (Need(s.index_file, "index.file") != kIndexFileName) {

@@ -39,6 +39,17 @@ struct MarkerBox {
   /// until read from it (io::LoadIndexRecords).
   int64_t chunk_rows = 0;
   std::vector<uint64_t> chunks;
+  /// Version 3 with subfiles (Marker::files): the subfile that holds the
+  /// box's bytes (io::SubfileName) and where they start in it, row-major
+  /// over the box. In the index, not the marker: -1 until read from it.
+  int64_t file = -1;
+  int64_t file_offset = -1;
+};
+
+/// Where a box's bytes lie in a step with subfiles (Marker::files).
+struct BoxPlace {
+  uint64_t file = 0;    ///< the subfile (io::SubfileName)
+  uint64_t offset = 0;  ///< of the box's first byte in it
 };
 
 struct MarkerArray {
@@ -71,6 +82,12 @@ struct Marker {
   uint64_t total_bytes = 0;  ///< bytes of array data in the step
   uint64_t chunk_bytes = 0;  ///< version 2 and 3: the chunk size the save aimed at
   MarkerIndex index;         ///< version 3
+  /// Version 3: 0, the array bytes are in `data_file`; else the step's
+  /// subfiles (io::SubfileName), each written by one group of ranks, each
+  /// box a dataset of its own, and `data_file` holds only virtual datasets
+  /// that map every array onto them. Where each box lies is in the index
+  /// (MarkerBox::file, file_offset).
+  int files = 0;
 
   /// The array called `name`, or nullptr.
   [[nodiscard]] const MarkerArray* Find(const std::string& name) const;

@@ -23,6 +23,10 @@ constexpr char kMagic[8] = {'M', 'H', 'C', 'K', 'I', 'D', 'X', '3'};
 constexpr uint64_t kJoinGapBytes = 512;
 constexpr uint64_t kMaxReadBytes = 16 << 20;
 constexpr uint64_t kMaxIndexBytes = uint64_t{1} << 56;
+// With subfiles: a record ends in the box's subfile and offset in it.
+constexpr uint64_t kPlaceBytes = 16;
+// No box of a subfile may reach past this byte (a forged index).
+constexpr uint64_t kMaxFileOffset = uint64_t{1} << 62;
 
 void PutU64(std::string* out, uint64_t v) {
   char b[8];
@@ -71,9 +75,10 @@ Status ReadAt(int fd, const std::string& path, uint64_t offset, std::byte* out, 
   return OkStatus();
 }
 
-// Decodes the record of box `b` of array `ai`, `n` bytes at `p`, into `box`.
+// Decodes the record of box `b` of array `ai`, `n` bytes at `p`, into `box`;
+// with `files` (Marker::files) > 0 it ends in the box's place.
 Status DecodeRecord(const std::string& path, const MarkerArray& a, size_t ai, size_t bi,
-                    const std::byte* p, size_t n, MarkerBox* box) {
+                    const std::byte* p, size_t n, int files, MarkerBox* box) {
   const uint64_t check = GetU64(p + n - 8);
   if (CheckWord(ai, bi, p, n - 8) != check) {
     return DataLoss(fmt::format(
@@ -81,8 +86,22 @@ Status DecodeRecord(const std::string& path, const MarkerArray& a, size_t ai, si
         a.name, BoxToString(box->box), box->writer));
   }
   box->checksum = GetU64(p);
-  box->chunks.resize((n - 16) / 8);
+  const size_t place = files > 0 ? kPlaceBytes : 0;
+  box->chunks.resize((n - 16 - place) / 8);
   for (size_t c = 0; c < box->chunks.size(); ++c) box->chunks[c] = GetU64(p + 8 + 8 * c);
+  if (files == 0) return OkStatus();
+  const uint64_t file = GetU64(p + n - 24), offset = GetU64(p + n - 16);
+  // The box's bytes must lie in one of the step's subfiles, below 2^62.
+  const uint64_t bytes = BoxBytes(box->box, a.dtype);
+  if (file >= static_cast<uint64_t>(files) || offset > kMaxFileOffset ||
+      bytes > kMaxFileOffset - offset) {
+    return DataLoss(fmt::format(
+        "index '{}': array '{}' box {} (written by rank {}) is placed at byte {} of subfile {} "
+        "of {}",
+        path, a.name, BoxToString(box->box), box->writer, offset, file, files));
+  }
+  box->file = static_cast<int64_t>(file);
+  box->file_offset = static_cast<int64_t>(offset);
   return OkStatus();
 }
 
@@ -115,7 +134,8 @@ Result<IndexLayout> IndexLayout::Of(const Marker& m, const std::string& origin) 
     for (const MarkerBox& b : a.boxes) {
       l.offsets_.push_back(at);
       const auto chunks = static_cast<uint64_t>(ChunkCount(b.box, b.chunk_rows));
-      if (chunks > kMaxIndexBytes / 8 || (at += 16 + 8 * chunks) > kMaxIndexBytes) {
+      const uint64_t place = m.files > 0 ? kPlaceBytes : 0;
+      if (chunks > kMaxIndexBytes / 8 || (at += 16 + place + 8 * chunks) > kMaxIndexBytes) {
         return DataLoss(fmt::format(
             "commit marker '{}': array '{}': its boxes' checksums would take more than {} bytes",
             origin, a.name, kMaxIndexBytes));
@@ -133,10 +153,15 @@ std::string IndexHeader(int64_t step) {
 }
 
 uint64_t AppendIndexRecord(size_t array, size_t box, uint64_t checksum,
-                           std::span<const uint64_t> chunks, std::string* out) {
+                           std::span<const uint64_t> chunks, std::string* out,
+                           const std::optional<BoxPlace>& place) {
   const size_t start = out->size();
   PutU64(out, checksum);
   for (uint64_t c : chunks) PutU64(out, c);
+  if (place) {
+    PutU64(out, place->file);
+    PutU64(out, place->offset);
+  }
   const uint64_t check = CheckWord(array, box, out->data() + start, out->size() - start);
   PutU64(out, check);
   return check;
@@ -225,7 +250,7 @@ Status LoadIndexRecords(const std::string& path, const IndexLayout& layout,
       }
       MHCKPT_RETURN_IF_ERROR(DecodeRecord(path, a, ai, bi,
                                           buffer.data() + (layout.offset(ai, bi) - begin),
-                                          layout.record_bytes(ai, bi), &a.boxes[bi]));
+                                          layout.record_bytes(ai, bi), m->files, &a.boxes[bi]));
     }
     i = j;
   }
@@ -259,7 +284,11 @@ Status LoadIndex(const std::string& path, Marker* m) {
     for (size_t b = 0; b < m->arrays[a].boxes.size(); ++b) {
       const MarkerBox& box = m->arrays[a].boxes[b];
       record.clear();
-      checks.push_back(AppendIndexRecord(a, b, box.checksum, box.chunks, &record));
+      std::optional<BoxPlace> place;
+      if (m->files > 0) {
+        place = BoxPlace{static_cast<uint64_t>(box.file), static_cast<uint64_t>(box.file_offset)};
+      }
+      checks.push_back(AppendIndexRecord(a, b, box.checksum, box.chunks, &record, place));
     }
   }
   if (IndexChecksum(checks) != m->index.checksum) {

@@ -4,9 +4,11 @@
 //
 //   header   8 bytes "MHCKIDX3", then the step (int64, little-endian)
 //   records  one per box, in marker order (arrays by name, then their boxes):
-//            the box's XXH3-64, the XXH3-64 of each of its chunks, and a check
-//            word: the XXH3-64, seeded with (array << 32 | box), of the
-//            record's bytes before it. All little-endian uint64.
+//            the box's XXH3-64, the XXH3-64 of each of its chunks, in a step
+//            with subfiles (Marker::files) the box's subfile and its byte
+//            offset there, and a check word: the XXH3-64, seeded with
+//            (array << 32 | box), of the record's bytes before it. All
+//            little-endian uint64.
 //
 // A record's place follows from the marker alone (IndexLayout), so each
 // writer puts its own boxes' records with pwrite, in parallel, and a reader
@@ -18,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -55,9 +58,11 @@ class IndexLayout {
 std::string IndexHeader(int64_t step);
 
 /// Appends the record of box `box` of array `array` to `out`: its checksum,
-/// its chunks' and the check word, which it returns.
+/// its chunks', its place (a step with subfiles) and the check word, which
+/// it returns.
 uint64_t AppendIndexRecord(size_t array, size_t box, uint64_t checksum,
-                           std::span<const uint64_t> chunks, std::string* out);
+                           std::span<const uint64_t> chunks, std::string* out,
+                           const std::optional<BoxPlace>& place = std::nullopt);
 
 /// Puts `ranges` (offset, bytes) into the index file at `path`, creating it
 /// if need be (every writer of a step writes its own ranges of the one

@@ -1,14 +1,18 @@
 #include "io/storage.h"
 
 #include <atomic>
+#include <string>
 #include <utility>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "io/direct_engine.h"
 #include "io/h5_engine.h"
 #include "io/layout.h"
 #include "io/pread_reader.h"
 #include "io/read_counters.h"
+#include "io/subfile_reader.h"
 
 namespace mhckpt::io {
 namespace {
@@ -27,6 +31,14 @@ class CountingReader final : public StepReader {
 
   Result<size_t> OpenArray(const ArraySpec& spec) override {
     Result<size_t> handle = inner_->OpenArray(spec);
+    if (handle.ok()) {
+      if (element_bytes_.size() <= *handle) element_bytes_.resize(*handle + 1, 0);
+      element_bytes_[*handle] = DTypeSize(spec.dtype);
+    }
+    return handle;
+  }
+  Result<size_t> OpenBox(const ArraySpec& spec, int64_t file) override {
+    Result<size_t> handle = inner_->OpenBox(spec, file);
     if (handle.ok()) {
       if (element_bytes_.size() <= *handle) element_bytes_.resize(*handle + 1, 0);
       element_bytes_[*handle] = DTypeSize(spec.dtype);
@@ -71,7 +83,9 @@ class CountingEngine final : public Engine {
     if (!options.by_offset || options.check_metadata) {
       MHCKPT_ASSIGN_OR_RETURN(reader, inner_->Open(root, step, comm, options));
     }
-    if (options.by_offset) {
+    if (options.by_offset && options.files > 0) {
+      reader = OpenSubfileReader(root, step, std::move(reader), options);
+    } else if (options.by_offset) {
       MHCKPT_ASSIGN_OR_RETURN(
           reader, OpenPreadReader(DataPath(root, step), step, std::move(reader), options));
     }
@@ -87,9 +101,14 @@ class CountingEngine final : public Engine {
 std::unique_ptr<Engine> MakeEngine(const StorageOptions& options) {
   if (options.transfer == Transfer::kIndependent && options.pwrite) {
     return std::make_unique<CountingEngine>(
-        MakeDirectEngine(options.writer_threads, options.direct));
+        MakeDirectEngine(options.writer_threads, options.direct, options.ranks_per_file));
   }
   return std::make_unique<CountingEngine>(MakeH5Engine(options.transfer));
+}
+
+Result<size_t> StepReader::OpenBox(const ArraySpec& spec, int64_t /*file*/) {
+  return Internal(
+      fmt::format("array '{}': this reader reads a step's one data file, not subfiles", spec.name));
 }
 
 Status StepReader::ReadMany(std::span<const ReadRequest> requests) {

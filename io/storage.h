@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -29,6 +30,7 @@
 #include "base/comm.h"
 #include "base/status.h"
 #include "base/types.h"
+#include "io/marker.h"
 
 namespace mhckpt::io {
 
@@ -49,6 +51,18 @@ struct StorageOptions {
   /// With `pwrite`: O_DIRECT where the file system accepts it.
   bool direct = true;
   int writer_threads = 2;  ///< with `pwrite`; at least 1
+  /// With `pwrite` (the direct engine): 0, one data file for every rank;
+  /// k > 0, one subfile per k consecutive ranks; kFilePerNode, one per node
+  /// (ranks sharing memory). See io/direct_engine.h, "Subfiles".
+  int ranks_per_file = 0;
+};
+
+inline constexpr int kFilePerNode = -1;
+
+/// A stored box of an array, and the rank that writes it.
+struct BoxSpec {
+  Box box;
+  int writer = 0;
 };
 
 /// One array of a step, as stored.
@@ -64,6 +78,9 @@ struct ArraySpec {
   /// rank's arrays side by side, so that its small arrays make long runs in
   /// the file (io/direct_engine.h).
   int writer = -1;
+  /// For writing into subfiles (StorageOptions::ranks_per_file): the
+  /// array's stored boxes, each to be written whole by its writer.
+  std::vector<BoxSpec> boxes;
 };
 
 /// How a step is opened for reading.
@@ -83,6 +100,10 @@ struct ReadOptions {
   /// With `by_offset`: read long runs with O_DIRECT straight into
   /// destinations that line up with them (io/pread_reader.h).
   bool direct = false;
+  /// With `by_offset`: the step's bytes are in this many subfiles
+  /// (Marker::files), read through StepReader::OpenBox; 0, in its one data
+  /// file.
+  int files = 0;
 };
 
 /// One read of a batch: `box` of the opened array `array` into the row-major
@@ -108,7 +129,15 @@ class StepWriter {
   /// marker for readers that read at offsets), or -1 if the engine stores
   /// them otherwise or the array has no bytes.
   [[nodiscard]] virtual int64_t FileOffset(size_t array) const = 0;
-  /// One rank, after CreateArrays: reserves exactly the storage the arrays'
+  /// After CreateArrays, with subfiles (Files() > 0): where box `box` of
+  /// array `array` (ArraySpec::boxes) lies, for a box this rank writes.
+  [[nodiscard]] virtual std::optional<BoxPlace> Place(size_t /*array*/, size_t /*box*/) const {
+    return std::nullopt;
+  }
+  /// The step's subfiles (Marker::files), or 0: one data file.
+  [[nodiscard]] virtual int Files() const { return 0; }
+  /// Rank 0 (with subfiles, every rank: each group's first rank reserves
+  /// its subfile), after CreateArrays: reserves exactly the storage the arrays'
   /// data takes, so that a full file system fails here, before any write or
   /// flush in which one rank's error could strand the others. Nothing is to
   /// be given back later. IoError.
@@ -138,6 +167,12 @@ class StepReader {
   /// describes it. Returns the handle that Read takes. DataLoss, naming the
   /// array, if it is missing or stored with another dtype or shape.
   virtual Result<size_t> OpenArray(const ArraySpec& spec) = 0;
+  /// A step with subfiles (ReadOptions::files): opens one stored box as an
+  /// array of its own, `spec` giving its dtype, its shape (the box's counts)
+  /// and its offset in subfile `file` (Marker's MarkerBox::file and
+  /// file_offset). Local. Read and ReadMany take the handle, with boxes
+  /// relative to the stored box. Unimplemented by readers of one file.
+  virtual Result<size_t> OpenBox(const ArraySpec& spec, int64_t file);
   /// Reads `box` of an opened array into the row-major buffer `data`.
   virtual Status Read(size_t array, const Box& box, void* data) = 0;
   /// Reads every request; the buffers must not overlap. A reader may order

@@ -6,7 +6,9 @@
 // ctest runs every (N, M) in 1..4 x 1..4 (tests/CMakeLists.txt). With a last
 // argument `rp`, the save uses replica-parallel saving
 // (Options::replica_parallel_min_bytes) and both sides add arrays that it
-// splits: a big replicated one, and one sharded over pairs of ranks.
+// splits: a big replicated one, and one sharded over pairs of ranks. With
+// `f2`, format 2; with `sub2`, subfiles of two ranks each (Options::files),
+// which the restore checks are there.
 #include <mpi.h>
 
 #include <cstdio>
@@ -20,6 +22,7 @@
 #include "coordinator/checkpoint_manager.h"
 #include "io/layout.h"
 #include "io/marker.h"
+#include "io/step_index.h"
 #include "tests/test_util.h"
 
 namespace mhckpt {
@@ -37,6 +40,7 @@ struct Spec {
 
 bool replica_parallel = false;  // the `rp` argument
 int format_version = 3;         // the `f2` argument: 2 (what the save writes, the restore expects)
+int ranks_per_file = 0;         // the `sub2` argument: 2
 
 const std::vector<Spec>& Specs() {
   static const std::vector<Spec> rp_specs = {
@@ -101,6 +105,7 @@ int Save(const std::string& dir, int p, int r) {
   Options o;
   if (replica_parallel) o.replica_parallel_min_bytes = 64;  // rp/small (12 bytes) stays whole
   o.format_version = format_version;
+  o.files.ranks_per_file = ranks_per_file;
   auto mgr = OpenAgreed(dir, o);
   if (!mgr.ok()) return fmt::print(stderr, "open: {}\n", mgr.status().ToString()), 1;
   std::vector<std::vector<std::byte>> bufs;
@@ -131,6 +136,15 @@ int Restore(const std::string& dir, int p, int r) {
   auto described = (*mgr)->Describe(42);
   if (!described.ok() || described->format_version != format_version) {
     return fmt::print(stderr, "rank {}: step 42 is not in format {}\n", r, format_version), 1;
+  }
+  if (ranks_per_file > 0) {  // one subfile per two ranks of the save, data.h5 besides
+    Result<io::Marker> m = io::ReadMarker(io::MarkerPath(dir, 42));
+    const int want = m.ok() ? (m->world_size + ranks_per_file - 1) / ranks_per_file : -1;
+    if (!m.ok() || m->files != want ||
+        !std::filesystem::exists(io::SubfilePath(dir, 42, want - 1)) ||
+        std::filesystem::exists(io::SubfilePath(dir, 42, want))) {
+      return fmt::print(stderr, "rank {}: step 42 is not in {} subfiles\n", r, want), 1;
+    }
   }
   std::vector<std::vector<std::byte>> bufs;
   std::vector<ArrayToRestore> arrays;
@@ -175,8 +189,18 @@ Result<std::string> DamagedCopy(const std::string& dir, int p) {
   std::filesystem::remove_all(copy);
   std::filesystem::copy(dir, copy, std::filesystem::copy_options::recursive);
   MHCKPT_ASSIGN_OR_RETURN(io::Marker m, io::ReadMarker(io::MarkerPath(copy, 42)));
-  const int64_t at = m.Find("block/2d")->offset + (40 * 45 + 30) * 4 + 1;
-  std::fstream f(io::DataPath(copy, 42), std::ios::in | std::ios::out | std::ios::binary);
+  int64_t at = m.Find("block/2d")->offset + (40 * 45 + 30) * 4 + 1;
+  std::string path = io::DataPath(copy, 42);
+  if (m.files > 0) {  // the byte's box, at its place in its subfile (from the index)
+    MHCKPT_RETURN_IF_ERROR(io::LoadIndex(io::IndexPath(copy, 42), &m));
+    for (const io::MarkerBox& b : m.Find("block/2d")->boxes) {
+      const int64_t row = 40 - b.box.start[0], col = 30 - b.box.start[1];
+      if (row < 0 || row >= b.box.count[0] || col < 0 || col >= b.box.count[1]) continue;
+      at = b.file_offset + (row * b.box.count[1] + col) * 4 + 1;
+      path = io::SubfilePath(copy, 42, b.file);
+    }
+  }
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
   char c = 0;
   f.seekg(at);
   f.get(c);
@@ -235,6 +259,9 @@ int main(int argc, char** argv) {
     } else if (argc == 4 && std::strcmp(argv[3], "f2") == 0) {
       mhckpt::format_version = 2;
       --argc;
+    } else if (argc == 4 && std::strcmp(argv[3], "sub2") == 0) {
+      mhckpt::ranks_per_file = 2;
+      --argc;
     }
     if (argc == 3 && std::strcmp(argv[1], "save") == 0)
       rc = mhckpt::Save(argv[2], p, r);
@@ -243,7 +270,7 @@ int main(int argc, char** argv) {
     else if (argc == 3 && std::strcmp(argv[1], "damaged") == 0)
       rc = mhckpt::RestoreDamaged(argv[2], p, r);
     else if (r == 0)
-      std::fprintf(stderr, "usage: reshard_test save|restore|damaged DIR [rp|f2]\n");
+      std::fprintf(stderr, "usage: reshard_test save|restore|damaged DIR [rp|f2|sub2]\n");
     return rc;
   });
 }
