@@ -93,6 +93,7 @@ struct Flags {
   bool drop_caches = false;
   uint64_t chunk_bytes = 0;  // Options::checksum_chunk_bytes
   int format = 0;            // Options::format_version (0: the library's default)
+  int ranks_per_file = 0;    // Options::files (0: one data file; -1: one per node)
   bool no_verify_checksums = false;
   std::string prefault = "on";      // RestoreOptions::prefault
   std::string direct_reads = "on";  // RestoreOptions::direct_reads
@@ -163,6 +164,7 @@ Options MakeOptions(const Flags& f) {
   o.replica_parallel_min_bytes = f.replica_split_bytes;
   o.checksum_chunk_bytes = f.chunk_bytes;
   if (f.format != 0) o.format_version = f.format;
+  o.files.ranks_per_file = f.ranks_per_file;
   return o;
 }
 
@@ -571,6 +573,7 @@ json RunRestore(const Flags& f) {
   r["direct_read_bytes"] = SumOverRanksU64(v.direct_bytes) / static_cast<uint64_t>(f.reps);
   r["dest_pages"] = f.dest_pages;
   r["format_version"] = marker->format_version;
+  r["files"] = marker->files;
   r["file_bytes"] = FileBytes(root, step);
   r["verified"] = v.verified;
   r["root"] = root;
@@ -727,6 +730,9 @@ int Main(int argc, char** argv, int provided) {
                  "Options::checksum_chunk_bytes of the saves (0: the library's default)");
   app.add_option("--format", f.format,
                  "Options::format_version of the saves (0: the library's default)");
+  app.add_option("--ranks-per-file", f.ranks_per_file,
+                 "Options::files: 0, one data file; -1, a subfile per node; k, a subfile per k "
+                 "ranks");
   app.add_option("--dest-pages", f.dest_pages,
                  "restore, many: new destinations advised MADV_HUGEPAGE as numpy advises its "
                  "arrays (huge), or not (base)")

@@ -29,6 +29,7 @@
 // writer balance (max/mean bytes per rank, and per writing rank) and the
 // parallel-HDF5 metadata operations of one save and one restore.
 #include <malloc.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include <algorithm>
@@ -38,6 +39,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <new>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -52,6 +54,8 @@
 #include "coordinator/layouts.h"
 #include "coordinator/plan.h"
 #include "coordinator/rank_report.h"
+#include "io/h5_file.h"
+#include "io/layout.h"
 #include "io/marker.h"
 #include "io/step_index.h"
 #include "programs/main_guard.h"
@@ -391,7 +395,9 @@ Reports WriterReports(const io::Marker& plan, const io::IndexLayout& layout) {
       std::vector<uint64_t> chunks(static_cast<size_t>(io::ChunkCount(b.box, b.chunk_rows)));
       for (uint64_t& c : chunks) c = sum++;
       const auto w = static_cast<size_t>(b.writer);
-      const uint64_t check = io::AppendIndexRecord(ai, bi, sum, chunks, &r.index);
+      std::optional<io::BoxPlace> place;  // with subfiles: one per node of 8 ranks
+      if (plan.files > 0) place = io::BoxPlace{static_cast<uint64_t>(b.writer / 8), sum};
+      const uint64_t check = io::AppendIndexRecord(ai, bi, sum, chunks, &r.index, place);
       v3[w].push_back({static_cast<uint32_t>(ai), static_cast<uint32_t>(bi), check, {}});
       v2[w].push_back(
           {static_cast<uint32_t>(ai), static_cast<uint32_t>(bi), sum++, std::move(chunks)});
@@ -428,6 +434,70 @@ std::vector<io::BoxRef> BoxesToRead(const io::Marker& plan, const RankDescriptio
   return refs;
 }
 
+json Format3(const io::Marker& plan3, const io::IndexLayout& layout, const Reports& r,
+             const std::vector<Tensor>& tensors, const Model& m, const std::string& index_dir);
+
+// The layout work of a save with subfiles (`plan.files` groups of 8 ranks),
+// made with HDF5 in `dir`: rank 0's data.h5 of virtual datasets, one per
+// array mapping every box onto its writer's subfile, and the busiest group's
+// subfile, one dataset per box. Wall and CPU seconds, and the counts.
+json SubfileLayout(const io::Marker& plan, const std::string& dir) {
+  const std::string path = dir + "/mhckpt-plan-sim-data.h5";
+  json out;
+  {
+    const double cpu0 = ThreadCpuSeconds();
+    auto t0 = Clock::now();
+    io::H5File f = io::H5File::CreateLocal(path, true).value();
+    std::vector<io::H5File::VirtualSource> sources;
+    size_t mappings = 0;
+    for (size_t ai = 0; ai < plan.arrays.size(); ++ai) {
+      const io::MarkerArray& a = plan.arrays[ai];
+      sources.clear();
+      for (size_t bi = 0; bi < a.boxes.size(); ++bi) {
+        sources.push_back({a.boxes[bi].box, io::SubfileName(a.boxes[bi].writer / 8),
+                           fmt::format("/box_{}_{}", ai, bi)});
+      }
+      mappings += sources.size();
+      Status s = f.CreateVirtualDataset(a.name, a.dtype, a.shape, sources);
+      if (!s.ok()) throw std::runtime_error(s.ToString());
+    }
+    if (!f.Close().ok()) throw std::runtime_error("close " + path);
+    out["root_virtual_datasets"] = plan.arrays.size();
+    out["root_mappings"] = mappings;
+    out["root_seconds"] = Since(t0);
+    out["root_cpu_seconds"] = ThreadCpuSeconds() - cpu0;
+    struct stat st {};
+    out["data_h5_bytes"] = ::stat(path.c_str(), &st) == 0 ? st.st_size : -1;
+    std::remove(path.c_str());
+  }
+  std::vector<size_t> per_group(static_cast<size_t>(plan.files), 0);
+  for (const io::MarkerArray& a : plan.arrays) {
+    for (const io::MarkerBox& b : a.boxes) ++per_group[static_cast<size_t>(b.writer / 8)];
+  }
+  const auto busiest = static_cast<int>(
+      std::max_element(per_group.begin(), per_group.end()) - per_group.begin());
+  {
+    const double cpu0 = ThreadCpuSeconds();
+    auto t0 = Clock::now();
+    io::H5File f = io::H5File::CreateLocal(path).value();
+    for (size_t ai = 0; ai < plan.arrays.size(); ++ai) {
+      const io::MarkerArray& a = plan.arrays[ai];
+      for (size_t bi = 0; bi < a.boxes.size(); ++bi) {
+        if (a.boxes[bi].writer / 8 != busiest) continue;
+        Result<io::Dataset> d =
+            f.CreateDataset(fmt::format("box_{}_{}", ai, bi), a.dtype, a.boxes[bi].box.count);
+        if (!d.ok()) throw std::runtime_error(d.status().ToString());
+      }
+    }
+    if (!f.Close().ok()) throw std::runtime_error("close " + path);
+    out["group_datasets_max"] = per_group[static_cast<size_t>(busiest)];
+    out["group_seconds"] = Since(t0);
+    out["group_cpu_seconds"] = ThreadCpuSeconds() - cpu0;
+    std::remove(path.c_str());
+  }
+  return out;
+}
+
 // The commit of `plan` (format 3, as planned) in both formats, measured with
 // the library's code: what rank 0 gathers, does and writes per save, what
 // each writer puts in the index, and one rank's restore metadata (the rank
@@ -453,6 +523,23 @@ json Commit(const io::Marker& plan3, const std::vector<Tensor>& tensors, const M
                       {"restore_metadata_bytes_per_rank", text.size()},
                       {"restore_parse_cpu_seconds_per_rank", ThreadCpuSeconds() - parse0}};
   }
+  out["format3"] = Format3(plan3, layout, r, tensors, m, index_dir);
+  // Subfiles, one per node of 8 ranks: the same with each box's place in
+  // the index, and rank 0's and a group's layout work, made with HDF5.
+  io::Marker sub = plan3;
+  sub.files = (plan3.world_size + 7) / 8;
+  const io::IndexLayout sub_layout = io::IndexLayout::Of(sub, "plan").value();
+  out["subfiles_per_node"] = Format3(sub, sub_layout, WriterReports(sub, sub_layout), tensors, m,
+                                     index_dir);
+  out["subfiles_per_node"]["files"] = sub.files;
+  out["subfiles_per_node"]["layout"] = SubfileLayout(sub, index_dir);
+  return out;
+}
+
+// Format 3's commit of `plan3` (with its index `layout` and the writers'
+// reports `r`) and the restore metadata of the rank that reads the most.
+json Format3(const io::Marker& plan3, const io::IndexLayout& layout, const Reports& r,
+             const std::vector<Tensor>& tensors, const Model& m, const std::string& index_dir) {
   // Format 3: a check word per box to rank 0; the records in the index.
   io::Marker marker = plan3;
   const double cpu0 = ThreadCpuSeconds();
@@ -493,7 +580,7 @@ json Commit(const io::Marker& plan3, const std::vector<Tensor>& tensors, const M
   if (!loaded.ok()) throw std::runtime_error(loaded.ToString());
   const uint64_t largest_share =
       *std::max_element(r.index_bytes_of.begin(), r.index_bytes_of.end());
-  out["format3"] = {
+  return {
       {"reports_bytes", TotalBytes(r.v3)},
       {"root_commit_cpu_seconds", root_cpu},
       {"marker_json_bytes", text.size()},
@@ -507,7 +594,6 @@ json Commit(const io::Marker& plan3, const std::vector<Tensor>& tensors, const M
       {"restore_marker_parse_cpu_seconds", marker_parse},
       {"restore_parse_cpu_seconds_per_rank", parse_cpu},
       {"restore_parse_seconds_per_rank", parse_wall}};
-  return out;
 }
 
 // RootPlan `reps` times: the figures of the one with the least CPU time (this
@@ -651,6 +737,19 @@ void Print(const json& o) {
       c3["restore_boxes_per_rank"].get<int>(),
       c3["restore_parse_cpu_seconds_per_rank"].get<double>(),
       c3["restore_marker_parse_cpu_seconds"].get<double>());
+  const json& sf = o["commit"]["subfiles_per_node"];
+  std::printf(
+      "  subfiles, one per node of 8 ranks (%d): index %.2f MB; restore metadata per rank %.2f MB,"
+      " parsed in %.3f s cpu\n"
+      "    rank 0 makes data.h5: %d virtual datasets, %d mappings, %.3f s (%.3f s cpu), %.2f MB;"
+      " busiest group lays out %d datasets in %.3f s\n",
+      sf["files"].get<int>(), sf["index_bytes"].get<double>() / 1e6,
+      sf["restore_metadata_bytes_per_rank"].get<double>() / 1e6,
+      sf["restore_parse_cpu_seconds_per_rank"].get<double>(),
+      sf["layout"]["root_virtual_datasets"].get<int>(), sf["layout"]["root_mappings"].get<int>(),
+      sf["layout"]["root_seconds"].get<double>(), sf["layout"]["root_cpu_seconds"].get<double>(),
+      sf["layout"]["data_h5_bytes"].get<double>() / 1e6, sf["layout"]["group_datasets_max"].get<int>(),
+      sf["layout"]["group_seconds"].get<double>());
   std::printf("  HDF5 metadata ops: save %d, restore %d; collective writes per save %d\n",
               o["hdf5_metadata_ops"]["save"].get<int>(),
               o["hdf5_metadata_ops"]["restore"].get<int>(),

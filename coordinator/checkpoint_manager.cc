@@ -187,6 +187,7 @@ StepDescription DescribeMarker(const io::Marker& m) {
   StepDescription d;
   d.step = m.step;
   d.format_version = m.format_version;
+  d.files = m.files;
   d.world_size = m.world_size;
   d.created_unix_ms = m.created_unix_ms;
   d.total_bytes = m.total_bytes;

@@ -431,6 +431,7 @@ struct StoredArray {
 struct StepDescription {
   int64_t step = 0;
   int format_version = 0;  ///< of the commit marker
+  int files = 0;           ///< its subfiles (Options::files), or 0: one data file
   int world_size = 0;      ///< ranks that saved the step
   int64_t created_unix_ms = 0;
   uint64_t total_bytes = 0;         ///< bytes of array data

@@ -55,6 +55,17 @@ int Main(int argc, char** argv) {
                  "With --local-dir: every Nth save also goes to --dir (Options::persistent_every)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  std::string files = "one";
+  app.add_option("--files", files,
+                 "Data files per step: 'one' (data.h5), 'node' (a subfile per node) or N (a "
+                 "subfile per N ranks), behind one data.h5 (Options::files)")
+      ->check([](const std::string& v) {
+        return v == "one" || v == "node" || (!v.empty() && v.find_first_not_of("0123456789") ==
+                                                                std::string::npos && v != "0")
+                   ? std::string()
+                   : std::string("want one, node or a positive number of ranks");
+      })
+      ->capture_default_str();
   app.add_option("--log-every", flags.log_every, "Print the mean loss every N steps")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -74,6 +85,9 @@ int Main(int argc, char** argv) {
     return rc;
   }
   flags.model_mib_given = app.count("--model-mib") > 0;
+  flags.ranks_per_file = files == "one"    ? 0
+                         : files == "node" ? -1
+                                           : std::stoi(files);
 
   mhckpt::Status status = mhckpt::demo::RunTraining(flags, MPI_COMM_WORLD);
   // The lowest failing rank prints the error (it is the same everywhere).

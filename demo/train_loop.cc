@@ -128,6 +128,7 @@ Status RunTraining(const TrainFlags& flags, MPI_Comm comm) {
   options.max_to_keep = flags.max_to_keep;
   options.local_dir = flags.local_dir;
   options.persistent_every = flags.persistent_every;
+  options.files.ranks_per_file = flags.ranks_per_file;
   MHCKPT_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointManager> mgr,
                           CheckpointManager::Open(comm, flags.dir, options));
   if (!mgr->async()) out.Line("note: MPI lacks MPI_THREAD_MULTIPLE; saves are synchronous");

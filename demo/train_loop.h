@@ -22,6 +22,7 @@ struct TrainFlags {
   int max_to_keep = 3;
   std::string local_dir;     ///< Options::local_dir ("": one tier)
   int persistent_every = 1;  ///< Options::persistent_every
+  int ranks_per_file = 0;    ///< Options::files.ranks_per_file (0: one data file; -1: per node)
   int64_t log_every = 10;
   uint64_t seed = 1;
   int64_t global_batch = 64;

@@ -48,6 +48,22 @@
 // both durable (fsync covers every descriptor of a file).
 // tests/direct_engine_test.cc checks it byte for byte through HDF5, h5py and
 // h5dump.
+//
+// Subfiles (StorageOptions::ranks_per_file, Options::files): the ranks are
+// split into groups (k consecutive ranks, or the ranks of a node), numbered
+// by their lowest rank, and group g writes ROOT/step_N/data-<g>.h5 alone.
+// There the group's first rank lays out one dataset per box its group
+// writes (box_<array>_<box>, the box's shape, by writer so that a rank's
+// boxes lie side by side) and closes the file; the group learns the
+// offsets; each writer pwrites every box whole at its dataset's offset, as
+// above. Rank 0 meanwhile writes data.h5 with one HDF5 virtual dataset per
+// array mapping its boxes onto the subfiles (HDF5 1.10's file format), so
+// tools reading data.h5 see the global arrays. Place() tells each writer
+// where its boxes lie, which it records in the step's index
+// (io/step_index.h): readers read boxes by offset from the subfiles
+// (io/subfile_reader.h). Layout replay is for the one-file layout only: a
+// save with subfiles lays out through HDF5 each time, in parallel, one
+// group's boxes per group.
 #pragma once
 
 #include <cstdint>

@@ -47,6 +47,34 @@ def check(condition, what):
         raise AssertionError(what)
 
 
+def check_subfiles(root, step, marker):
+    """Every box's bytes lie row-major at the place its index record gives in
+    its subfile, and equal that box of the array read through data.h5."""
+    step_dir = step_files.step_dir(root, step)
+    names = sorted(n for n in os.listdir(step_dir) if n.startswith("data-"))
+    check(names == ["data-%05d.h5" % i for i in range(marker["files"])],
+          "subfiles %s for %d" % (names, marker["files"]))
+    with h5py.File(os.path.join(step_dir, marker["data_file"]), "r") as f:
+        for a in marker["arrays"]:
+            stored = f[a["name"]]
+            check(stored.is_virtual, "%s is a virtual dataset" % a["name"])
+            whole = stored[()]
+            for r in step_files.index_records(marker):
+                if r["array"] != a["name"]:
+                    continue
+                b = r["box"]
+                count = math.prod(b["count"])
+                if count == 0:
+                    continue
+                path, offset = step_files.read_place(root, step, r)
+                with open(path, "rb") as sub:
+                    sub.seek(offset)
+                    raw = sub.read(count * stored.dtype.itemsize)
+                got = np.frombuffer(raw, dtype=stored.dtype).reshape(b["count"])
+                want = whole[tuple(slice(s, s + c) for s, c in zip(b["start"], b["count"]))]
+                np.testing.assert_array_equal(got, want)
+
+
 def check_step(root, step, world_size):
     step_dir = os.path.join(root, "step_%010d" % step)
     with open(os.path.join(step_dir, "commit.json")) as f:
@@ -68,6 +96,8 @@ def check_step(root, step, world_size):
         check(step_files.read_index_header(root, step) == (step_files.INDEX_MAGIC, step), "index header")
         for a in marker["arrays"]:
             check("checksum" not in json.dumps(a), "%s: no checksum in a format-3 marker" % a["name"])
+        if marker.get("files", 0) > 0:
+            check_subfiles(root, step, marker)
 
     with h5py.File(os.path.join(step_dir, marker["data_file"]), "r") as f:
         datasets = set()

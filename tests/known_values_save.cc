@@ -10,7 +10,8 @@
 // rank 0 replays the layout of step 41 (io/direct_engine.h) four times; it
 // fails unless it did, writes the count to DIR/layout_replays, and exits 77
 // (skipped) where this build or the HDF5 loaded does not replay. With
-// --format it writes that format version (Options::format_version).
+// --format it writes that format version (Options::format_version); with
+// --files K, a subfile per K ranks (Options::files).
 //
 // The values are spelled out in h5py_read_test.py too; change both together.
 #include <mpi.h>
@@ -136,7 +137,8 @@ int CheckReplays(const std::string& dir, uint64_t replays, uint64_t expected) {
   return 0;
 }
 
-int Run(const std::string& dir, int ranks, int rank, bool replay, int format) {
+int Run(const std::string& dir, int ranks, int rank, bool replay, int format,
+        int ranks_per_file) {
   std::string why_not;
   if (replay && !io::LayoutReplayEnabled(&why_not)) {
     if (rank == 0) fmt::print("no layout replay here: {}\n", why_not);
@@ -146,6 +148,7 @@ int Run(const std::string& dir, int ranks, int rank, bool replay, int format) {
   MPI_Barrier(MPI_COMM_WORLD);
   Options options;
   if (format > 0) options.format_version = format;
+  options.files.ranks_per_file = ranks_per_file;
   auto mgr = OpenAgreed(dir, options);
   if (!mgr.ok()) return fmt::print(stderr, "open: {}\n", mgr.status().ToString()), 1;
   const std::vector<int64_t> steps =
@@ -173,10 +176,12 @@ int main(int argc, char** argv) {
     int rc = 2;
     const bool replay = argc == 3 && std::string(argv[2]) == "--replay";
     const bool format = argc == 4 && std::string(argv[2]) == "--format";
-    if (argc == 2 || replay || format) {
-      rc = mhckpt::Run(argv[1], p, r, replay, format ? std::atoi(argv[3]) : 0);
+    const bool files = argc == 4 && std::string(argv[2]) == "--files";
+    if (argc == 2 || replay || format || files) {
+      rc = mhckpt::Run(argv[1], p, r, replay, format ? std::atoi(argv[3]) : 0,
+                       files ? std::atoi(argv[3]) : 0);
     } else if (r == 0) {
-      std::fprintf(stderr, "usage: known_values_save DIR [--replay | --format VERSION]\n");
+      std::fprintf(stderr, "usage: known_values_save DIR [--replay | --format VERSION | --files RANKS]\n");
     }
     return rc;
   });

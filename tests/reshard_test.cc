@@ -3,6 +3,8 @@
 //   mpiexec -n M reshard_test restore DIR    restores it at M ranks, checks every byte
 //   mpiexec -n M reshard_test damaged DIR    restores a copy with one byte of block/2d
 //                                            flipped: an agreed DataLoss on every rank
+//   mpiexec -n M reshard_test lost DIR sub2  restores a copy without its last
+//                                            subfile: the same
 // ctest runs every (N, M) in 1..4 x 1..4 (tests/CMakeLists.txt). With a last
 // argument `rp`, the save uses replica-parallel saving
 // (Options::replica_parallel_min_bytes) and both sides add arrays that it
@@ -247,6 +249,44 @@ int RestoreDamaged(const std::string& dir, int p, int r) {
   return named && same ? 0 : 1;
 }
 
+// With subfiles: restores every array from a copy without its last subfile.
+// Every rank must get the same DataLoss, naming the lost file.
+int RestoreLost(const std::string& dir, int p, int r) {
+  const std::string copy = fmt::format("{}_lost_at_{}", dir, p);
+  int files = 0;
+  if (r == 0) {
+    std::filesystem::remove_all(copy);
+    std::filesystem::copy(dir, copy, std::filesystem::copy_options::recursive);
+    Result<io::Marker> m = io::ReadMarker(io::MarkerPath(copy, 42));
+    files = m.ok() ? m->files : 0;
+    if (files > 0) std::filesystem::remove(io::SubfilePath(copy, 42, files - 1));
+  }
+  MPI_Bcast(&files, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (files == 0) return fmt::print(stderr, "rank {}: {} has no subfiles\n", r, dir), 1;
+  auto mgr = OpenAgreed(copy);
+  if (!mgr.ok()) return fmt::print(stderr, "open: {}\n", mgr.status().ToString()), 1;
+  std::vector<std::vector<std::byte>> bufs;
+  std::vector<ArrayToRestore> arrays;
+  for (const Spec& s : Specs()) {
+    ArrayToRestore a{s.name, s.dtype, {}};
+    for (const Box& b : BoxesOf(s, p, r, true)) {
+      bufs.emplace_back(static_cast<size_t>(*Volume(b.count)) * DTypeSize(s.dtype));
+      a.shards.push_back(Destination{b, bufs.back().data()});
+    }
+    arrays.push_back(std::move(a));
+  }
+  Status st = (*mgr)->Restore(42, arrays);
+  const bool named = st.code() == StatusCode::kDataLoss &&
+                     st.message().find(io::SubfileName(files - 1)) != std::string::npos &&
+                     st.message().find("box") != std::string::npos;
+  const bool same = testing::SameOnAllRanks(st);
+  if (r == 0) {
+    fmt::print("subfile {} lost, restored at M={}: {}: {}\n", io::SubfileName(files - 1), p,
+               st.ToString(), named && same ? "ok" : "FAIL");
+  }
+  return named && same ? 0 : 1;
+}
+
 }  // namespace
 }  // namespace mhckpt
 
@@ -269,8 +309,10 @@ int main(int argc, char** argv) {
       rc = mhckpt::Restore(argv[2], p, r);
     else if (argc == 3 && std::strcmp(argv[1], "damaged") == 0)
       rc = mhckpt::RestoreDamaged(argv[2], p, r);
+    else if (argc == 3 && std::strcmp(argv[1], "lost") == 0)
+      rc = mhckpt::RestoreLost(argv[2], p, r);
     else if (r == 0)
-      std::fprintf(stderr, "usage: reshard_test save|restore|damaged DIR [rp|f2|sub2]\n");
+      std::fprintf(stderr, "usage: reshard_test save|restore|damaged|lost DIR [rp|f2|sub2]\n");
     return rc;
   });
 }

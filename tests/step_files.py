@@ -105,6 +105,9 @@ def index_records(marker):
     for a in marker["arrays"]:
         for b in boxes(a):
             n = 16 + 8 * chunk_count(b["count"], chunk_rows(b["count"], a["dtype"], marker["chunk_bytes"]))
+            if marker.get("files", 0) > 0:
+                n += 16  # the box's subfile and offset
+
             out.append({"array": a["name"], "box": b, "offset": at, "bytes": n})
             at += n
     return out
@@ -121,13 +124,25 @@ def record_of(marker, array, box=0):
     return [r for r in index_records(marker) if r["array"] == array][box]
 
 
-def read_record(root, step, record):
-    """(box checksum, [chunk checksums]) of an index record, as integers."""
+def record_values(root, step, record):
     with open(index_path(root, step), "rb") as f:
         f.seek(record["offset"])
         data = f.read(record["bytes"])
-    values = struct.unpack("<%dQ" % (len(data) // 8), data)
-    return values[0], list(values[1:-1])
+    return struct.unpack("<%dQ" % (len(data) // 8), data)
+
+
+def read_record(root, step, record, marker=None):
+    """(box checksum, [chunk checksums]) of an index record, as integers;
+    pass the marker if the step may have subfiles."""
+    values = record_values(root, step, record)
+    end = -3 if marker is not None and marker.get("files", 0) > 0 else -1
+    return values[0], list(values[1:end])
+
+
+def read_place(root, step, record):
+    """A step with subfiles: (subfile path, byte offset) of a record's box."""
+    values = record_values(root, step, record)
+    return os.path.join(step_dir(root, step), "data-%05d.h5" % values[-3]), values[-2]
 
 
 def read_index_header(root, step):

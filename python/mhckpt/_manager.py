@@ -99,6 +99,11 @@ class CheckpointManager:
         index file each rank reads only in part) or 2 (every checksum in
         the commit marker, for readers built before format 3). Every
         version restores.
+      files: the data files of a step: ``"one"`` (the default: one
+        ``data.h5``), ``"node"`` (one per node) or an int k (one per k
+        ranks); with subfiles ``data.h5`` maps every array onto them as HDF5
+        virtual datasets (h5py reads it as before). For parallel file
+        systems; needs format 3 and the direct data path.
       own_root: take ownership of ``root`` (a lock and a lease) for the
         manager's lifetime; False opens it read-only: it removes nothing and
         ``save`` raises FailedPreconditionError.
@@ -158,6 +163,7 @@ class CheckpointManager:
         writer_threads: int = 0,
         checksum_chunk_bytes: int = 0,
         format_version: int = 3,
+        files: Any = "one",
         own_root: bool = True,
         root_lease_seconds: float = 60.0,
         root_wait_seconds: float = 0.0,
@@ -188,6 +194,14 @@ class CheckpointManager:
         o.writer_threads = writer_threads
         o.checksum_chunk_bytes = checksum_chunk_bytes
         o.format_version = format_version
+        if files == "one":
+            o.ranks_per_file = 0
+        elif files == "node":
+            o.ranks_per_file = -1
+        elif isinstance(files, int) and not isinstance(files, bool) and files > 0:
+            o.ranks_per_file = files
+        else:
+            raise ValueError("files=%r: want 'one', 'node' or a positive int" % (files,))
         o.own_root = own_root
         o.root_lease_seconds = root_lease_seconds
         o.root_wait_seconds = root_wait_seconds

@@ -252,6 +252,7 @@ nb::dict DescriptionToDict(const StepDescription& m) {
   }
   nb::dict d;
   d["format_version"] = m.format_version;
+  d["files"] = m.files;
   d["step"] = m.step;
   d["world_size"] = m.world_size;
   d["created_unix_ms"] = m.created_unix_ms;
@@ -582,6 +583,9 @@ NB_MODULE(_core, m) {
       .def_rw("root_wait_seconds", &Options::root_wait_seconds)
       .def_rw("checksum_chunk_bytes", &Options::checksum_chunk_bytes)
       .def_rw("format_version", &Options::format_version)
+      .def_prop_rw(
+          "ranks_per_file", [](const Options& o) { return o.files.ranks_per_file; },
+          [](Options& o, int k) { o.files.ranks_per_file = k; })
       .def_rw("local_dir", &Options::local_dir)
       .def_rw("persistent_every", &Options::persistent_every)
       .def_rw("local_max_to_keep", &Options::local_max_to_keep)

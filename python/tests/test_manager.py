@@ -98,22 +98,27 @@ def test_sync_save(comm, root):
         assert mgr.all_steps() == [1]  # committed before save returned
 
 
-@pytest.mark.parametrize("data_path,format_version",
-                         [("direct", 3), ("buffered", 3), ("hdf5", 3), ("direct", 2)])
-def test_data_paths_and_writer_options(comm, root, data_path, format_version):
+@pytest.mark.parametrize("data_path,format_version,files",
+                         [("direct", 3, "one"), ("buffered", 3, "one"), ("hdf5", 3, "one"),
+                          ("direct", 2, "one"), ("direct", 3, 1), ("buffered", 3, "node")])
+def test_data_paths_and_writer_options(comm, root, data_path, format_version, files):
+    # files: a data file per rank (1) or per node, behind data.h5's virtual datasets.
     n, rank = comm.size, comm.rank
     w = pattern("w", (40 * n, 300), "float32")
     r0 = rank * 40
     state = {"w": mhckpt.Shard(w[r0 : r0 + 40], (r0, 0), w.shape), "b": pattern("b", (7,), "int16")}
     opts = dict(data_path=data_path, writer_threads=3, checksum_chunk_bytes=4096,
-                format_version=format_version)
+                format_version=format_version, files=files)
     with mhckpt.CheckpointManager(root, **opts) as mgr:
         mgr.save(1, state)
         mgr.wait_until_finished()
         assert mgr.verify(1) == w.nbytes + state["b"].nbytes
         assert mgr.describe(1)["format_version"] == format_version
+        # Subfiles: one per rank (files=1), or one for this one-node job.
+        assert mgr.describe(1)["files"] == {"one": 0, 1: n, "node": 1}[files]
     step_dir = os.path.join(root, "step_%010d" % 1)
     assert os.path.exists(os.path.join(step_dir, "index.bin")) == (format_version == 3)
+    assert os.path.exists(os.path.join(step_dir, "data-00000.h5")) == (files != "one")
     # Restored whole on every rank: each reads across the boxes the others wrote,
     # in small checksummed chunks (4 KiB).
     with mhckpt.CheckpointManager(root, own_root=False) as reader:
