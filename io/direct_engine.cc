@@ -64,7 +64,8 @@ constexpr uint64_t kMaxSkeletonBytes = uint64_t{64} << 20;
 bool SameArrays(std::span<const ArraySpec> a, std::span<const ArraySpec> b) {
   return std::equal(
       a.begin(), a.end(), b.begin(), b.end(), [](const ArraySpec& x, const ArraySpec& y) {
-        return x.name == y.name && x.dtype == y.dtype && x.shape == y.shape && x.writer == y.writer;
+        return x.name == y.name && x.dtype == y.dtype && x.shape == y.shape &&
+               x.writer == y.writer && x.boxes == y.boxes;
       });
 }
 
@@ -238,7 +239,7 @@ class DirectStepWriter final : public StepWriter {
   DirectStepWriter(std::optional<H5File> file, std::string path, RawWriterPool& pool,
                    const Comm& comm, Skeleton* skeleton, const Groups* groups = nullptr,
                    std::optional<H5File> virtual_file = std::nullopt,
-                   std::string virtual_path = {})
+                   std::string virtual_path = {}, Skeleton* virtual_skeleton = nullptr)
       : file_(std::move(file)),
         path_(std::move(path)),
         pool_(pool),
@@ -246,7 +247,8 @@ class DirectStepWriter final : public StepWriter {
         skeleton_(skeleton),
         groups_(groups),
         virtual_file_(std::move(virtual_file)),
-        virtual_path_(std::move(virtual_path)) {}
+        virtual_path_(std::move(virtual_path)),
+        virtual_skeleton_(virtual_skeleton) {}
 
   ~DirectStepWriter() override {
     // The error path: no thread may still be writing from a caller's buffer.
@@ -447,25 +449,32 @@ class DirectStepWriter final : public StepWriter {
     return OkStatus();
   }
 
+  // The group's boxes, each an array of its own (by writer already), laid
+  // out as Layout lays out arrays: replayed when they are the last ones.
   Status LayoutBoxes(std::span<const ArraySpec> arrays,
                      std::span<const std::pair<size_t, size_t>> boxes, std::vector<int64_t>& layout) {
-    H5LocalGuard guard;
-    uint64_t end = 0;
-    for (size_t k = 0; k < boxes.size(); ++k) {
-      const auto [i, j] = boxes[k];
-      MHCKPT_ASSIGN_OR_RETURN(Dataset ds,
-                              file_->CreateDataset(BoxDatasetName(i, j), arrays[i].dtype,
-                                                   arrays[i].boxes[j].box.count));
-      if (std::optional<uint64_t> at = ds.OffsetInFile()) layout[k + 2] = static_cast<int64_t>(*at);
-      end = std::max(end, ds.EndInFile());
+    std::vector<ArraySpec> own;
+    own.reserve(boxes.size());
+    for (const auto& [i, j] : boxes) {
+      const BoxSpec& b = arrays[i].boxes[j];
+      own.push_back({BoxDatasetName(i, j), arrays[i].dtype, b.box.count, -1, b.writer, {}});
     }
-    layout[1] = static_cast<int64_t>(end);
     file_reserver_ = true;
-    return file_->Close();
+    return Layout(own, layout);
   }
 
+  // data.h5 holds only HDF5 metadata: replayed whole for the same arrays,
+  // boxes and writers (the groups are the engine's, fixed).
   Status LayoutVirtual(std::span<const ArraySpec> arrays) {
     H5LocalGuard guard;
+    const bool replay = ReplayAllowedHere();
+    if (replay && virtual_skeleton_->Fits(arrays)) {
+      Status s = virtual_file_->Close();
+      if (s.ok()) s = virtual_skeleton_->WriteTo(virtual_path_);
+      if (!s.ok()) virtual_skeleton_->Clear();
+      if (s.ok()) g_layout_replays.fetch_add(1, std::memory_order_relaxed);
+      return s;
+    }
     std::vector<H5File::VirtualSource> sources;
     for (size_t i = 0; i < arrays.size(); ++i) {
       sources.clear();
@@ -479,7 +488,13 @@ class DirectStepWriter final : public StepWriter {
           virtual_file_->CreateVirtualDataset(arrays[i].name, arrays[i].dtype, arrays[i].shape,
                                               sources));
     }
-    return virtual_file_->Close();
+    MHCKPT_RETURN_IF_ERROR(virtual_file_->Close());
+    if (replay) {  // nothing but metadata: no extents to leave out
+      std::vector<int64_t> none(arrays.size() + 2, -1);
+      none[0] = 1;
+      virtual_skeleton_->Capture(virtual_path_, arrays, none);
+    }
+    return OkStatus();
   }
 
   void SubmitPending() {
@@ -503,6 +518,7 @@ class DirectStepWriter final : public StepWriter {
   const Groups* groups_;
   std::optional<H5File> virtual_file_;
   std::string virtual_path_;
+  Skeleton* virtual_skeleton_;  // the engine's, for data.h5
   bool file_reserver_ = false;  // laid the subfile out
   struct GroupBox {
     size_t box = 0;         // in ArraySpec::boxes
@@ -552,7 +568,11 @@ class DirectEngine final : public Engine {
   // Subfiles: each group's first rank creates its subfile, and rank 0 data.h5.
   Result<std::unique_ptr<StepWriter>> CreateSubfiles(const std::string& root, int64_t step,
                                                      const Comm& comm) {
-    if (!groups_ || groups_->of != comm.get()) groups_ = MakeGroups(comm, ranks_per_file_);
+    if (!groups_ || groups_->of != comm.get()) {
+      groups_ = MakeGroups(comm, ranks_per_file_);
+      skeleton_.Clear();  // laid out for other groups
+      virtual_skeleton_.Clear();
+    }
     const Groups& g = *groups_;
     std::string path = SubfilePath(root, step, g.mine);
     std::optional<H5File> file, virtual_file;
@@ -575,7 +595,7 @@ class DirectEngine final : public Engine {
     MHCKPT_RETURN_IF_ERROR(s);
     auto writer = std::make_unique<DirectStepWriter>(std::move(file), std::move(path), pool_, comm,
                                                      &skeleton_, &g, std::move(virtual_file),
-                                                     DataPath(root, step));
+                                                     DataPath(root, step), &virtual_skeleton_);
     writer->Open(direct_);
     return std::unique_ptr<StepWriter>(std::move(writer));
   }
@@ -585,7 +605,8 @@ class DirectEngine final : public Engine {
   int ranks_per_file_;
   std::optional<Groups> groups_;  // with subfiles, from the first Create on
   std::unique_ptr<Engine> reader_;
-  Skeleton skeleton_;  // rank 0's last layout
+  Skeleton skeleton_;          // rank 0's last layout (with subfiles: its group's)
+  Skeleton virtual_skeleton_;  // with subfiles, rank 0's last data.h5
 };
 
 }  // namespace

@@ -61,9 +61,10 @@
 // tools reading data.h5 see the global arrays. Place() tells each writer
 // where its boxes lie, which it records in the step's index
 // (io/step_index.h): readers read boxes by offset from the subfiles
-// (io/subfile_reader.h). Layout replay is for the one-file layout only: a
-// save with subfiles lays out through HDF5 each time, in parallel, one
-// group's boxes per group.
+// (io/subfile_reader.h). Layout replay works as above: each group's first
+// rank replays its subfile's layout, and rank 0 data.h5 (nothing but
+// metadata, a few MiB for 10,000 arrays), when the arrays, their boxes and
+// their writers are those of the engine's last save.
 #pragma once
 
 #include <cstdint>

@@ -63,6 +63,7 @@ inline constexpr int kFilePerNode = -1;
 struct BoxSpec {
   Box box;
   int writer = 0;
+  bool operator==(const BoxSpec&) const = default;
 };
 
 /// One array of a step, as stored.

@@ -163,7 +163,9 @@ int Run(const std::string& dir, int ranks, int rank, bool replay, int format,
   }
   if (rank == 0) fmt::print("saved steps 41 to {} at {} ranks in {}\n", steps.back(), ranks, dir);
   if (replay && rank == 0) {
-    return CheckReplays(dir, io::LayoutReplays() - replays_before, steps.size() - 1);
+    // With subfiles rank 0 replays two layouts per save: its group's subfile and data.h5.
+    const uint64_t per_save = ranks_per_file > 0 ? 2 : 1;
+    return CheckReplays(dir, io::LayoutReplays() - replays_before, per_save * (steps.size() - 1));
   }
   return 0;
 }
@@ -174,14 +176,23 @@ int Run(const std::string& dir, int ranks, int rank, bool replay, int format,
 int main(int argc, char** argv) {
   return mhckpt::testing::RunJob(argc, argv, [](int argc, char** argv, int p, int r) {
     int rc = 2;
-    const bool replay = argc == 3 && std::string(argv[2]) == "--replay";
-    const bool format = argc == 4 && std::string(argv[2]) == "--format";
-    const bool files = argc == 4 && std::string(argv[2]) == "--files";
-    if (argc == 2 || replay || format || files) {
-      rc = mhckpt::Run(argv[1], p, r, replay, format ? std::atoi(argv[3]) : 0,
-                       files ? std::atoi(argv[3]) : 0);
+    bool replay = false, ok = argc >= 2;
+    int format = 0, files = 0;
+    for (int i = 2; ok && i < argc; ++i) {
+      const std::string flag = argv[i];
+      if (flag == "--replay") {
+        replay = true;
+      } else if ((flag == "--format" || flag == "--files") && i + 1 < argc) {
+        (flag == "--format" ? format : files) = std::atoi(argv[++i]);
+      } else {
+        ok = false;
+      }
+    }
+    if (ok) {
+      rc = mhckpt::Run(argv[1], p, r, replay, format, files);
     } else if (r == 0) {
-      std::fprintf(stderr, "usage: known_values_save DIR [--replay | --format VERSION | --files RANKS]\n");
+      std::fprintf(stderr,
+                   "usage: known_values_save DIR [--replay] [--format VERSION] [--files RANKS]\n");
     }
     return rc;
   });
