@@ -580,7 +580,12 @@ json Format3(const io::Marker& plan3, const io::IndexLayout& layout, const Repor
   if (!loaded.ok()) throw std::runtime_error(loaded.ToString());
   const uint64_t largest_share =
       *std::max_element(r.index_bytes_of.begin(), r.index_bytes_of.end());
+  std::set<int> files;  // with subfiles: the ones that rank opens (8 ranks each)
+  for (const io::BoxRef& b : most) {
+    if (plan3.files > 0) files.insert(plan3.arrays[b.first].boxes[b.second].writer / 8);
+  }
   return {
+      {"restore_files_per_rank", plan3.files > 0 ? files.size() : 1},
       {"reports_bytes", TotalBytes(r.v3)},
       {"root_commit_cpu_seconds", root_cpu},
       {"marker_json_bytes", text.size()},
@@ -740,13 +745,13 @@ void Print(const json& o) {
   const json& sf = o["commit"]["subfiles_per_node"];
   std::printf(
       "  subfiles, one per node of 8 ranks (%d): index %.2f MB; restore metadata per rank %.2f MB,"
-      " parsed in %.3f s cpu\n"
+      " parsed in %.3f s cpu; it opens %d subfiles\n"
       "    rank 0 makes data.h5: %d virtual datasets, %d mappings, %.3f s (%.3f s cpu), %.2f MB;"
       " busiest group lays out %d datasets in %.3f s\n",
       sf["files"].get<int>(), sf["index_bytes"].get<double>() / 1e6,
       sf["restore_metadata_bytes_per_rank"].get<double>() / 1e6,
       sf["restore_parse_cpu_seconds_per_rank"].get<double>(),
-      sf["layout"]["root_virtual_datasets"].get<int>(), sf["layout"]["root_mappings"].get<int>(),
+      sf["restore_files_per_rank"].get<int>(), sf["layout"]["root_virtual_datasets"].get<int>(), sf["layout"]["root_mappings"].get<int>(),
       sf["layout"]["root_seconds"].get<double>(), sf["layout"]["root_cpu_seconds"].get<double>(),
       sf["layout"]["data_h5_bytes"].get<double>() / 1e6, sf["layout"]["group_datasets_max"].get<int>(),
       sf["layout"]["group_seconds"].get<double>());

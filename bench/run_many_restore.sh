@@ -11,6 +11,8 @@
 # Environment: BINS (default "after=build/bin/mhckpt-bench": "label=path"
 # items), FORMATS (checkpoint format versions to save, e.g. "2 3": each build
 # is run once per format, labelled label-fN; default: the library's),
+# FILES (Options::files.ranks_per_file values, e.g. "0 1": one data file,
+# a subfile per rank; each labelled label-sK; default: one file),
 # CKPT_DIR [/var/tmp/mhckpt-many], NPS ["1 2"].
 set -euo pipefail
 MIB=${1:-64}
@@ -20,6 +22,7 @@ BINS=${BINS:-"after=build/bin/mhckpt-bench"}
 CKPT_DIR=${CKPT_DIR:-/var/tmp/mhckpt-many}
 NPS=${NPS:-"1 2"}
 FORMATS=${FORMATS:-0}
+FILES=${FILES:-0}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 MPI=(mpirun --oversubscribe --mca mpi_yield_when_idle 1 --mca btl_vader_single_copy_mechanism none)
 
@@ -30,16 +33,20 @@ for round in $(seq "$ROUNDS"); do
   for np in $NPS; do
     for item in $BINS; do
       for format in $FORMATS; do
+      for files in $FILES; do
         label=${item%%=*} bin=${item#*=}
         [ "$format" = 0 ] || label=$label-f$format
+        [ "$files" = 0 ] || label=$label-s$files
         json=$CKPT_DIR/json/$np-$label-$round.json
         "${MPI[@]}" -np "$np" "$bin" --mode many --mib "$MIB" --reps "$REPS" \
-          --dir "$CKPT_DIR/ckpt" --format "$format" --json "$json" >/dev/null
+          --dir "$CKPT_DIR/ckpt" --format "$format" --ranks-per-file "$files" \
+          --json "$json" >/dev/null
         python3 -c "import json,sys
 for r in json.load(open(sys.argv[1])):
     for s in r['samples']['restore_s']: print(sys.argv[2], sys.argv[3], r['case'], s)" \
           "$json" "$np" "$label" >>"$out"
         rm -rf "$CKPT_DIR/ckpt"
+      done
       done
     done
   done
