@@ -58,6 +58,9 @@ void CheckValid(const Marker& m, const std::string& input) {
   if (chunked && m.chunk_bytes == 0) Fail("accepted chunk size 0", input);
   if (m.step < 0) Fail("accepted a negative step", input);
   if (m.world_size < 1) Fail("accepted a world size below 1", input);
+  if (m.files < 0 || m.files > m.world_size || (m.files > 0 && m.format_version < 3)) {
+    Fail("accepted subfiles outside 1 to the world size, or before version 3", input);
+  }
   for (size_t i = 0; i < m.arrays.size(); ++i) {
     const auto& a = m.arrays[i];
     if (!mhckpt::CheckArrayName(a.name).empty()) Fail("accepted a bad name", input);
@@ -120,6 +123,7 @@ void CheckLossless(const json& in, const json& out, const std::string& input) {
     if (in.at(k) != out.at(k)) Fail(std::string("field '") + k + "' changed in parsing", input);
   }
   if (in.at("format_version") == 3) {
+    if (in.value("files", 0) != out.value("files", 0)) Fail("field 'files' changed", input);
     for (const char* k : {"bytes", "checksum", "file"}) {
       if (in.at("index").at(k) != out.at("index").at(k)) {
         Fail(std::string("index field '") + k + "' changed in parsing", input);

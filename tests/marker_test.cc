@@ -271,7 +271,13 @@ void WriteIndex(io::Marker* m, const std::string& path) {
         box.chunks.push_back(sum++);
       }
       ASSERT_EQ(file.size(), layout->offset(a, b));
-      checks.push_back(io::AppendIndexRecord(a, b, box.checksum, box.chunks, &file));
+      std::optional<io::BoxPlace> place;  // with subfiles: file a % files, offset 4096 b
+      if (m->files > 0) {
+        box.file = static_cast<int64_t>(a) % m->files;
+        box.file_offset = 4096 * static_cast<int64_t>(b);
+        place = io::BoxPlace{static_cast<uint64_t>(box.file), static_cast<uint64_t>(box.file_offset)};
+      }
+      checks.push_back(io::AppendIndexRecord(a, b, box.checksum, box.chunks, &file, place));
     }
   }
   m->index = {file.size(), io::IndexChecksum(checks)};
@@ -410,6 +416,60 @@ TEST(StepIndex, EachRankReadsOnlyTheRecordsItNeedsEachChecked) {
       EXPECT_EQ(all.arrays[a].boxes[b].chunks, saved.arrays[a].boxes[b].chunks);
     }
   }
+}
+
+// Subfiles: "files" in the marker, and each record ends in its box's place,
+// which a reader takes only inside the step's subfiles.
+TEST(StepIndex, WithSubfilesEachRecordHoldsItsBoxsPlace) {
+  TempDir dir;
+  const std::string path = dir.path + "/index.bin";
+  io::Marker saved = SampleMarkerV3();
+  saved.files = 2;
+  const uint64_t placed = io::IndexLayout::Of(saved, "x")->total();
+  WriteIndex(&saved, path);
+  const std::string text = io::MarkerToJson(saved);
+  EXPECT_EQ(nlohmann::json::parse(text)["files"], 2);
+  auto m = io::ParseMarker(text, "m.json");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->files, 2);
+  size_t boxes = 0;
+  for (const io::MarkerArray& a : saved.arrays) boxes += a.boxes.size();
+  io::Marker one = saved;
+  one.files = 0;
+  EXPECT_EQ(placed, io::IndexLayout::Of(one, "x")->total() + 16 * boxes);  // 16 bytes a place
+  io::Marker all = *m;
+  ASSERT_TRUE(io::LoadIndex(path, &all).ok());
+  for (size_t a = 0; a < all.arrays.size(); ++a) {
+    for (size_t b = 0; b < all.arrays[a].boxes.size(); ++b) {
+      EXPECT_EQ(all.arrays[a].boxes[b].file, saved.arrays[a].boxes[b].file);
+      EXPECT_EQ(all.arrays[a].boxes[b].file_offset, saved.arrays[a].boxes[b].file_offset);
+      EXPECT_EQ(all.arrays[a].boxes[b].chunks, saved.arrays[a].boxes[b].chunks);
+    }
+  }
+  // A record placing its box in a subfile the step does not have: refused,
+  // though its check word matches.
+  auto layout = io::IndexLayout::Of(saved, "x");
+  ASSERT_TRUE(layout.ok());
+  std::string bytes = ReadFile(path);
+  std::string forged;
+  const io::MarkerBox& fb = saved.arrays[2].boxes[1];
+  io::AppendIndexRecord(2, 1, fb.checksum, fb.chunks, &forged, io::BoxPlace{7, 0});
+  ASSERT_EQ(forged.size(), layout->record_bytes(2, 1));
+  bytes.replace(layout->offset(2, 1), forged.size(), forged);
+  ASSERT_TRUE(WriteFile(path, bytes));
+  const std::vector<io::BoxRef> want{{2, 1}};
+  io::Marker reader = *io::ParseMarker(io::MarkerToJson(saved), "m.json");
+  Status s = io::LoadIndexRecords(path, *layout, want, &reader);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("array 'c' box [1:4, 0:1] (written by rank 0) is placed at "
+                                     "byte 0 of subfile 7 of 2"));
+  // Subfiles need version 3, and at most one per rank.
+  io::Marker v2 = saved;
+  io::PlanChunks(&v2, v2.chunk_bytes, 2);
+  EXPECT_THAT(io::CheckMarker(v2, "x").message(), HasSubstr("subfiles"));
+  io::Marker many = saved;
+  many.files = many.world_size + 1;
+  EXPECT_THAT(io::CheckMarker(many, "x").message(), HasSubstr("subfiles for a world of"));
 }
 
 TEST(StepIndex, DamageIsDataLossNamingTheFileArrayAndBox) {
