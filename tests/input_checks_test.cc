@@ -40,6 +40,20 @@ TEST(InputChecks, Options) {
   o = Options{};
   o.transfer = static_cast<Transfer>(2);
   EXPECT_THAT(CheckOptions(o, 0).message(), HasSubstr("transfer 2 is not a Transfer"));
+  // Subfiles: per node or per k ranks, at format 3, written by the direct engine.
+  o = Options{};
+  o.files = DataFiles::PerNode();
+  EXPECT_TRUE(CheckOptions(o, 0).ok());
+  o.files = DataFiles::PerRanks(4);
+  EXPECT_TRUE(CheckOptions(o, 0).ok());
+  o.files.ranks_per_file = -2;
+  EXPECT_THAT(CheckOptions(o, 1).message(), HasSubstr("rank 1: Options::files.ranks_per_file -2"));
+  o.files = DataFiles::PerNode();
+  o.format_version = 2;
+  EXPECT_THAT(CheckOptions(o, 0).message(), HasSubstr("subfiles need format_version 3"));
+  o.format_version = 3;
+  o.data_path = DataPath::kHdf5;
+  EXPECT_THAT(CheckOptions(o, 0).message(), HasSubstr("written by the direct engine"));
 }
 
 TEST(InputChecks, StepAndRoot) {
