@@ -196,6 +196,33 @@ TEST_F(Faults, DataFileFsyncOrIndexWriteFails) {
   ExpectRestores(step);
 }
 
+// Subfiles, one per rank: the last rank's data write, its subfile's fsync
+// and its index records fail in turn; each time every rank returns the same
+// error naming that rank and what failed, no step is left,
+// and the job saves on and restores from the subfiles.
+TEST_F(Faults, SubfileWriteFsyncOrIndexFails) {
+  ASSERT_TRUE(Open(FreshDir(), Options{.files = DataFiles::PerRanks(1)}));
+  ASSERT_TRUE(SaveStep(1).ok());
+  EXPECT_TRUE(std::filesystem::exists(io::SubfilePath(dir_, 1, Last())));
+  int64_t step = 2;
+  for (const std::string point : {"h5_write", "data_fsync", "index_write"}) {
+    ASSERT_TRUE(
+        fault::Configure(fmt::format("rank={},point={},action=eio", Last(), point)).ok());
+    const std::string named = point == "h5_write"     ? "(injected at h5_write)"
+                              : point == "index_write" ? io::IndexPath(dir_, step)
+                                                       : io::SubfilePath(dir_, step, Last());
+    Status s = SaveStep(step);
+    ExpectAgreedFailure(s, step, fmt::format("rank {}: ", Last()));
+    EXPECT_THAT(s.message(), HasSubstr(named)) << point;
+    ++step;
+  }
+  ASSERT_TRUE(fault::Configure("").ok());
+  EXPECT_EQ(mgr_->CommittedSteps().value(), std::vector<int64_t>{1});
+  ExpectRestores(1);
+  ASSERT_TRUE(SaveStep(step).ok());
+  ExpectRestores(step);
+}
+
 // Short writes and EINTR are retried: the save commits on every rank and
 // restores bit-exactly.
 TEST_F(Faults, ShortWritesAndEintrAreRetried) {
