@@ -20,6 +20,7 @@
 //                         node's local dir is BASE/node<R / K>
 //   --ranks-per-node K    (default 1)
 //   --persistent-every N  Options::persistent_every (default 1)
+//   --ranks-per-file K    Options::files: a subfile per K ranks (default 0: one file)
 //   --tier auto|local|persistent   SaveOptions::tier of every save (default auto)
 // With it, check restores each chosen step from the tier the manager picks
 // (the local one if it holds the step), and a step that the shared root holds
@@ -72,12 +73,14 @@ struct Args {
   int ranks_per_node = 1;
   int persistent_every = 1;
   SaveTier tier = SaveTier::kAuto;
+  int ranks_per_file = 0;  // Options::files
 };
 
 // The manager's options for rank r: the local tier's, if asked for.
 Options MakeOptions(const Args& a, int r) {
   Options o;
   o.max_to_keep = a.max_to_keep;
+  o.files.ranks_per_file = a.ranks_per_file;
   if (!a.local_dir.empty()) {
     const int node = r / a.ranks_per_node;
     o.local_dir = fmt::format("{}/node{}", a.local_dir, node);
@@ -444,6 +447,8 @@ std::optional<Args> ParseArgs(int argc, char** argv) {
       a.ranks_per_node = std::stoi(v);
     else if (k == "--persistent-every")
       a.persistent_every = std::stoi(v);
+    else if (k == "--ranks-per-file")
+      a.ranks_per_file = std::stoi(v);
     else if (k == "--tier" && (v == "auto" || v == "local" || v == "persistent"))
       a.tier = v == "auto"    ? SaveTier::kAuto
                : v == "local" ? SaveTier::kLocal

@@ -168,12 +168,15 @@ class Runner:
         self.job = args.job
         self.mpiexec = shlex.split(args.mpiexec)
         self.np_flag = args.np_flag
+        self.ranks_per_file = args.ranks_per_file
         self.verbose = args.verbose
         self.hangs = 0
         self.hang_reports = []
 
     def command(self, np, *job_args):
-        return self.mpiexec + [self.np_flag, str(np), self.job] + [str(a) for a in job_args]
+        extra = ["--ranks-per-file", str(self.ranks_per_file)] if self.ranks_per_file else []
+        return (self.mpiexec + [self.np_flag, str(np), self.job] + [str(a) for a in job_args] +
+                extra)
 
     def start(self, np, *job_args, fault=None):
         env = dict(os.environ)
@@ -1023,6 +1026,8 @@ def main():
     ap.add_argument("--mpiexec", default="mpiexec --oversubscribe --mca mpi_yield_when_idle 1",
                     help="launcher and its flags, without the process count")
     ap.add_argument("--np-flag", default="-n")
+    ap.add_argument("--ranks-per-file", type=int, default=0,
+                    help="every job saves with a subfile per this many ranks (Options::files)")
     ap.add_argument("--np", default="2,3,4", help="phases: world sizes of the crashing jobs")
     ap.add_argument("--no-controls", action="store_true", help="phases: skip the damage controls")
     ap.add_argument("--share", type=share_arg, default=(0, 1), metavar="I/N",
