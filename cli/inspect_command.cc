@@ -42,6 +42,7 @@ void PrintJson(const InspectArgs& args, const io::Marker& m, uint64_t bytes_on_d
                    {"created_unix_ms", m.created_unix_ms},
                    {"created", LocalTime(m.created_unix_ms)},
                    {"data_file", io::DataPath(args.root, m.step)},
+                   {"subfiles", m.files},
                    {"array_bytes", m.total_bytes},
                    {"bytes_on_disk", bytes_on_disk},
                    {"user_metadata", m.user_metadata},
@@ -54,8 +55,11 @@ void PrintText(const InspectArgs& args, const io::Marker& m, uint64_t bytes_on_d
   fmt::print(out, "step {} in {}: committed\n", m.step, args.root);
   fmt::print(out, "  saved by {} rank{} at {}; format version {}\n", m.world_size,
              m.world_size == 1 ? "" : "s", LocalTime(m.created_unix_ms), m.format_version);
-  fmt::print(out, "  {} arrays, {} of data in {} ({} on disk)\n", m.arrays.size(),
-             HumanBytes(m.total_bytes), io::DataPath(args.root, m.step), HumanBytes(bytes_on_disk));
+  fmt::print(out, "  {} arrays, {} of data in {}{} ({} on disk)\n", m.arrays.size(),
+             HumanBytes(m.total_bytes), io::DataPath(args.root, m.step),
+             m.files > 0 ? fmt::format(" and {} subfile{} beside it", m.files, m.files == 1 ? "" : "s")
+                         : "",
+             HumanBytes(bytes_on_disk));
   fmt::print(out, "  user metadata:{}\n", m.user_metadata.empty() ? " (none)" : "");
   for (const auto& [key, value] : m.user_metadata) fmt::print(out, "    {} = {}\n", key, value);
   fmt::print(out, "\n");
