@@ -474,8 +474,8 @@ json SubfileLayout(const io::Marker& plan, const std::string& dir) {
   for (const io::MarkerArray& a : plan.arrays) {
     for (const io::MarkerBox& b : a.boxes) ++per_group[static_cast<size_t>(b.writer / 8)];
   }
-  const auto busiest = static_cast<int>(
-      std::max_element(per_group.begin(), per_group.end()) - per_group.begin());
+  const auto busiest =
+      static_cast<int>(std::max_element(per_group.begin(), per_group.end()) - per_group.begin());
   {
     const double cpu0 = ThreadCpuSeconds();
     auto t0 = Clock::now();
@@ -529,8 +529,8 @@ json Commit(const io::Marker& plan3, const std::vector<Tensor>& tensors, const M
   io::Marker sub = plan3;
   sub.files = (plan3.world_size + 7) / 8;
   const io::IndexLayout sub_layout = io::IndexLayout::Of(sub, "plan").value();
-  out["subfiles_per_node"] = Format3(sub, sub_layout, WriterReports(sub, sub_layout), tensors, m,
-                                     index_dir);
+  out["subfiles_per_node"] =
+      Format3(sub, sub_layout, WriterReports(sub, sub_layout), tensors, m, index_dir);
   out["subfiles_per_node"]["files"] = sub.files;
   out["subfiles_per_node"]["layout"] = SubfileLayout(sub, index_dir);
   return out;
@@ -584,21 +584,20 @@ json Format3(const io::Marker& plan3, const io::IndexLayout& layout, const Repor
   for (const io::BoxRef& b : most) {
     if (plan3.files > 0) files.insert(plan3.arrays[b.first].boxes[b.second].writer / 8);
   }
-  return {
-      {"restore_files_per_rank", plan3.files > 0 ? files.size() : 1},
-      {"reports_bytes", TotalBytes(r.v3)},
-      {"root_commit_cpu_seconds", root_cpu},
-      {"marker_json_bytes", text.size()},
-      {"index_bytes", layout.total()},
-      {"index_writers", std::count_if(r.index_bytes_of.begin(), r.index_bytes_of.end(),
-                                      [](uint64_t b) { return b > 0; })},
-      {"index_max_bytes_per_writer", largest_share},
-      {"restore_boxes_per_rank", most.size()},
-      {"restore_index_bytes_per_rank", read},
-      {"restore_metadata_bytes_per_rank", text.size() + read},
-      {"restore_marker_parse_cpu_seconds", marker_parse},
-      {"restore_parse_cpu_seconds_per_rank", parse_cpu},
-      {"restore_parse_seconds_per_rank", parse_wall}};
+  return {{"restore_files_per_rank", plan3.files > 0 ? files.size() : 1},
+          {"reports_bytes", TotalBytes(r.v3)},
+          {"root_commit_cpu_seconds", root_cpu},
+          {"marker_json_bytes", text.size()},
+          {"index_bytes", layout.total()},
+          {"index_writers", std::count_if(r.index_bytes_of.begin(), r.index_bytes_of.end(),
+                                          [](uint64_t b) { return b > 0; })},
+          {"index_max_bytes_per_writer", largest_share},
+          {"restore_boxes_per_rank", most.size()},
+          {"restore_index_bytes_per_rank", read},
+          {"restore_metadata_bytes_per_rank", text.size() + read},
+          {"restore_marker_parse_cpu_seconds", marker_parse},
+          {"restore_parse_cpu_seconds_per_rank", parse_cpu},
+          {"restore_parse_seconds_per_rank", parse_wall}};
 }
 
 // RootPlan `reps` times: the figures of the one with the least CPU time (this
@@ -751,10 +750,11 @@ void Print(const json& o) {
       sf["files"].get<int>(), sf["index_bytes"].get<double>() / 1e6,
       sf["restore_metadata_bytes_per_rank"].get<double>() / 1e6,
       sf["restore_parse_cpu_seconds_per_rank"].get<double>(),
-      sf["restore_files_per_rank"].get<int>(), sf["layout"]["root_virtual_datasets"].get<int>(), sf["layout"]["root_mappings"].get<int>(),
-      sf["layout"]["root_seconds"].get<double>(), sf["layout"]["root_cpu_seconds"].get<double>(),
-      sf["layout"]["data_h5_bytes"].get<double>() / 1e6, sf["layout"]["group_datasets_max"].get<int>(),
-      sf["layout"]["group_seconds"].get<double>());
+      sf["restore_files_per_rank"].get<int>(), sf["layout"]["root_virtual_datasets"].get<int>(),
+      sf["layout"]["root_mappings"].get<int>(), sf["layout"]["root_seconds"].get<double>(),
+      sf["layout"]["root_cpu_seconds"].get<double>(),
+      sf["layout"]["data_h5_bytes"].get<double>() / 1e6,
+      sf["layout"]["group_datasets_max"].get<int>(), sf["layout"]["group_seconds"].get<double>());
   std::printf("  HDF5 metadata ops: save %d, restore %d; collective writes per save %d\n",
               o["hdf5_metadata_ops"]["save"].get<int>(),
               o["hdf5_metadata_ops"]["restore"].get<int>(),

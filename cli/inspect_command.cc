@@ -57,8 +57,9 @@ void PrintText(const InspectArgs& args, const io::Marker& m, uint64_t bytes_on_d
              m.world_size == 1 ? "" : "s", LocalTime(m.created_unix_ms), m.format_version);
   fmt::print(out, "  {} arrays, {} of data in {}{} ({} on disk)\n", m.arrays.size(),
              HumanBytes(m.total_bytes), io::DataPath(args.root, m.step),
-             m.files > 0 ? fmt::format(" and {} subfile{} beside it", m.files, m.files == 1 ? "" : "s")
-                         : "",
+             m.files > 0
+                 ? fmt::format(" and {} subfile{} beside it", m.files, m.files == 1 ? "" : "s")
+                 : "",
              HumanBytes(bytes_on_disk));
   fmt::print(out, "  user metadata:{}\n", m.user_metadata.empty() ? " (none)" : "");
   for (const auto& [key, value] : m.user_metadata) fmt::print(out, "    {} = {}\n", key, value);

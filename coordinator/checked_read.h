@@ -111,7 +111,7 @@ class ReadBatch {
   IndexSource* index_;
   std::vector<Item> items_;
   size_t bounce_bytes_ = 0;
-  std::vector<std::byte> bounce_;  // kept between flushes
+  std::vector<std::byte> bounce_;                       // kept between flushes
   std::map<const io::MarkerBox*, size_t> box_handles_;  // with subfiles: opened boxes
 };
 

@@ -51,8 +51,9 @@ Status CheckOptions(const Options& o, int rank) {
   }
   if (o.files.ranks_per_file != 0 &&
       (o.transfer != Transfer::kIndependent || o.data_path == DataPath::kHdf5)) {
-    return bad("files: subfiles are written by the direct engine: Transfer::kIndependent with "
-               "DataPath::kDirect or kBuffered");
+    return bad(
+        "files: subfiles are written by the direct engine: Transfer::kIndependent with "
+        "DataPath::kDirect or kBuffered");
   }
   if (o.max_to_keep < 0) return bad(fmt::format("max_to_keep {} is negative", o.max_to_keep));
   if (o.keep_period < 0) return bad(fmt::format("keep_period {} is negative", o.keep_period));

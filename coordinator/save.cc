@@ -176,8 +176,7 @@ Status WriteIndexRecords(const std::string& path, const io::Marker& plan, int ra
                                     a.name, BoxToString(a.boxes[b.box].box), rank));
       }
     }
-    b.sum =
-        io::AppendIndexRecord(b.array, b.box, b.sum, b.chunks, &ranges.back().second, place);
+    b.sum = io::AppendIndexRecord(b.array, b.box, b.sum, b.chunks, &ranges.back().second, place);
     b.chunks = {};
   }
   return io::PutIndexRanges(path, ranges);
@@ -695,8 +694,8 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
     if (local_.ok()) local_ = flushed;
     // Format 3: this rank's index records, durable before it reports.
     if (local_.ok() && plan_.format_version >= 3) {
-      local_ = WriteIndexRecords(io::IndexPath(impl_.root_, job_.step), plan_, rank_, *writer_,
-                                 &sums_);
+      local_ =
+          WriteIndexRecords(io::IndexPath(impl_.root_, job_.step), plan_, rank_, *writer_, &sums_);
     }
     if (local_.ok()) local_ = fault::Hit("after_flush");
     t_.flush = Since(t0);

@@ -191,9 +191,9 @@ class StepVerifier {
     // checks each array's dataset (dtype, shape, offset): verify answers for
     // the file as HDF5 tools see it, too.
     io::ReadOptions how;
-    how.by_offset = m->files > 0 ||
-                    std::all_of(m->arrays.begin(), m->arrays.end(),
-                                [](const io::MarkerArray& a) { return ReadableByOffset(a); });
+    how.by_offset =
+        m->files > 0 || std::all_of(m->arrays.begin(), m->arrays.end(),
+                                    [](const io::MarkerArray& a) { return ReadableByOffset(a); });
     how.files = m->files;
     how.check_metadata = true;
     how.direct = options_.direct_reads;

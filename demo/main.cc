@@ -60,8 +60,9 @@ int Main(int argc, char** argv) {
                  "Data files per step: 'one' (data.h5), 'node' (a subfile per node) or N (a "
                  "subfile per N ranks), behind one data.h5 (Options::files)")
       ->check([](const std::string& v) {
-        return v == "one" || v == "node" || (!v.empty() && v.find_first_not_of("0123456789") ==
-                                                                std::string::npos && v != "0")
+        return v == "one" || v == "node" ||
+                       (!v.empty() && v.find_first_not_of("0123456789") == std::string::npos &&
+                        v != "0")
                    ? std::string()
                    : std::string("want one, node or a positive number of ranks");
       })
@@ -85,9 +86,7 @@ int Main(int argc, char** argv) {
     return rc;
   }
   flags.model_mib_given = app.count("--model-mib") > 0;
-  flags.ranks_per_file = files == "one"    ? 0
-                         : files == "node" ? -1
-                                           : std::stoi(files);
+  flags.ranks_per_file = files == "one" ? 0 : files == "node" ? -1 : std::stoi(files);
 
   mhckpt::Status status = mhckpt::demo::RunTraining(flags, MPI_COMM_WORLD);
   // The lowest failing rank prints the error (it is the same everywhere).

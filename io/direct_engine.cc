@@ -62,11 +62,11 @@ bool ReplayAllowedHere() {
 constexpr uint64_t kMaxSkeletonBytes = uint64_t{64} << 20;
 
 bool SameArrays(std::span<const ArraySpec> a, std::span<const ArraySpec> b) {
-  return std::equal(
-      a.begin(), a.end(), b.begin(), b.end(), [](const ArraySpec& x, const ArraySpec& y) {
-        return x.name == y.name && x.dtype == y.dtype && x.shape == y.shape &&
-               x.writer == y.writer && x.boxes == y.boxes;
-      });
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                    [](const ArraySpec& x, const ArraySpec& y) {
+                      return x.name == y.name && x.dtype == y.dtype && x.shape == y.shape &&
+                             x.writer == y.writer && x.boxes == y.boxes;
+                    });
 }
 
 // Rank 0's copy of the last layout it made (see the header): the arrays it
@@ -211,9 +211,9 @@ Groups MakeGroups(const Comm& comm, int ranks_per_file) {
   g.of = comm.get();
   const auto size = static_cast<size_t>(comm.size());
   std::vector<int> leader(size, -1);
-  leader[static_cast<size_t>(comm.rank())] =
-      ranks_per_file == kFilePerNode ? comm.SharedMemoryLeader()
-                                     : comm.rank() / ranks_per_file * ranks_per_file;
+  leader[static_cast<size_t>(comm.rank())] = ranks_per_file == kFilePerNode
+                                                 ? comm.SharedMemoryLeader()
+                                                 : comm.rank() / ranks_per_file * ranks_per_file;
   comm.AllreduceMax(&leader);
   std::vector<int> leaders = leader;
   std::sort(leaders.begin(), leaders.end());
@@ -238,8 +238,8 @@ class DirectStepWriter final : public StepWriter {
  public:
   DirectStepWriter(std::optional<H5File> file, std::string path, RawWriterPool& pool,
                    const Comm& comm, Skeleton* skeleton, const Groups* groups = nullptr,
-                   std::optional<H5File> virtual_file = std::nullopt,
-                   std::string virtual_path = {}, Skeleton* virtual_skeleton = nullptr)
+                   std::optional<H5File> virtual_file = std::nullopt, std::string virtual_path = {},
+                   Skeleton* virtual_skeleton = nullptr)
       : file_(std::move(file)),
         path_(std::move(path)),
         pool_(pool),
@@ -452,7 +452,8 @@ class DirectStepWriter final : public StepWriter {
   // The group's boxes, each an array of its own (by writer already), laid
   // out as Layout lays out arrays: replayed when they are the last ones.
   Status LayoutBoxes(std::span<const ArraySpec> arrays,
-                     std::span<const std::pair<size_t, size_t>> boxes, std::vector<int64_t>& layout) {
+                     std::span<const std::pair<size_t, size_t>> boxes,
+                     std::vector<int64_t>& layout) {
     std::vector<ArraySpec> own;
     own.reserve(boxes.size());
     for (const auto& [i, j] : boxes) {
@@ -484,9 +485,8 @@ class DirectStepWriter final : public StepWriter {
         sources.push_back({b.box, SubfileName(groups_->of_rank[static_cast<size_t>(b.writer)]),
                            "/" + BoxDatasetName(i, j)});
       }
-      MHCKPT_RETURN_IF_ERROR(
-          virtual_file_->CreateVirtualDataset(arrays[i].name, arrays[i].dtype, arrays[i].shape,
-                                              sources));
+      MHCKPT_RETURN_IF_ERROR(virtual_file_->CreateVirtualDataset(arrays[i].name, arrays[i].dtype,
+                                                                 arrays[i].shape, sources));
     }
     MHCKPT_RETURN_IF_ERROR(virtual_file_->Close());
     if (replay) {  // nothing but metadata: no extents to leave out
@@ -521,9 +521,9 @@ class DirectStepWriter final : public StepWriter {
   Skeleton* virtual_skeleton_;  // the engine's, for data.h5
   bool file_reserver_ = false;  // laid the subfile out
   struct GroupBox {
-    size_t box = 0;         // in ArraySpec::boxes
-    Box specs_box;          // that box
-    size_t placement = 0;   // in placements_
+    size_t box = 0;        // in ArraySpec::boxes
+    Box specs_box;         // that box
+    size_t placement = 0;  // in placements_
   };
   std::vector<std::vector<GroupBox>> group_boxes_;  // by array
 };

@@ -418,8 +418,8 @@ Status H5File::CreateVirtualDataset(const std::string& name, DType dtype,
     }
     if (H5Pset_virtual(dcpl.get(), space.get(), src.file.c_str(), src.dataset.c_str(),
                        source_space.get()) < 0) {
-      return H5Error(fmt::format("map box {} of '{}' onto '{}' in '{}'", BoxToString(src.box),
-                                 name, src.dataset, src.file));
+      return H5Error(fmt::format("map box {} of '{}' onto '{}' in '{}'", BoxToString(src.box), name,
+                                 src.dataset, src.file));
     }
   }
   H5Sselect_all(space.get());

@@ -82,12 +82,13 @@ class SubfileReader final : public StepReader {
   };
 
   Result<Handle> Find(size_t handle) const {
-    if (handle >= handles_.size()) return Internal(fmt::format("step {}: no handle {}", step_, handle));
+    if (handle >= handles_.size())
+      return Internal(fmt::format("step {}: no handle {}", step_, handle));
     const Handle& h = handles_[handle];
     if (h.file < 0) {
-      return Internal(fmt::format(
-          "step {}: array '{}' of a step with subfiles read as a whole, not box by box", step_,
-          h.name));
+      return Internal(
+          fmt::format("step {}: array '{}' of a step with subfiles read as a whole, not box by box",
+                      step_, h.name));
     }
     return h;
   }

@@ -206,9 +206,8 @@ TEST_F(Faults, SubfileWriteFsyncOrIndexFails) {
   EXPECT_TRUE(std::filesystem::exists(io::SubfilePath(dir_, 1, Last())));
   int64_t step = 2;
   for (const std::string point : {"h5_write", "data_fsync", "index_write"}) {
-    ASSERT_TRUE(
-        fault::Configure(fmt::format("rank={},point={},action=eio", Last(), point)).ok());
-    const std::string named = point == "h5_write"     ? "(injected at h5_write)"
+    ASSERT_TRUE(fault::Configure(fmt::format("rank={},point={},action=eio", Last(), point)).ok());
+    const std::string named = point == "h5_write"      ? "(injected at h5_write)"
                               : point == "index_write" ? io::IndexPath(dir_, step)
                                                        : io::SubfilePath(dir_, step, Last());
     Status s = SaveStep(step);

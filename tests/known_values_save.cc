@@ -137,8 +137,7 @@ int CheckReplays(const std::string& dir, uint64_t replays, uint64_t expected) {
   return 0;
 }
 
-int Run(const std::string& dir, int ranks, int rank, bool replay, int format,
-        int ranks_per_file) {
+int Run(const std::string& dir, int ranks, int rank, bool replay, int format, int ranks_per_file) {
   std::string why_not;
   if (replay && !io::LayoutReplayEnabled(&why_not)) {
     if (rank == 0) fmt::print("no layout replay here: {}\n", why_not);

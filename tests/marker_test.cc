@@ -275,7 +275,8 @@ void WriteIndex(io::Marker* m, const std::string& path) {
       if (m->files > 0) {
         box.file = static_cast<int64_t>(a) % m->files;
         box.file_offset = 4096 * static_cast<int64_t>(b);
-        place = io::BoxPlace{static_cast<uint64_t>(box.file), static_cast<uint64_t>(box.file_offset)};
+        place =
+            io::BoxPlace{static_cast<uint64_t>(box.file), static_cast<uint64_t>(box.file_offset)};
       }
       checks.push_back(io::AppendIndexRecord(a, b, box.checksum, box.chunks, &file, place));
     }
