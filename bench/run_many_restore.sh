@@ -34,6 +34,7 @@ for round in $(seq "$ROUNDS"); do
     for item in $BINS; do
       for format in $FORMATS; do
       for files in $FILES; do
+        [ "$format" = 2 ] && [ "$files" != 0 ] && continue  # subfiles need format 3
         label=${item%%=*} bin=${item#*=}
         [ "$format" = 0 ] || label=$label-f$format
         [ "$files" = 0 ] || label=$label-s$files
