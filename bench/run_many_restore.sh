@@ -13,7 +13,8 @@
 # is run once per format, labelled label-fN; default: the library's),
 # FILES (Options::files.ranks_per_file values, e.g. "0 1": one data file,
 # a subfile per rank; each labelled label-sK; default: one file),
-# CKPT_DIR [/var/tmp/mhckpt-many], NPS ["1 2"].
+# DROP=1 (drop the page cache before each restore: mhckpt-bench --drop-caches,
+# as root), CKPT_DIR [/var/tmp/mhckpt-many], NPS ["1 2"].
 set -euo pipefail
 MIB=${1:-64}
 ROUNDS=${2:-2}
@@ -23,6 +24,8 @@ CKPT_DIR=${CKPT_DIR:-/var/tmp/mhckpt-many}
 NPS=${NPS:-"1 2"}
 FORMATS=${FORMATS:-0}
 FILES=${FILES:-0}
+drop=
+[ "${DROP:-0}" = 1 ] && drop=--drop-caches
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 MPI=(mpirun --oversubscribe --mca mpi_yield_when_idle 1 --mca btl_vader_single_copy_mechanism none)
 
@@ -40,7 +43,7 @@ for round in $(seq "$ROUNDS"); do
         [ "$files" = 0 ] || label=$label-s$files
         json=$CKPT_DIR/json/$np-$label-$round.json
         "${MPI[@]}" -np "$np" "$bin" --mode many --mib "$MIB" --reps "$REPS" \
-          --dir "$CKPT_DIR/ckpt" --format "$format" --ranks-per-file "$files" \
+          --dir "$CKPT_DIR/ckpt" --format "$format" --ranks-per-file "$files" $drop \
           --json "$json" >/dev/null
         python3 -c "import json,sys
 for r in json.load(open(sys.argv[1])):
