@@ -23,9 +23,9 @@
 # Needs root and scripts/bootstrap.sh's packages (slurm-wlm, munge, h5py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${1:-build}
-demo=$PWD/$build/bin/mhckpt-train-demo
-cli=$PWD/$build/bin/mhckpt
+build=$(cd "${1:-build}" && pwd)
+demo=$build/bin/mhckpt-train-demo
+cli=$build/bin/mhckpt
 WORK=${WORK:-/var/tmp/mhckpt-subfiles}
 MODEL_MIB=${MODEL_MIB:-16}
 export MHCKPT_SLURM_BASE=${MHCKPT_SLURM_BASE:-/tmp/mhckpt-sub}
