@@ -19,7 +19,8 @@ cd "$(dirname "$0")/.."
 MIB=${1:-1024}
 ROUNDS=${2:-3}
 REPS=${3:-5}
-OUT=${4:-bench/results/subfiles-commit-$(date -u +%F)-$(git rev-parse --short HEAD).txt}
+commit=$(git rev-parse --short HEAD)
+OUT=${4:-bench/results/subfiles-commit-$(date -u +%F)-$commit.txt}
 BUILD=${BUILD:-build}
 NPN=${NPN:-2}
 WORK=${WORK:-/var/tmp/mhckpt-subfiles-bench}
@@ -56,7 +57,7 @@ for r in json.load(open(sys.argv[1])):
   done
 done
 {
-  echo "# bench/run_subfiles.sh $MIB $ROUNDS $REPS at $(git rev-parse --short HEAD): 4 nodes x $NPN ranks, load $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "# bench/run_subfiles.sh $MIB $ROUNDS $REPS at $commit: 4 nodes x $NPN ranks, load $(cut -d' ' -f1-3 /proc/loadavg)"
   /usr/bin/python3 - "$samples" <<'PY'
 import statistics, sys
 from collections import defaultdict
