@@ -42,18 +42,28 @@ export SLURM_CONF=$MHCKPT_SLURM_BASE/slurm.conf
 # One job of 4 nodes x TPN ranks; retried (up to 3 launches) where Open MPI
 # under srun fails to start (slurm/stress.py, "launch"), each retry from the
 # checkpoint as the last attempt left it (a resume, or a fresh root for A).
+# Every launch keeps its own log (NAME.K.log) and, in NAME.K.expect, the newest
+# committed step when it started (the step a resume must restore).
+newest_committed() {
+  local d s=""
+  for d in "$root"/step_*; do # in order: the names are zero-padded
+    [ -f "$d/commit.json" ] && s=${d##*/step_}
+  done
+  if [ -n "$s" ]; then echo $((10#$s)); else echo none; fi
+}
 run() {
   local name=$1 tpn=$2
   shift 2
   for attempt in 1 2 3; do
     [ "$name" = A ] && rm -rf "$root"
+    newest_committed >"$WORK/logs/$name.$attempt.expect"
     if srun -N 4 --ntasks-per-node="$tpn" --mpi=pmix --kill-on-bad-exit=1 \
       "$demo" --dir "$root" --files node --model-mib "$MODEL_MIB" --save-every 10 --max-to-keep 0 "$@" \
-      >"$WORK/logs/$name.log" 2>&1; then
+      >"$WORK/logs/$name.$attempt.log" 2>&1; then
       echo "job $name: $((4 * tpn)) ranks on 4 nodes: ok (launch $attempt)"
       return 0
     fi
-    echo "job $name: launch $attempt failed: $(tail -1 "$WORK/logs/$name.log")"
+    echo "job $name: launch $attempt failed: $(tail -1 "$WORK/logs/$name.$attempt.log")"
   done
   return 1
 }
@@ -73,25 +83,37 @@ import json, os, re, sys
 sys.path.insert(0, "demo")
 from fingerprint import file_fingerprint
 root, logs = sys.argv[1], sys.argv[2]
-saved, restored, problems = {}, {}, []
+saved, restores, problems = {}, [], []
 for job, ranks in (("A", 16), ("B", 32), ("C", 16)):
-    text = open(os.path.join(logs, job + ".log")).read()
-    for m in re.finditer(r"saving step=(\d+) fingerprint ([0-9a-f]{16})", text):
-        saved[int(m.group(1))] = (m.group(2), ranks)
-    if job != "A":  # the resumed state, printed before training on
-        m = re.search(r"fingerprint step=(\d+) ([0-9a-f]{16})", text)
-        restored[job] = (int(m.group(1)), m.group(2), ranks) if m else None
-for job, got in restored.items():
-    if got is None:
-        problems.append("job %s printed no restored fingerprint" % job)
-        continue
-    step, fp, ranks = got
+    for attempt in (1, 2, 3):  # in launch order: a later save of a step wins
+        path = os.path.join(logs, "%s.%d.log" % (job, attempt))
+        if not os.path.exists(path):
+            break
+        text = open(path).read()
+        expect = open(os.path.join(logs, "%s.%d.expect" % (job, attempt))).read().strip()
+        for m in re.finditer(r"^saving step=(\d+) fingerprint ([0-9a-f]{16})$", text, re.M):
+            saved[int(m.group(1))] = (m.group(2), ranks)
+        if job == "A":
+            continue
+        # The resumed state, printed right after "restored step=...".
+        m = re.search(r"^restored step=(\d+) .*\n(?:.*\n)*?fingerprint step=(\d+) ([0-9a-f]{16})$", text, re.M)
+        if m is None or m.group(1) != m.group(2):
+            if "restored step=" in text or attempt == 3 or not os.path.exists(
+                    os.path.join(logs, "%s.%d.log" % (job, attempt + 1))):
+                problems.append("job %s launch %d printed no restored fingerprint" % (job, attempt))
+            continue
+        restores.append((job, attempt, int(m.group(1)), m.group(3), ranks, expect))
+for job, attempt, step, fp, ranks, expect in restores:
     want, at = saved.get(step, (None, None))
     ok = fp == want
-    print("step %d saved at %s ranks, restored at %d: %s %s %s" % (
-        step, at, ranks, want, "==" if ok else "!=", fp))
+    print("job %s: step %d saved at %s ranks, restored at %d ranks: %s %s %s" % (
+        job, step, at, ranks, want, "==" if ok else "!=", fp))
     if not ok:
-        problems.append("step %d restored with another fingerprint" % step)
+        problems.append("step %d restored with another fingerprint (saved %s, restored %s)" % (step, want, fp))
+    if str(step) != expect:
+        problems.append("job %s launch %d restored step %d, the newest committed was %s" % (job, attempt, step, expect))
+if sorted({j for j, *_ in restores}) != ["B", "C"]:
+    problems.append("restores seen: %s (want B and C)" % sorted({j for j, *_ in restores}))
 steps = sorted(int(d[5:]) for d in os.listdir(root) if d.startswith("step_"))
 for step in steps:
     d = os.path.join(root, "step_%010d" % step)
