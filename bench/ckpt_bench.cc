@@ -421,6 +421,7 @@ json Record(const Flags& f, const std::string& kase) {
               {"transfer", f.transfer},
               {"data_path", f.data_path},
               {"writer_threads", f.writer_threads},
+              {"ranks_per_file", f.ranks_per_file},
               {"snapshot_threads", f.threads},
               {"replica_split_bytes", f.replica_split_bytes},
               {"date", UtcNow()},

@@ -39,7 +39,7 @@ for round in $(seq "$ROUNDS"); do
   for mode in save many; do
     for files in 0 -1; do
       json=$WORK/json/$mode-$files-$round.json
-      args=(--mode "$mode" --mib "$MIB" --reps "$REPS" --ranks-per-file "$files"
+      args=(--mode "$mode" --mib "$MIB" --reps "$REPS" --ranks-per-file "$files" --launcher srun
             --dir "$WORK/ckpt" --json "$json")
       [ "$mode" = many ] && args+=(--case many_small)
       for attempt in 1 2 3; do  # Open MPI under srun sometimes fails to start
