@@ -553,6 +553,7 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
         // A node's marker lists every chunk (format 2): its steps are read
         // back by the node's ranks and their partners, not at scale.
         if (marker.format_version >= 3) io::PlanChunks(&marker, marker.chunk_bytes, 2);
+        marker.files = 0;  // nor subfiles: a reused plan keeps the last save's
         MHCKPT_RETURN_IF_ERROR(FillChecksums(reports, &marker));
         marker.created_unix_ms = NowUnixMs();
         text = io::MarkerToJson(marker);

@@ -4,6 +4,7 @@ is lost. Nodes are simulated with node_id (one rank per node), each with its
 own local dir."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -49,6 +50,24 @@ def test_tiers_and_sources(comm, root):
         raises_everywhere(comm, mhckpt.InvalidArgumentError,
                           lambda: m.save(5, _state(5, comm), tier="somewhere"),
                           contains=["somewhere"])
+
+
+def test_subfiles_with_the_local_tier(comm, root):
+    # Both tiers, and a shared root with a subfile per rank: the local tier's
+    # steps have none (a reused plan must not carry them there).
+    with _open(root, comm, persistent_every=1, files=1) as m:
+        for step in range(3):
+            m.save(step, _state(step, comm))
+        m.wait_until_finished()
+        assert m.step_tiers()[2] == {"persistent": True, "local": True}
+        step_dir = os.path.join(root, "shared", "step_%010d" % 2)
+        with open(os.path.join(step_dir, "commit.json")) as f:
+            assert json.load(f)["files"] == comm.size
+        assert os.path.exists(os.path.join(step_dir, "data-%05d.h5" % (comm.size - 1)))
+        for source in ("local", "persistent"):
+            out = m.restore(2, source=source)
+            all_equal_bytes(comm, out["w"], pattern("w2", (24, 3)), f"w from {source}")
+            assert out["step"] == 2
 
 
 def test_node_loss_restores_from_copies(comm, root):
