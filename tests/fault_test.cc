@@ -99,6 +99,16 @@ class Faults : public ::testing::Test {
     return s;
   }
 
+  // After failed saves of steps 2 ..: faults off, only step 1 committed and
+  // restoring, and step `step` saves and restores.
+  void ExpectOnlyStep1ThenSavesOn(int64_t step) {
+    ASSERT_TRUE(fault::Configure("").ok());
+    EXPECT_EQ(mgr_->CommittedSteps().value(), std::vector<int64_t>{1});
+    ExpectRestores(1);
+    ASSERT_TRUE(SaveStep(step).ok());
+    ExpectRestores(step);
+  }
+
   // Collective: how often the configured faults fired, over all ranks.
   static uint64_t FiredEverywhere() { return SumOverRanks(static_cast<uint64_t>(fault::Fired())); }
 
@@ -189,11 +199,7 @@ TEST_F(Faults, DataFileFsyncOrIndexWriteFails) {
       ++step;
     }
   }
-  ASSERT_TRUE(fault::Configure("").ok());
-  EXPECT_EQ(mgr_->CommittedSteps().value(), std::vector<int64_t>{1});
-  ExpectRestores(1);
-  ASSERT_TRUE(SaveStep(step).ok());
-  ExpectRestores(step);
+  ExpectOnlyStep1ThenSavesOn(step);
 }
 
 // Subfiles, one per rank: the last rank's data write, its subfile's fsync
@@ -215,11 +221,7 @@ TEST_F(Faults, SubfileWriteFsyncOrIndexFails) {
     EXPECT_THAT(s.message(), HasSubstr(named)) << point;
     ++step;
   }
-  ASSERT_TRUE(fault::Configure("").ok());
-  EXPECT_EQ(mgr_->CommittedSteps().value(), std::vector<int64_t>{1});
-  ExpectRestores(1);
-  ASSERT_TRUE(SaveStep(step).ok());
-  ExpectRestores(step);
+  ExpectOnlyStep1ThenSavesOn(step);
 }
 
 // Short writes and EINTR are retried: the save commits on every rank and
