@@ -1,12 +1,19 @@
 // worker/fault_guard.h: a copy from memory that faults under it is an error,
 // not a crash; a write to a watched buffer is a named failure; a watched
 // buffer is writable again after Release, and the partial pages at its ends
-// are never watched.
+// are never watched; pages that were not writable before Protect keep their
+// protection; a fault handled after Release neither kills the process nor
+// uninstalls the handler, and a genuine fault still ends the process.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <csignal>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "worker/copy.h"
@@ -96,6 +103,125 @@ TEST(WriteWatch, ReleaseMakesTheBufferWritableAndEndsAreNeverWatched) {
   EXPECT_EQ(watch.watched_bytes(), 0u);
   std::memset(buf.data, 2, buf.bytes);
   EXPECT_EQ(buf.data[2 * kPage], 2);
+}
+
+// The protection of the page at `p` now, from /proc/self/maps (-1: unmapped).
+int ProtectionOf(const void* p) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  while (std::getline(maps, line)) {
+    unsigned long lo = 0, hi = 0;  // NOLINT(google-runtime-int)
+    char perms[5] = {};
+    if (std::sscanf(line.c_str(), "%lx-%lx %4s", &lo, &hi, perms) != 3) continue;
+    if (addr < lo || addr >= hi) continue;
+    return (perms[0] == 'r' ? PROT_READ : 0) | (perms[1] == 'w' ? PROT_WRITE : 0) |
+           (perms[2] == 'x' ? PROT_EXEC : 0);
+  }
+  return -1;
+}
+
+TEST(WriteWatch, ReleaseGivesEachPageBackItsProtection) {
+  Pages buf(4);
+  ASSERT_NE(buf.data, nullptr);
+  // Page 1 read-only and page 3 inaccessible before the watch (e.g. a
+  // guard page of the caller's allocator); pages 0 and 2 writable.
+  ASSERT_EQ(mprotect(buf.data + kPage, kPage, PROT_READ), 0);
+  ASSERT_EQ(mprotect(buf.data + 3 * kPage, kPage, PROT_NONE), 0);
+  WriteWatch watch;
+  ASSERT_TRUE(watch.Protect({{buf.data, buf.bytes, "x\n"}}).ok());
+  EXPECT_EQ(watch.watched_bytes(), 2 * kPage);  // the writable pages only
+  EXPECT_EQ(ProtectionOf(buf.data), PROT_READ);
+  EXPECT_EQ(ProtectionOf(buf.data + kPage), PROT_READ);
+  EXPECT_EQ(ProtectionOf(buf.data + 2 * kPage), PROT_READ);
+  EXPECT_EQ(ProtectionOf(buf.data + 3 * kPage), PROT_NONE);
+  watch.Release();
+  EXPECT_EQ(ProtectionOf(buf.data), PROT_READ | PROT_WRITE);
+  EXPECT_EQ(ProtectionOf(buf.data + kPage), PROT_READ);
+  EXPECT_EQ(ProtectionOf(buf.data + 2 * kPage), PROT_READ | PROT_WRITE);
+  EXPECT_EQ(ProtectionOf(buf.data + 3 * kPage), PROT_NONE);
+  buf.data[2 * kPage] = 3;
+  EXPECT_EQ(buf.data[2 * kPage], 3);
+}
+
+TEST(WriteWatch, PartNotMappedIsAnErrorAndReleasesTheRest) {
+  Pages buf(3);
+  ASSERT_NE(buf.data, nullptr);
+  ASSERT_EQ(munmap(buf.data + 2 * kPage, kPage), 0);
+  WriteWatch watch;
+  Status s = watch.Protect({{buf.data, buf.bytes, "array 'a'\n"}});
+  EXPECT_EQ(s.code(), StatusCode::kIoError) << s.ToString();
+  EXPECT_NE(s.message().find("array 'a'"), std::string::npos) << s.ToString();
+  EXPECT_EQ(watch.watched_bytes(), 0u);
+  EXPECT_EQ(ProtectionOf(buf.data), PROT_READ | PROT_WRITE);
+  munmap(buf.data, 2 * kPage);
+  buf.data = nullptr;
+}
+
+// What the kernel delivers for a write to a write-protected page at `addr`
+// (SIGSEGV, SEGV_ACCERR), sent to this thread: it is handled before the
+// call returns, as a fault in flight is handled after it was raised.
+void DeliverFault(void* addr) {
+  siginfo_t info{};
+  info.si_signo = SIGSEGV;
+  info.si_code = SEGV_ACCERR;
+  info.si_addr = addr;
+  ASSERT_EQ(syscall(SYS_rt_tgsigqueueinfo, getpid(), gettid(), SIGSEGV, &info), 0);
+}
+
+TEST(WriteWatch, AFaultHandledAfterReleaseKeepsTheHandler) {
+  Pages buf(2), hole(1);
+  ASSERT_NE(buf.data, nullptr);
+  WriteWatch watch;
+  ASSERT_TRUE(watch.Protect({{buf.data, buf.bytes, "x\n"}}).ok());
+  struct sigaction ours {};
+  ASSERT_EQ(sigaction(SIGSEGV, nullptr, &ours), 0);
+  ASSERT_NE(ours.sa_flags & SA_SIGINFO, 0);
+  // A write faulted on the watched page; the copy ends and Release runs
+  // before the fault reaches the handler.
+  watch.Release();
+  DeliverFault(buf.data + 10);
+  struct sigaction now {};
+  ASSERT_EQ(sigaction(SIGSEGV, nullptr, &now), 0);
+  const bool kept = (now.sa_flags & SA_SIGINFO) != 0 && now.sa_sigaction == ours.sa_sigaction;
+  if (!kept) sigaction(SIGSEGV, &ours, nullptr);  // for the tests that follow
+  EXPECT_TRUE(kept) << "the handler was replaced by the disposition from before mhckpt";
+  buf.data[10] = 1;  // the write's retry succeeds
+  EXPECT_EQ(buf.data[10], 1);
+  // Guarded copies still turn a fault into an error.
+  ASSERT_EQ(munmap(hole.data, hole.bytes), 0);
+  std::vector<char> dst(kPage);
+  EXPECT_FALSE(GuardedCopy(dst.data(), hole.data, kPage));
+  hole.data = nullptr;
+}
+
+TEST(WriteWatchDeathTest, AGenuineFaultStillEndsTheProcess) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  // A write to a page that was read-only before the watch: not watched, so
+  // it faults as without mhckpt (after one retry), and the process dies of
+  // SIGSEGV rather than looping or aborting with the watch's message.
+  EXPECT_EXIT(
+      {
+        Pages buf(2);
+        mprotect(buf.data, kPage, PROT_READ);
+        WriteWatch watch;
+        if (!watch.Protect({{buf.data, buf.bytes, "watched\n"}}).ok()) std::_Exit(3);
+        *static_cast<volatile char*>(buf.data + 1) = 1;
+        std::_Exit(4);
+      },
+      ::testing::KilledBySignal(SIGSEGV), "");
+  // Once released too.
+  EXPECT_EXIT(
+      {
+        Pages buf(1);
+        WriteWatch watch;
+        if (!watch.Protect({{buf.data, buf.bytes, "watched\n"}}).ok()) std::_Exit(3);
+        watch.Release();
+        mprotect(buf.data, kPage, PROT_READ);
+        *static_cast<volatile char*>(buf.data + 1) = 1;
+        std::_Exit(4);
+      },
+      ::testing::KilledBySignal(SIGSEGV), "");
 }
 
 }  // namespace

@@ -6,9 +6,17 @@
 // failure instead of silently torn bytes.
 //
 // Both rest on one SIGSEGV/SIGBUS handler, installed the first time either
-// is used. A fault it does not own (not inside a guarded copy, not on a
-// watched page) goes to the handler that was there before, or ends the
-// process as it would have without mhckpt.
+// is used and never changed after. A fault it does not own (not inside a
+// guarded copy, not on a watched page) is first sent back to run again: it
+// may be a write that faulted on a watched page while another thread's
+// Release was making it writable, and whose entry was gone by the time the
+// handler ran — the copy has ended, so the write is allowed, and it succeeds
+// on the retry. A fault that repeats at the same address with no Release in
+// between (and any SIGSEGV/SIGBUS sent by a process) goes to the handler
+// that was there before mhckpt, or ends the process as it would have without
+// mhckpt: only then, on its way to the default action, does the handler put
+// back the disposition that was there before it. So a late fault never
+// uninstalls the handler that other guards and copies rely on.
 #pragma once
 
 #include <cstddef>
@@ -27,7 +35,11 @@ bool GuardedCopy(void* dst, const void* src, size_t bytes);
 /// Write-protects caller memory until Release: the whole pages inside each
 /// range (a page the range shares with other memory is left writable, so no
 /// write elsewhere is caught by mistake). A write to a watched page prints
-/// the range's message to stderr and aborts the process.
+/// the range's message to stderr and aborts the process. Only pages that
+/// were writable are watched: Protect takes away PROT_WRITE alone, and
+/// Release gives each page back the protection it had before Protect (read
+/// from /proc/self/maps; where that cannot be read, every page is taken as
+/// readable and writable). A page that was read-only before stays read-only.
 class WriteWatch {
  public:
   struct Range {
@@ -40,13 +52,13 @@ class WriteWatch {
   WriteWatch(const WriteWatch&) = delete;
   WriteWatch& operator=(const WriteWatch&) = delete;
 
-  /// Protects `ranges` (PROT_READ). IoError naming the range if mprotect
-  /// refuses (memory that is not a private or shared mapping the process may
-  /// change, e.g. read-only already); what was protected is then released.
+  /// Protects the writable pages of `ranges` (their protection without
+  /// PROT_WRITE). IoError naming the range if part of it is not mapped or
+  /// mprotect refuses; what was protected is then released.
   Status Protect(const std::vector<Range>& ranges);
-  /// Makes the watched pages readable and writable again (the state mhckpt
-  /// expects caller memory to be in: a buffer being saved was written by the
-  /// caller). Idempotent.
+  /// Gives every watched page back the protection it had before Protect,
+  /// then stops watching it (a write that faulted on it while it was
+  /// watched, and is handled before that, still aborts). Idempotent.
   void Release();
   /// Bytes of whole pages watched now.
   [[nodiscard]] size_t watched_bytes() const;
@@ -55,6 +67,7 @@ class WriteWatch {
   struct Span {
     void* begin;
     size_t bytes;
+    int prot;  ///< before Protect
   };
   std::vector<Span> spans_;
   std::vector<int> ids_;  // entries in the handler's table
