@@ -13,19 +13,37 @@
 //      overlaps against the marker, once each, then copies the piece into
 //      the asker's destination (itself) or into one buffer per asker.
 //   4. The buffers go point to point, one message per pair of ranks, and
-//      each asker copies its pieces out in the same order; device
-//      destinations are filled from host memory last. One agreement.
+//      each asker copies its pieces out in the same order. One agreement on
+//      every error that is not about the stored bytes.
+//   5. A piece its server could not serve whole (a chunk whose checksum
+//      differs, a file missing, short or unreadable on that node) is not an
+//      error yet: the servers' failures go to every rank (one all-gather,
+//      after one allreduce that says whether there are any), and every rank
+//      makes the same new choice for each such piece — a holder of the
+//      writer's file on a node not tried yet, else (with parity) the
+//      writer's file rebuilt in memory from its parity group on one rank —
+//      and steps 3-5 run again for those pieces only. Only when a piece has
+//      no source left does the step fail: DataLoss naming the array, the box
+//      and every source tried, on every rank. A restore that needed another
+//      source says so in one log line (rank 0).
+//   6. Device destinations are filled from host memory; one agreement.
 #include <algorithm>
 #include <cstring>
 #include <map>
 #include <optional>
 #include <set>
+#include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include "base/checksum.h"
 #include "base/guard.h"
+#include "base/log.h"
 #include "coordinator/agree.h"
 #include "coordinator/checked_read.h"
 #include "coordinator/committed_step.h"
@@ -37,6 +55,9 @@ namespace mhckpt::internal {
 namespace {
 
 constexpr int kPieceTag = 7102;
+// The segments sent to a rebuild from parity (step 5); LocalTier's own tags
+// are 7101, 7103 and 7104.
+constexpr int kParityPieceTag = 7105;
 
 // One destination of one rank, as every rank learns it in step 2.
 struct Want {
@@ -46,13 +67,25 @@ struct Want {
   Box box;
 };
 
-// One piece: the part of stored box `box` of array `array` that `want` asks for.
+// One piece: the part of stored box `box` of the want's array that `want`
+// asks for, held in writer `writer`'s file, and who serves it now: `server`,
+// from its node's copy of that file, or (`rebuilt`) from the file rebuilt
+// from parity in its memory. The same list on every rank.
 struct Piece {
   const Want* want = nullptr;
   size_t box = 0;
   Box region;
-  int server = 0;
+  int writer = 0;
   uint64_t bytes = 0;
+  int server = 0;
+  bool rebuilt = false;
+};
+
+// What was tried for a piece that a source could not serve whole (agreed).
+struct Attempts {
+  std::set<int> bad_nodes;    // nodes whose copy of the writer's file failed it
+  bool parity_tried = false;  // the rebuild from parity failed it
+  std::vector<std::string> tried;
 };
 
 // Where `region` (inside `box`) starts in the row-major bytes of `box`, if
@@ -128,18 +161,41 @@ class LocalRestoreRun {
     wants_ = DecodeWants(m_, comm_.AllGatherBytes(EncodeWants(m_, arrays_)));
     MakePieces();
     PrepareDestinations();
-    // 3.
-    Serve();
-    // 4.
-    Exchange();
-    if (local_.ok()) local_ = FillDevices();
-    if (!local_.ok() && local_.message().rfind("rank ", 0) != 0) {
-      local_ = Status(local_.code(), fmt::format("rank {}: {}", rank_, local_.message()));
+    std::vector<size_t> pending(pieces_.size());
+    for (size_t i = 0; i < pending.size(); ++i) pending[i] = i;
+    while (!pending.empty()) {
+      round_.clear();
+      for (size_t id : pending) {
+        const Piece& p = pieces_[id];
+        if (p.server == rank_ || p.want->rank == rank_) round_.push_back(id);
+      }
+      RebuildFromParity(pending);
+      // 3.
+      Serve();
+      // 4.
+      Exchange();
+      NameRank(&local_);
+      MHCKPT_RETURN_IF_ERROR(AgreeAll(local_, comm_));
+      // 5.
+      std::map<size_t, std::string> failed = GatherFailures();
+      if (failed.empty()) break;
+      pending.clear();
+      MHCKPT_RETURN_IF_ERROR(ChooseOtherSources(failed, &pending));
     }
+    LogFallbacks();
+    // 6.
+    local_ = FillDevices();
+    NameRank(&local_);
     return AgreeAll(local_, comm_);
   }
 
  private:
+  void NameRank(Status* s) const {
+    if (!s->ok() && s->message().rfind("rank ", 0) != 0) {
+      *s = Status(s->code(), fmt::format("rank {}: {}", rank_, s->message()));
+    }
+  }
+
   void MakePieces() {
     for (const Want& w : wants_) {
       const io::MarkerArray& a = m_.arrays[w.array];
@@ -151,8 +207,7 @@ class LocalRestoreRun {
         if (!std::binary_search(holders.begin(), holders.end(), w.rank)) {
           server = holders[static_cast<size_t>(w.rank) % holders.size()];
         }
-        if (server != rank_ && w.rank != rank_) continue;
-        Piece p{&w, bi, Intersection(b.box, w.box), server, 0};
+        Piece p{&w, bi, Intersection(b.box, w.box), b.writer, 0, server, false};
         p.bytes = BoxBytes(p.region, a.dtype);
         if (p.bytes > 0) pieces_.push_back(std::move(p));
       }
@@ -183,22 +238,41 @@ class LocalRestoreRun {
     return dest_[dest_start_[request_of_array_.at(w.array)] + w.dest];
   }
 
-  // The bytes of stored box `bi` of array `ai` in this node's copy of its
-  // writer's file, its chunks around `region` checked.
-  Result<const std::byte*> StoredBytes(size_t ai, size_t bi, const Box& region) {
+  // The bytes of writer `writer`'s file as piece `p` is served: this node's
+  // copy, mapped once, or the file rebuilt from parity here.
+  Result<const std::byte*> FileBytes(const Piece& p) {
+    if (p.rebuilt) {
+      if (auto e = rebuild_errors_.find(p.writer); e != rebuild_errors_.end()) return e->second;
+      auto it = rebuilt_.find(p.writer);
+      if (it == rebuilt_.end()) return Internal("rebuilt file missing");
+      return it->second.data();
+    }
+    if (auto e = open_errors_.find(p.writer); e != open_errors_.end()) return e->second;
+    auto it = mapped_.find(p.writer);
+    if (it == mapped_.end()) {
+      const uint64_t want = files_.bytes[static_cast<size_t>(p.writer)];
+      Result<io::MappedFile> f = io::MappedFile::OpenForReading(tier_.FilePath(m_.step, p.writer));
+      Status s = f.status();
+      if (s.ok() && f->size() != want) {
+        s = DataLoss(fmt::format("'{}' is {} bytes, not {}", f->path(), f->size(), want));
+      }
+      if (!s.ok()) {
+        open_errors_.emplace(p.writer, s);
+        return s;
+      }
+      it = mapped_.emplace(p.writer, std::move(f).value()).first;
+    }
+    return it->second.data();
+  }
+
+  // The bytes of piece `p`'s stored box at its source, the chunks around its
+  // region checked (once each per source).
+  Result<const std::byte*> StoredBytes(const Piece& p) {
+    const size_t ai = p.want->array, bi = p.box;
     const io::MarkerArray& a = m_.arrays[ai];
     const io::MarkerBox& b = a.boxes[bi];
-    auto it = mapped_.find(b.writer);
-    if (it == mapped_.end()) {
-      MHCKPT_ASSIGN_OR_RETURN(io::MappedFile f,
-                              io::MappedFile::OpenForReading(tier_.FilePath(m_.step, b.writer)));
-      if (f.size() != files_.bytes[static_cast<size_t>(b.writer)]) {
-        return DataLoss(fmt::format("local step {}: '{}' is {} bytes, not {}", m_.step, f.path(),
-                                    f.size(), files_.bytes[static_cast<size_t>(b.writer)]));
-      }
-      it = mapped_.emplace(b.writer, std::move(f)).first;
-    }
-    const std::byte* box = it->second.data() + files_.offset[ai][bi];
+    MHCKPT_ASSIGN_OR_RETURN(const std::byte* file, FileBytes(p));
+    const std::byte* box = file + files_.offset[ai][bi];
     if (!options_.verify_checksums) return box;
     const int64_t rows = b.box.count.empty() ? 1 : b.box.count[0];
     const uint64_t row_bytes =
@@ -206,16 +280,19 @@ class LocalRestoreRun {
     const int64_t per = std::max<int64_t>(b.chunk_rows, 1);
     int64_t first = 0, last = 0;
     if (!b.box.count.empty()) {
-      first = (region.start[0] - b.box.start[0]) / per;
-      last = (region.start[0] + region.count[0] - 1 - b.box.start[0]) / per;
+      first = (p.region.start[0] - b.box.start[0]) / per;
+      last = (p.region.start[0] + p.region.count[0] - 1 - b.box.start[0]) / per;
     }
     for (int64_t k = first; k <= last; ++k) {
-      if (!checked_.insert({ai, bi, k}).second) continue;
-      const int64_t r0 = k * per, r1 = std::min(rows, r0 + per);
-      const size_t n = b.box.count.empty() ? BoxBytes(b.box, a.dtype)
-                                           : static_cast<size_t>((r1 - r0) * row_bytes);
-      MHCKPT_RETURN_IF_ERROR(
-          CheckChunkChecksum(a, b, k, Checksum(box + static_cast<size_t>(r0) * row_bytes, n)));
+      auto [it, fresh] = checked_.try_emplace({p.rebuilt, ai, bi, k});
+      if (fresh) {
+        const int64_t r0 = k * per, r1 = std::min(rows, r0 + per);
+        const size_t n = b.box.count.empty() ? BoxBytes(b.box, a.dtype)
+                                             : static_cast<size_t>((r1 - r0) * row_bytes);
+        it->second =
+            CheckChunkChecksum(a, b, k, Checksum(box + static_cast<size_t>(r0) * row_bytes, n));
+      }
+      MHCKPT_RETURN_IF_ERROR(it->second);
     }
     return box;
   }
@@ -230,15 +307,28 @@ class LocalRestoreRun {
            ContiguousAt(p.want->box, p.region, elem);
   }
 
+  // Where a source of piece `p` is, for messages.
+  std::string SourceName(const Piece& p) const {
+    if (p.rebuilt) {
+      return fmt::format("rank {}'s file rebuilt from parity on rank {}", p.writer, p.server);
+    }
+    return fmt::format("rank {}'s file on node {} (read by rank {})", p.writer,
+                       tier_.nodes().node_of(p.server), p.server);
+  }
+
   void Serve() {
-    // Zeros for a direct piece after an error, sized once: pending sends
-    // point into it.
+    out_.clear();
+    failed_.clear();
+    // Zeros for a direct piece that could not be served, sized once:
+    // pending sends point into it.
     uint64_t widest = 0;
-    for (const Piece& p : pieces_) {
+    for (size_t id : round_) {
+      const Piece& p = pieces_[id];
       if (p.server == rank_ && Direct(p)) widest = std::max(widest, p.bytes);
     }
     zeros_.assign(widest, std::byte{0});
-    for (const Piece& p : pieces_) {
+    for (size_t id : round_) {
+      const Piece& p = pieces_[id];
       if (p.server != rank_) continue;
       const Want& w = *p.want;
       const io::MarkerArray& a = m_.arrays[w.array];
@@ -250,8 +340,14 @@ class LocalRestoreRun {
       if (w.rank != rank_ && !direct) out.resize(at + p.bytes);
       const std::byte* box = nullptr;
       if (local_.ok()) {
+        Status data;  // the stored bytes cannot serve it: step 5 looks elsewhere
         local_ = Guarded(fmt::format("restore of local step {}", m_.step), [&]() -> Status {
-          MHCKPT_ASSIGN_OR_RETURN(box, StoredBytes(w.array, p.box, p.region));
+          Result<const std::byte*> stored_bytes = StoredBytes(p);
+          if (!stored_bytes.ok()) {
+            data = stored_bytes.status();
+            return OkStatus();
+          }
+          box = *stored_bytes;
           if (w.rank == rank_) {
             CopyRegion(box, stored, DestinationOf(w), w.box, p.region, elem);
           } else if (!direct) {
@@ -260,6 +356,10 @@ class LocalRestoreRun {
           }
           return OkStatus();
         });
+        if (!data.ok()) {
+          box = nullptr;
+          failed_.emplace_back(id, fmt::format("{}: {}", SourceName(p), data.ToString()));
+        }
       }
       if (direct) {
         // After an error the asker still gets its bytes' worth (zeros).
@@ -277,7 +377,8 @@ class LocalRestoreRun {
   void Exchange() {
     std::map<int, uint64_t> in;  // packed bytes from each server
     std::vector<MPI_Request> requests;
-    for (const Piece& p : pieces_) {
+    for (size_t id : round_) {
+      const Piece& p = pieces_[id];
       if (p.want->rank != rank_ || p.server == rank_) continue;
       if (Direct(p)) {
         const size_t elem = DTypeSize(m_.arrays[p.want->array].dtype);
@@ -301,7 +402,8 @@ class LocalRestoreRun {
     Comm::WaitAll(&requests);
     Comm::WaitAll(&direct_sends_);
     std::map<int, size_t> at;
-    for (const Piece& p : pieces_) {
+    for (size_t id : round_) {
+      const Piece& p = pieces_[id];
       if (p.want->rank != rank_ || p.server == rank_ || Direct(p)) continue;
       const std::byte* src =
           reinterpret_cast<const std::byte*>(received[p.server].data()) + at[p.server];
@@ -309,6 +411,235 @@ class LocalRestoreRun {
       const io::MarkerArray& a = m_.arrays[p.want->array];
       CopyRegion(src, p.region, DestinationOf(*p.want), p.want->box, p.region, DTypeSize(a.dtype));
     }
+  }
+
+  // 5, collective: every server's failed pieces of this round, on every
+  // rank (piece -> what failed). Empty on every rank when none failed.
+  std::map<size_t, std::string> GatherFailures() {
+    std::map<size_t, std::string> failed;
+    if (comm_.AllreduceMax(failed_.empty() ? 0 : 1) == 0) return failed;
+    nlohmann::json mine = nlohmann::json::array();
+    for (const auto& [id, why] : failed_) mine.push_back({id, why});
+    for (const std::string& text : comm_.AllGatherBytes(mine.dump())) {
+      for (const nlohmann::json& f : nlohmann::json::parse(text)) {
+        failed[f.at(0).get<size_t>()] = f.at(1).get<std::string>();
+      }
+    }
+    return failed;
+  }
+
+  // The parity group of writer `w` (of two or more), or null.
+  const std::vector<int>* GroupOf(int w) const {
+    for (const std::vector<int>& g : s_.parity_groups) {
+      if (g.size() >= 2 && std::find(g.begin(), g.end(), w) != g.end()) return &g;
+    }
+    return nullptr;
+  }
+
+  // The next holder of piece `p`'s file on a node not tried: the asker if
+  // its node holds one, else one of the ranks of the first such node,
+  // picked by the asker's rank. -1 if none is left.
+  int NextHolder(const Piece& p, const Attempts& a) const {
+    const Nodes& nodes = tier_.nodes();
+    const std::vector<int>& holders = s_.holders.at(static_cast<size_t>(p.writer));
+    const int asker = p.want->rank;
+    if (std::binary_search(holders.begin(), holders.end(), asker) &&
+        !a.bad_nodes.count(nodes.node_of(asker))) {
+      return asker;
+    }
+    std::map<int, std::vector<int>> by_node;
+    for (int r : holders) by_node[nodes.node_of(r)].push_back(r);
+    for (const auto& [node, ranks] : by_node) {
+      if (!a.bad_nodes.count(node)) return ranks[static_cast<size_t>(asker) % ranks.size()];
+    }
+    return -1;
+  }
+
+  // 5: a new source for each failed piece (the same choice on every rank:
+  // `failed` is agreed), into `pending`; DataLoss when a piece has none.
+  Status ChooseOtherSources(const std::map<size_t, std::string>& failed,
+                            std::vector<size_t>* pending) {
+    std::vector<size_t> lost;
+    for (const auto& [id, why] : failed) {
+      Piece& p = pieces_[id];
+      Attempts& a = attempts_[id];
+      a.tried.push_back(why);
+      if (p.rebuilt) {
+        a.parity_tried = true;
+      } else {
+        a.bad_nodes.insert(tier_.nodes().node_of(p.server));
+        bad_file_nodes_[p.writer].insert(tier_.nodes().node_of(p.server));
+      }
+      const int next = NextHolder(p, a);
+      if (next >= 0) {
+        p.server = next;
+        p.rebuilt = false;
+      } else if (!a.parity_tried && GroupOf(p.writer) != nullptr) {
+        p.rebuilt = true;
+        p.server = s_.holders.at(static_cast<size_t>(p.writer)).front();
+      } else {
+        lost.push_back(id);
+        continue;
+      }
+      pending->push_back(id);
+    }
+    if (lost.empty()) return OkStatus();
+    const Piece& p = pieces_[lost.front()];
+    const io::MarkerArray& a = m_.arrays[p.want->array];
+    std::string parity;
+    if (GroupOf(p.writer) == nullptr) {
+      parity = s_.parity_groups.empty() ? "; no parity is kept"
+                                        : fmt::format("; rank {} is in no parity group", p.writer);
+    }
+    return DataLoss(fmt::format(
+        "local step {}: array '{}' box {} (rank {} asked for box {}; stored box {}, in rank {}'s "
+        "file): no intact copy of it in this job: tried {}{}{}",
+        m_.step, a.name, BoxToString(p.region), p.want->rank, BoxToString(p.want->box),
+        BoxToString(a.boxes[p.box].box), p.writer, fmt::join(attempts_[lost.front()].tried, "; "),
+        parity,
+        lost.size() > 1 ? fmt::format(" (and {} more pieces without a source)", lost.size() - 1)
+                        : ""));
+  }
+
+  // A rank whose node holds writer `m`'s file, none of it known bad if it
+  // can be.
+  int HolderOf(int m) const {
+    const std::vector<int>& holders = s_.holders.at(static_cast<size_t>(m));
+    auto bad = bad_file_nodes_.find(m);
+    for (int r : holders) {
+      if (bad == bad_file_nodes_.end() || !bad->second.count(tier_.nodes().node_of(r))) return r;
+    }
+    return holders.front();
+  }
+
+  // 5, collective: the files of the writers that pieces of `pending` are now
+  // to be served from parity for (the same on every rank), rebuilt in the
+  // memory of their server (as LocalTier's Rebuild does on disk): segment k
+  // of member i is the block of member BlockOf(i, k) XOR the other members'
+  // segments in that block. Each rank first says which parity blocks its
+  // node holds whole (one all-gather). A file that cannot be rebuilt serves
+  // no piece (step 5 then has no source left for them).
+  void RebuildFromParity(const std::vector<size_t>& pending) {
+    std::set<int> writers;
+    for (size_t id : pending) {
+      const Piece& p = pieces_[id];
+      if (p.rebuilt && !rebuilds_.count(p.writer)) writers.insert(p.writer);
+    }
+    if (writers.empty()) return;
+    // Which ranks hold which blocks whole.
+    std::set<int> blocks;
+    for (int w : writers) {
+      for (int r : *GroupOf(w)) {
+        if (r != w) blocks.insert(r);
+      }
+    }
+    std::vector<int> mine;
+    for (int b : blocks) {
+      const ParityGroup group(*GroupOf(b), files_);
+      Result<uint64_t> size = io::MappedFile::Size(tier_.ParityPath(m_.step, b));
+      if (size.ok() && *size == group.segment) mine.push_back(b);
+    }
+    std::map<int, int> block_holder;  // lowest rank
+    const std::vector<std::string> all = comm_.AllGatherBytes(nlohmann::json(mine).dump());
+    for (size_t r = all.size(); r-- > 0;) {
+      for (int b : nlohmann::json::parse(all[r]).get<std::vector<int>>()) {
+        block_holder[b] = static_cast<int>(r);
+      }
+    }
+    for (int w : writers) {
+      rebuilds_.insert(w);
+      const ParityGroup group(*GroupOf(w), files_);
+      const int li = group.IndexOf(w);
+      const int rebuilder = s_.holders.at(static_cast<size_t>(w)).front();
+      const uint64_t seg = group.segment;
+      std::vector<std::string> missing;
+      for (int r : group.members) {
+        if (r != w && !block_holder.count(r)) {
+          missing.push_back(fmt::format("rank {}'s parity block", r));
+        }
+      }
+      if (!missing.empty()) {
+        rebuild_errors_[w] =
+            DataLoss(fmt::format("no node of this job holds {} whole", fmt::join(missing, ", ")));
+        continue;
+      }
+      std::vector<std::byte>* out = nullptr;
+      if (rank_ == rebuilder) {
+        out = &rebuilt_[w];
+        out->assign(files_.bytes[static_cast<size_t>(w)], std::byte{0});
+      }
+      std::string acc, buf;
+      for (int k = 0; k + 1 < group.size(); ++k) {
+        const int bi = group.BlockOf(li, k);
+        const int block = group.members[static_cast<size_t>(bi)];
+        // (path, holder, segment): the block, then the other members' segments in it.
+        std::vector<std::tuple<std::string, int, uint64_t>> sources{
+            {tier_.ParityPath(m_.step, block), block_holder.at(block), 0}};
+        for (int i = 0; i < group.size(); ++i) {
+          if (i == li || i == bi) continue;
+          const int m = group.members[static_cast<size_t>(i)];
+          sources.emplace_back(tier_.FilePath(m_.step, m), HolderOf(m),
+                               static_cast<uint64_t>(group.SegmentIn(i, bi)));
+        }
+        if (rank_ == rebuilder) acc.assign(seg, '\0');
+        for (const auto& [path, source, segment] : sources) {
+          if (rank_ != source && rank_ != rebuilder) continue;
+          if (rank_ == source) ReadSegment(path, segment, seg, &buf);
+          if (source != rebuilder) {
+            std::vector<MPI_Request> requests;
+            if (rank_ == source) {
+              comm_.PostSend(buf.data(), seg, rebuilder, kParityPieceTag, &requests);
+            } else {
+              buf.resize(seg);
+              comm_.PostReceive(buf.data(), seg, source, kParityPieceTag, &requests);
+            }
+            Comm::WaitAll(&requests);
+          }
+          if (rank_ == rebuilder) {
+            for (uint64_t i = 0; i < seg; ++i) acc[i] = static_cast<char>(acc[i] ^ buf[i]);
+          }
+        }
+        if (out != nullptr) {
+          const uint64_t at = static_cast<uint64_t>(k) * seg;
+          if (at < out->size()) {
+            std::memcpy(out->data() + at, acc.data(), std::min<uint64_t>(seg, out->size() - at));
+          }
+        }
+      }
+    }
+  }
+
+  // Segment `k` (of `seg` bytes, zero past the file's end) of the file at
+  // `path` on this node; zeros if it cannot be read (the rebuilt chunks then
+  // fail their checks, and say so).
+  void ReadSegment(const std::string& path, uint64_t k, uint64_t seg, std::string* out) {
+    out->assign(seg, '\0');
+    auto it = parity_inputs_.find(path);
+    if (it == parity_inputs_.end()) {
+      Result<io::MappedFile> f = io::MappedFile::OpenForReading(path);
+      if (!f.ok()) {
+        Logger()->warn("mhckpt: local step {}: rank {}: parity rebuild: {}", m_.step, rank_,
+                       f.status().ToString());
+        return;
+      }
+      it = parity_inputs_.emplace(path, std::move(f).value()).first;
+    }
+    const uint64_t at = k * seg;
+    if (at < it->second.size()) {
+      std::memcpy(out->data(), it->second.data() + at, std::min(seg, it->second.size() - at));
+    }
+  }
+
+  // Rank 0, after a restore that needed other sources: one line.
+  void LogFallbacks() const {
+    if (rank_ != 0 || attempts_.empty()) return;
+    const auto& [id, a] = *attempts_.begin();
+    const Piece& p = pieces_[id];
+    Logger()->warn(
+        "mhckpt: local step {}: {} piece(s) served from another source than the first; e.g. "
+        "array '{}' box {}: {} -> served from {}",
+        m_.step, attempts_.size(), m_.arrays[p.want->array].name, BoxToString(p.region),
+        a.tried.front(), SourceName(p));
   }
 
   Status FillDevices() {
@@ -334,17 +665,29 @@ class LocalRestoreRun {
   const WriterFiles files_;
 
   std::vector<Want> wants_;
-  std::vector<Piece> pieces_;  // those this rank serves or receives, in want order
+  std::vector<Piece> pieces_;  // every rank's, in want order: the same on every rank
+  std::vector<size_t> round_;  // this round's pieces this rank serves or receives
   std::vector<std::byte*> dest_;
   std::vector<size_t> dest_start_;  // per request array: its first in dest_
   std::map<size_t, size_t> request_of_array_;
   std::vector<std::vector<std::byte>> device_copies_;  // moves keep their data()
   std::map<int, io::MappedFile> mapped_;               // writer -> its file on this node
-  std::set<std::tuple<size_t, size_t, int64_t>> checked_;
+  std::map<int, Status> open_errors_;                  // writer -> why its file cannot serve
+  // (rebuilt, array, box, chunk) -> the outcome of its check.
+  std::map<std::tuple<bool, size_t, size_t, int64_t>, Status> checked_;
   std::map<int, std::string> out_;         // asker -> the packed pieces served to it
   std::vector<MPI_Request> direct_sends_;  // the pieces sent as they are, then the packs
   std::vector<std::byte> zeros_;
-  Status local_;
+  Status local_;  // this rank's first error that is not about the stored bytes
+
+  // Step 5.
+  std::vector<std::pair<size_t, std::string>> failed_;  // this round, as server
+  std::map<size_t, Attempts> attempts_;                 // agreed
+  std::map<int, std::set<int>> bad_file_nodes_;         // writer -> nodes (agreed)
+  std::set<int> rebuilds_;                              // writers rebuilt (agreed)
+  std::map<int, Status> rebuild_errors_;                // writer -> why not (agreed)
+  std::map<int, std::vector<std::byte>> rebuilt_;       // writer -> its file, on its rebuilder
+  std::map<std::string, io::MappedFile> parity_inputs_;
 };
 
 }  // namespace

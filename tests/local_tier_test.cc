@@ -245,20 +245,25 @@ TEST(TwoTiers, ResumesOnFewerNodes) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
-// A flipped byte in a node's copy: an agreed DataLoss naming the array.
+// A flipped byte in every node's copy of one file (rank 0's own, and the
+// copy another node keeps): an agreed DataLoss naming the array. (One damaged
+// copy is served from another: fallback_test.)
 TEST(TwoTiers, DamagedLocalBytesAreAnAgreedDataLoss) {
   const std::string dir = FreshDir();
   SaveTwoSteps(OpenTwoTier(dir));
   if (Rank() == 0) {
-    // Node 0 holds rank 0's own file, which serves rank 0's rows of "w".
-    std::fstream f(io::StepDir(dir + "/node0", 1) + "/w0.bin",
-                   std::ios::in | std::ios::out | std::ios::binary);
-    char c = 0;
-    f.seekg(3);
-    f.read(&c, 1);
-    c = static_cast<char>(c ^ 0x10);
-    f.seekp(3);
-    f.write(&c, 1);
+    for (int n = 0; n < NodeCount(Size()); ++n) {
+      // Rank 0's file, which serves rank 0's rows of "w", where a node holds it.
+      const std::string path = io::StepDir(dir + "/node" + std::to_string(n), 1) + "/w0.bin";
+      if (!std::filesystem::exists(path)) continue;
+      std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+      char c = 0;
+      f.seekg(3);
+      f.read(&c, 1);
+      c = static_cast<char>(c ^ 0x10);
+      f.seekp(3);
+      f.write(&c, 1);
+    }
   }
   MPI_Barrier(MPI_COMM_WORLD);
   auto m = OpenTwoTier(dir);
