@@ -547,7 +547,10 @@ class CheckpointManager {
   };
   /// Local. CommittedSteps, with the tiers of each.
   [[nodiscard]] Result<std::vector<StepTiers>> Steps() const;
-  /// Local. The newest committed step, or nullopt if none. Errors as
+  /// Local. The newest committed step (in either tier), or nullopt if none.
+  /// Committed, not verified: its bytes are checked only when it is restored
+  /// (or verified), and a damaged copy of it may fail that; RestoreLatest
+  /// restores the newest step that restores intact. Errors as
   /// CommittedSteps.
   [[nodiscard]] Result<std::optional<int64_t>> LatestStep() const;
 
@@ -571,6 +574,29 @@ class CheckpointManager {
   /// destinations' contents are unspecified.
   Status Restore(int64_t step, std::span<const ArrayToRestore> arrays,
                  const RestoreOptions& options = {});
+
+  /// Collective. Waits for pending saves, then restores the newest committed
+  /// step that restores intact, and returns it: the candidates are tried
+  /// newest first — for a step in both tiers the local tier first, each
+  /// damaged piece of a local step served from another node's copy or
+  /// rebuilt from parity — and a step that cannot be served whole (DataLoss
+  /// or NotFound of its marker or of a piece) is skipped with one log line
+  /// on rank 0 naming the step, the tier and why; the same choice on every
+  /// rank. `options` apply to every attempt, but every byte is checked
+  /// (verify_checksums is taken as true), and `options.source` limits the
+  /// candidates to one tier. `arrays` describe the job's state, as for
+  /// Restore, and must match every candidate step (the names, dtypes and
+  /// shapes each holds; a checkpointer's steps of one run do): a step they
+  /// do not match is the caller's error, returned, not skipped (falling back
+  /// past it would roll training back further than any damage asks).
+  /// Errors, on every rank: NotFound if no committed step restores (naming
+  /// each step skipped and why); NotFound or InvalidArgument as Restore for
+  /// requests that do not match the candidate tried (an array it lacks, a
+  /// dtype or box it does not hold); IoError if the shared root cannot be
+  /// listed or read; Internal. On an error the destinations' contents are
+  /// unspecified.
+  Result<int64_t> RestoreLatest(std::span<const ArrayToRestore> arrays,
+                                const RestoreOptions& options = {});
 
   /// Collective. Waits for pending saves, then checks committed step `step`
   /// against its commit marker: the marker parses and names the step, its

@@ -83,6 +83,10 @@ class ManagerImpl {
   /// Collective, on the I/O thread after pending saves (restore.cc).
   Status Restore(int64_t step, std::span<const ArrayToRestore> arrays,
                  const RestoreOptions& options);
+  /// Collective, on the I/O thread after pending saves (restore_latest.cc):
+  /// CheckpointManager::RestoreLatest.
+  Result<int64_t> RestoreLatest(std::span<const ArrayToRestore> arrays,
+                                const RestoreOptions& options);
   /// Collective, on the I/O thread after pending saves (verify.cc).
   Status Verify(int64_t step, const VerifyOptions& options, VerifyReport* report);
   /// Collective, after Adopt, with Options::local_dir: opens the local tier
