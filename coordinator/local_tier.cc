@@ -197,6 +197,7 @@ Status LocalTier::Open(const Comm& comm, const Options& options) {
       MHCKPT_RETURN_IF_ERROR(store_->CheckWritable());
       MHCKPT_ASSIGN_OR_RETURN(
           ownership_, store_->Acquire({options.root_lease_seconds, options.root_wait_seconds}));
+      MHCKPT_RETURN_IF_ERROR(fault::Hit("local_open"));
       MHCKPT_ASSIGN_OR_RETURN(std::vector<int64_t> garbage, store_->StepsWithoutMarker());
       for (int64_t g : garbage) MHCKPT_RETURN_IF_ERROR(store_->RemoveStep(g));
       MHCKPT_ASSIGN_OR_RETURN(std::vector<std::string> retired, store_->RetiredSteps());
@@ -437,6 +438,12 @@ nlohmann::json LocalTier::Recover(const std::vector<std::string>& reports) const
     Logger()->warn(
         "mhckpt: the job runs on one node: the local tier has no other node to keep copies or "
         "parity on, so it survives process crashes but not the loss of the node");
+  } else if (const std::vector<int> alone = Unprotected(); !alone.empty()) {
+    Logger()->warn(
+        "mhckpt: rank(s) {} of {} have no parity group (alone at their position on nodes of "
+        "unequal size): their boxes are kept on their own node only, so a local step does not "
+        "survive the loss of that node",
+        fmt::join(alone, ","), nodes_.ranks());
   }
   return view;
 }
@@ -541,13 +548,10 @@ Status LocalTier::Write(const Comm& comm, const io::Marker& plan, const StagedBo
                         std::vector<BoxSum>* sums) {
   const int rank = comm.rank();
   const int64_t step = plan.step;
-  // 1. The step directory on every node: the oldest local step's, recycled,
-  // when this commit would drop it anyway (its files keep their pages).
-  const std::optional<int64_t> recycled = TakeOldestToRecycle();
+  // 1. The step directory on every node: the spare, recycled (its files keep
+  // their pages), or a fresh one. No committed step is touched.
   Status s;
-  if (nodes_.leads(rank)) {
-    s = recycled ? RecycleStep(rank, *recycled, step) : store_->CreateStep(step);
-  }
+  if (nodes_.leads(rank)) s = MakeStepDir(rank, step);
   if (!s.ok()) s = Status(s.code(), fmt::format("rank {}: local dir: {}", rank, s.message()));
   if (s.ok()) s = fault::Hit("local_create");
   if (Status agreed = AgreeAll(s, comm); !agreed.ok()) return s.ok() ? agreed : s;
@@ -702,29 +706,19 @@ Status LocalTier::Commit(const Comm& comm, const io::Marker& marker, const std::
   return OkStatus();
 }
 
-std::optional<int64_t> LocalTier::TakeOldestToRecycle() {
-  // Only when another step stays: with local_max_to_keep = 1 the newest
-  // step must survive until the new one is committed.
-  std::lock_guard<std::mutex> lock(mu_);
-  if (keep_ < 2 || static_cast<int>(view_.size()) < keep_) return std::nullopt;
-  const int64_t oldest = view_.begin()->first;
-  view_.erase(view_.begin());
-  return oldest;
-}
-
-// The node's lowest rank: step `old_step` becomes the directory of
-// `new_step`. Its marker goes first, durably (it is no longer a step), then
-// the directory is renamed, and the files this node will not write again are
-// removed: what is left is overwritten in place.
-Status LocalTier::RecycleStep(int rank, int64_t old_step, int64_t new_step) {
-  const std::string from = io::StepDir(dir_, old_step), to = io::StepDir(dir_, new_step);
+// The node's lowest rank: the spare (a retired directory, no marker, out of
+// the listing) becomes the directory of `new_step`, and the files this node
+// will not write again are removed: what is left is overwritten in place.
+// Without a spare, a fresh directory. A crash in between leaves a step
+// directory without a marker, which Open removes.
+Status LocalTier::MakeStepDir(int rank, int64_t new_step) {
+  const std::string to = io::StepDir(dir_, new_step);
   if (io::PathExists(io::MarkerPath(dir_, new_step))) {
     return AlreadyExists(fmt::format("local step {} is committed in '{}'", new_step, dir_));
   }
-  if (!io::PathExists(io::MarkerPath(dir_, old_step))) return store_->CreateStep(new_step);
+  const std::string from = std::exchange(spare_, std::string());
+  if (from.empty() || !io::PathExists(from)) return store_->CreateStep(new_step);
   MHCKPT_RETURN_IF_ERROR(io::RemoveAll(to));
-  MHCKPT_RETURN_IF_ERROR(io::RemoveFile(io::MarkerPath(dir_, old_step)));
-  MHCKPT_RETURN_IF_ERROR(io::FsyncDir(from));
   MHCKPT_RETURN_IF_ERROR(io::Rename(from, to));
   MHCKPT_RETURN_IF_ERROR(io::FsyncDir(dir_));
   std::set<std::string> writes;
@@ -748,20 +742,90 @@ void LocalTier::Abandon(const Comm& comm, int64_t step) {
   }
 }
 
+// Save step 5, after an agreed commit: the steps past the newest keep_ leave
+// the view unless held on some rank; the node's lowest rank keeps the first
+// it drops as the spare of the next save's step 1 and removes the rest.
 void LocalTier::Keep(const Comm& comm) {
+  std::vector<int64_t> past, held;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto extra = static_cast<int64_t>(view_.size()) - keep_;
+    for (auto it = view_.begin(); extra > 0; ++it, --extra) {
+      past.push_back(it->first);
+      held.push_back(holds_.count(it->first) > 0 ? 1 : 0);
+    }
+  }
+  // Why a vote: a step held on any rank stays on every node, and the view
+  // stays the same on every rank (`past` is: the view is agreed).
+  if (past.empty()) return;
+  comm.AllreduceMax(&held);
   std::vector<int64_t> drop;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    while (static_cast<int>(view_.size()) > keep_) {
-      drop.push_back(view_.begin()->first);
-      view_.erase(view_.begin());
+    for (size_t i = 0; i < past.size(); ++i) {
+      if (held[i] != 0) continue;
+      view_.erase(past[i]);
+      drop.push_back(past[i]);
     }
   }
   if (!nodes_.leads(comm.rank())) return;
   for (int64_t step : drop) {
-    Status s = store_->DeleteStep(step);
+    Status s;
+    if (spare_.empty()) {
+      Result<std::string> retired = store_->RetireStep(step);
+      s = retired.status();
+      if (retired.ok()) spare_ = std::move(retired).value();
+    } else {
+      s = store_->DeleteStep(step);
+    }
     if (!s.ok()) Logger()->warn("mhckpt: local step {}: {}", step, s.ToString());
   }
+}
+
+LocalTier::Hold& LocalTier::Hold::operator=(Hold&& o) noexcept {
+  if (this != &o) {
+    Release();
+    tier_ = std::exchange(o.tier_, nullptr);
+    step_ = o.step_;
+  }
+  return *this;
+}
+
+void LocalTier::Hold::Release() {
+  if (tier_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(tier_->mu_);
+  auto it = tier_->holds_.find(step_);
+  if (it != tier_->holds_.end() && --it->second == 0) tier_->holds_.erase(it);
+  tier_ = nullptr;
+}
+
+LocalTier::Hold LocalTier::HoldStep(int64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++holds_[step];
+  return Hold(this, step);
+}
+
+bool LocalTier::IsHeld(int64_t step) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return holds_.count(step) > 0;
+}
+
+std::vector<int> LocalTier::Unprotected() const {
+  const int world = nodes_.ranks();
+  std::vector<bool> covered(static_cast<size_t>(world), false);
+  if (parity_ > 0) {
+    for (const std::vector<int>& g : nodes_.ParityGroups(parity_)) {
+      for (int r : g) covered[static_cast<size_t>(r)] = true;
+    }
+  } else {
+    for (int r = 0; r < world; ++r)
+      covered[static_cast<size_t>(r)] = !nodes_.CopyHolders(r, copies_).empty();
+  }
+  std::vector<int> out;
+  for (int r = 0; r < world; ++r) {
+    if (!covered[static_cast<size_t>(r)]) out.push_back(r);
+  }
+  return out;
 }
 
 void LocalTier::Add(int64_t step, std::shared_ptr<const LocalStep> s) {

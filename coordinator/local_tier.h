@@ -11,12 +11,13 @@
 // its own ranks and of the ranks it keeps copies for (Nodes::CopyHolders).
 //
 // The save of a local step (collective, on the I/O thread, after the plan):
-//   1. Each node's lowest rank creates the step directory; one agreement.
-//      When the node holds local_max_to_keep (>= 2) steps, the oldest, which
-//      this commit would drop, is recycled instead: its marker removed, its
-//      directory renamed to the new step's, and the files the node writes
-//      again kept, to be overwritten in place (fresh pages of a tmpfs cost a
-//      fault and a cleared page each; reused ones cost nothing).
+//   1. Each node's lowest rank makes the step directory; one agreement. If
+//      the node has a spare — the directory of a step that an earlier,
+//      agreed commit dropped from the view (step 5) — it is renamed to the
+//      new step's, and the files the node writes again are kept, to be
+//      overwritten in place (fresh pages of a tmpfs cost a fault and a
+//      cleared page each; reused ones cost nothing). No committed step is
+//      touched before this save's commit is agreed.
 //   2. Each rank maps its own file (reserved in full first: a full tmpfs is
 //      an error here, not a SIGBUS later), copies its planned boxes into it
 //      and hashes them, and maps the files it receives; one agreement.
@@ -27,8 +28,28 @@
 //      lowest rank makes the step's names durable and puts the marker
 //      (io::RootStore::PutMarker); one agreement. The step is committed in
 //      the local tier once that agreement says every node put its marker.
-//      On a failure the nodes remove the step.
-//   5. Each node keeps its newest Options::local_max_to_keep steps.
+//      On a failure the nodes remove the step; every earlier step of the
+//      view stays as it was.
+//   5. Retention: the steps older than the newest Options::local_max_to_keep
+//      leave the view, except a step held on any rank (Hold: a drain, a
+//      restore or a rebuild still reads its files), which stays until a later
+//      save finds it unheld; one vote (max over the ranks) makes the choice
+//      the same everywhere. Each node's lowest rank retires the first step it
+//      drops (marker removed durably, directory renamed out of the listing)
+//      and keeps it as the spare of step 1 (one at most); it removes the
+//      others.
+//
+// Holds: a reader of a local step's files outside the collective that
+// serves it (the drain thread reading a rank's own file) holds the step
+// (Hold); step 5 never drops, and so step 1 never recycles, a step held on
+// any rank. Restores and rebuilds run on the I/O thread between agreements,
+// where no save runs, and may hold too.
+//
+// Unprotected ranks: with parity, a rank alone at its position in a run of
+// nodes has no parity group, and a job on one node has no other node for
+// copies; Open says so once (rank 0). Such a rank's boxes live only on its
+// own node: a step stays restorable from the local tier only while that node
+// is (Recovery finds the step lost otherwise and falls back).
 //
 // Recovery (Open, collective): each node's lowest rank takes ownership of
 // its local dir, removes steps without a marker, and reports its committed
@@ -36,7 +57,8 @@
 // size); rank 0 finds the steps whose every writer file survives on some
 // node of this job, or can be rebuilt from its parity group — at any world
 // size — and broadcasts that view, with each such step's marker; lost files
-// are rebuilt (Rebuild). Nodes may hold two saves of one step number (a job
+// are rebuilt (Rebuild). Open's collectives are watched by the watchdog as
+// the save's are (ManagerImpl::OpenLocalTier). Nodes may hold two saves of one step number (a job
 // that could not restore a local step saved it again while a node outside
 // that job kept the older save): the newest save (its marker's creation
 // time, so the clocks of the jobs' rank-0 hosts must agree) is the step.
@@ -52,6 +74,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -79,6 +102,8 @@ class Nodes {
   Nodes() = default;
 
   [[nodiscard]] int count() const { return static_cast<int>(ranks_.size()); }
+  /// The number of ranks.
+  [[nodiscard]] int ranks() const { return static_cast<int>(node_of_.size()); }
   [[nodiscard]] int node_of(int rank) const { return node_of_[static_cast<size_t>(rank)]; }
   [[nodiscard]] const std::vector<int>& ranks_of(int node) const {
     return ranks_[static_cast<size_t>(node)];
@@ -171,6 +196,38 @@ class LocalTier {
   /// Collective: removes step `step` on every node (a failed save).
   void Abandon(const Comm& comm, int64_t step);
 
+  /// Keeps local step `step`'s files as they are while it lives: no save
+  /// recycles or removes a held step on any node (save step 5 votes over
+  /// every rank's holds). Move-only; releasing it is local and never blocks.
+  /// Take it on the I/O thread (or before handing the reader to another
+  /// thread), so that the next save's vote sees it.
+  class Hold {
+   public:
+    Hold() = default;
+    Hold(Hold&& o) noexcept : tier_(std::exchange(o.tier_, nullptr)), step_(o.step_) {}
+    Hold& operator=(Hold&& o) noexcept;
+    Hold(const Hold&) = delete;
+    Hold& operator=(const Hold&) = delete;
+    ~Hold() { Release(); }
+    /// Lets go of the step now (a no-op if empty).
+    void Release();
+    [[nodiscard]] bool held() const { return tier_ != nullptr; }
+
+   private:
+    friend class LocalTier;
+    Hold(LocalTier* tier, int64_t step) : tier_(tier), step_(step) {}
+    LocalTier* tier_ = nullptr;
+    int64_t step_ = -1;
+  };
+  /// Holds `step` on this rank (any thread; `step` need not be in the view).
+  [[nodiscard]] Hold HoldStep(int64_t step);
+  /// Whether `step` is held on this rank (any thread).
+  [[nodiscard]] bool IsHeld(int64_t step) const;
+
+  /// The ranks whose boxes live on their own node only (no copy, no parity
+  /// group), ascending; empty when every rank is protected.
+  [[nodiscard]] std::vector<int> Unprotected() const;
+
   /// The steps the local tier can restore, ascending (any thread).
   [[nodiscard]] std::vector<int64_t> Steps() const;
   /// The local step `step`, or null (any thread).
@@ -198,12 +255,9 @@ class LocalTier {
   Status Rebuild(const Comm& comm, const LocalStep& s, int lost, int rebuilder,
                  const std::vector<std::vector<int>>& parity_holders);
   void Keep(const Comm& comm);  // save step 5
-  // Save step 1: the oldest local step, out of the view, when this save's
-  // commit would drop it (local_max_to_keep >= 2 steps held), or nullopt.
-  std::optional<int64_t> TakeOldestToRecycle();
-  // Save step 1, the node's lowest rank: step `old_step`'s directory made
-  // `new_step`'s, its files kept to be overwritten.
-  Status RecycleStep(int rank, int64_t old_step, int64_t new_step);
+  // Save step 1, the node's lowest rank: the spare directory (spare_) made
+  // `new_step`'s, its files kept to be overwritten; or a fresh directory.
+  Status MakeStepDir(int rank, int64_t new_step);
   void Add(int64_t step, std::shared_ptr<const LocalStep> s);
 
   const std::string dir_;
@@ -214,8 +268,13 @@ class LocalTier {
   std::unique_ptr<io::RootStore> store_;          // this node's dir (its lowest rank)
   std::unique_ptr<io::RootOwnership> ownership_;  // its lock and lease (its lowest rank)
 
+  // The node's lowest rank, I/O thread: the retired directory of a step that
+  // save step 5 dropped, for step 1 to recycle ("" if none).
+  std::string spare_;
+
   mutable std::mutex mu_;
   std::map<int64_t, std::shared_ptr<const LocalStep>> view_;  // agreed
+  std::map<int64_t, int> holds_;                              // this rank's (Hold)
 };
 
 /// Collective: fills the destinations of `arrays` from local step `s`
