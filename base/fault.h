@@ -10,6 +10,9 @@
 //
 // Points (where the protocol calls Hit):
 //   after_snapshot  Save has copied, before the job is queued (caller thread)
+//   copier_thread   a lazy save is about to start its copying thread (any
+//                   error action: the thread is refused, the copy runs on the
+//                   caller's thread)
 //   lazy_copy       a lazy save's copying thread is about to copy
 //   plan            the I/O thread starts the plan round
 //   mid_write       this rank has written at least after_bytes of its boxes
@@ -19,6 +22,7 @@
 //   before_marker   every rank reported; rank 0 is about to write the marker
 //   mid_marker      commit.json.tmp written and fsynced, not yet renamed
 //   retention       a step's marker is unlinked, its files not yet removed
+//   local_open      local tier: Open, a node's lowest rank owns its local dir
 //   local_create    local tier: the node's step directory is made (its lowest rank)
 //   local_write     local tier: this rank's file w<R>.bin is written and hashed
 //   local_exchange  local tier: the copies (or parity segments) are exchanged

@@ -263,14 +263,14 @@ void ManagerImpl::RecordSave(const Status& s, const SaveTimings& t, bool retenti
   if (first_error_.ok()) first_error_ = s;
   last_timings_ = t;
   --saves_in_flight_;
-  if (retention_follows) retention_pending_ = true;
+  if (retention_follows) ++retentions_pending_;
   saves_cv_.notify_all();
 }
 
 void ManagerImpl::RecordRetention(double seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   last_timings_.gc = seconds;
-  retention_pending_ = false;
+  --retentions_pending_;
   saves_cv_.notify_all();
 }
 
@@ -290,24 +290,28 @@ void ManagerImpl::SubmitSave(std::shared_ptr<SaveJob> job, std::string where) {
     // A lazy save's copy ends before this rank enters the plan round.
     if (job->copier.joinable()) job->copier.join();
     Status s = Guarded(where, [&] { return RunSave(*job); });
-    // Release staging memory before reporting (a drain that still reads it
-    // releases it when it ends).
+    // Release staging memory before reporting. A drain reads the rank's
+    // local file, never the snapshot (SaveRun::HandOff), so it goes back
+    // now whatever the shared root does.
     const bool drains = static_cast<bool>(job->drain);
-    if (!drains) job->snapshot = Snapshot();
+    job->snapshot = Snapshot();
     // A drain is counted before the save is recorded (WaitUntilFinished then
     // sees it), and starts after (it writes the job's timings).
-    if (drains) BeginDrain();
-    const bool retain = s.ok() && comm_.rank() == 0 && options_.max_to_keep > 0 && !drains;
+    if (drains) BeginDrain(job->step);
+    // Retention runs on one thread: in drain mode the drain thread, the only
+    // one that commits to the shared root then (a save there that stays
+    // local changes nothing retention looks at).
+    const bool retain = s.ok() && comm_.rank() == 0 && options_.max_to_keep > 0 && !DrainMode();
     RecordSave(s, job->timings, retain);
     if (retain) RunRetention(job->step);
     if (drains) {
       // The shared root's part goes on beside the I/O thread (DrainMode).
       drain_->Submit([this, job, where] {
         Status d = Guarded(where, [&] { return job->drain(); });
-        job->drain = nullptr;  // frees the save's state
-        job->snapshot = Snapshot();
-        EndDrain(job->step, d, job->timings);
-        if (d.ok() && comm_.rank() == 0 && options_.max_to_keep > 0) RunRetention(job->step);
+        job->drain = nullptr;  // frees the save's state (its hold on the local step)
+        const bool retain = d.ok() && comm_.rank() == 0 && options_.max_to_keep > 0;
+        EndDrain(job->step, d, job->timings, retain);
+        if (retain) RunRetention(job->step);
       });
     }
   };
@@ -325,18 +329,32 @@ Status ManagerImpl::WaitUntilFinished() {
   Status s;
   int64_t late = -1;
   {
-    // Every save recorded and its retention done (rank 0): a step committed
-    // before the call is listed, a step retention deletes is not.
+    // Every save recorded and (without a drain) its retention done (rank 0):
+    // a step committed before the call is listed, a step retention deletes
+    // is not.
     std::unique_lock<std::mutex> lock(mu_);
-    saves_cv_.wait(lock, [this] { return saves_in_flight_ == 0 && !retention_pending_; });
-    if (drain_) {
-      // The shared root's parts, at most persistent_deadline_seconds more.
-      const auto deadline =
-          std::chrono::steady_clock::now() +
-          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-              std::chrono::duration<double>(options_.persistent_deadline_seconds));
-      saves_cv_.wait_until(lock, deadline, [this] { return drains_queued_ == 0; });
-      late = draining_step_ >= 0 && !abandoned_.count(draining_step_) ? draining_step_ : -1;
+    saves_cv_.wait(lock, [this] {
+      return saves_in_flight_ == 0 && (drain_ != nullptr || retentions_pending_ == 0);
+    });
+    // Drain mode: every shared root's part handed off before the call (all
+    // are: each save is recorded after its hand-off), and the retention
+    // after it. Each part has persistent_deadline_seconds from its own
+    // start; one still queued waits for the one before it. When the drain
+    // thread's current work is past its deadline, the first part not ended
+    // nor abandoned is late: it (and every part after it) is abandoned below.
+    while (drain_) {
+      const bool drains_left = FirstUnabandonedLocked() >= 0;
+      if (!drains_left && retentions_pending_ == 0) break;
+      const auto due = DrainDueLocked();
+      if (due && std::chrono::steady_clock::now() >= *due) {
+        late = FirstUnabandonedLocked();  // -1: only a late retention, not waited for
+        break;
+      }
+      if (due) {
+        saves_cv_.wait_until(lock, *due);
+      } else {
+        saves_cv_.wait(lock);
+      }
     }
     s = first_error_;
     first_error_ = OkStatus();
@@ -365,21 +383,29 @@ void ManagerImpl::StartDrain(Comm comm) {
   drain_ = std::make_unique<IoThread>();
 }
 
-void ManagerImpl::BeginDrain() {
+void ManagerImpl::BeginDrain(int64_t step) {
   std::lock_guard<std::mutex> lock(mu_);
-  ++drains_queued_;
+  drains_.push_back(step);
 }
 
 void ManagerImpl::MarkDrainStarted(int64_t step) {
   std::lock_guard<std::mutex> lock(mu_);
   draining_step_ = step;
   drain_started_ = std::chrono::steady_clock::now();
+  saves_cv_.notify_all();  // WaitUntilFinished: a new deadline
 }
 
-void ManagerImpl::EndDrain(int64_t step, const Status& s, const SaveTimings& t) {
+void ManagerImpl::EndDrain(int64_t step, const Status& s, const SaveTimings& t,
+                           bool retention_follows) {
   std::lock_guard<std::mutex> lock(mu_);
-  --drains_queued_;
+  if (auto it = std::find(drains_.begin(), drains_.end(), step); it != drains_.end()) {
+    drains_.erase(it);
+  }
   draining_step_ = -1;
+  if (retention_follows) {
+    ++retentions_pending_;
+    drain_started_ = std::chrono::steady_clock::now();  // the retention's deadline
+  }
   // LastSaveTimings: the shared root's part of the latest drained save.
   last_timings_.write = t.write;
   last_timings_.flush = t.flush;
@@ -394,21 +420,44 @@ void ManagerImpl::EndDrain(int64_t step, const Status& s, const SaveTimings& t) 
   saves_cv_.notify_all();
 }
 
-std::pair<int64_t, bool> ManagerImpl::DrainState() const {
+std::optional<std::chrono::steady_clock::time_point> ManagerImpl::DrainDueLocked() const {
+  // The drain thread runs one thing at a time: a part, or the retention
+  // after one (rank 0); each has the deadline from its own start.
+  if (draining_step_ < 0 && retentions_pending_ == 0) return std::nullopt;
+  return drain_started_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(options_.persistent_deadline_seconds));
+}
+
+int64_t ManagerImpl::FirstUnabandonedLocked() const {
+  for (int64_t step : drains_) {
+    if (!abandoned_.count(step)) return step;
+  }
+  return -1;
+}
+
+std::pair<bool, int64_t> ManagerImpl::DrainState() const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (draining_step_ < 0) return {-1, drains_queued_ > 0};
-  const double age =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - drain_started_).count();
-  return {age > options_.persistent_deadline_seconds ? draining_step_ : -1, true};
+  const auto due = DrainDueLocked();
+  if (!due || std::chrono::steady_clock::now() < *due) return {false, -1};
+  return {true, FirstUnabandonedLocked()};
 }
 
 Status ManagerImpl::Abandon(int64_t step, int rank) {
   std::lock_guard<std::mutex> lock(mu_);
   const bool first = abandoned_.insert(step).second;
+  // The parts queued behind it would wait for it: abandoned with it (each
+  // skips the shared root when its turn comes; SaveRun::Drain).
+  std::vector<int64_t> behind;
+  for (int64_t s : drains_) {
+    if (s > step && abandoned_.insert(s).second) behind.push_back(s);
+  }
   Status s = IoError(fmt::format(
-      "step {}: the shared root's write did not end within {} s (on rank {}): abandoned; the "
-      "step stays in the local tier and training goes on",
-      step, options_.persistent_deadline_seconds, rank));
+      "step {}: the shared root's write did not end within {} s of its start (on rank {}): "
+      "abandoned{}; the step stays in the local tier and training goes on",
+      step, options_.persistent_deadline_seconds, rank,
+      behind.empty() ? std::string()
+                     : fmt::format(", with the writes of step(s) {} queued behind it",
+                                   fmt::join(behind, ","))));
   if (first && comm_.rank() == 0) Logger()->error("mhckpt: {}", s.ToString());
   return first ? s : OkStatus();
 }
@@ -425,7 +474,18 @@ bool ManagerImpl::IsAbandoned(int64_t step) const {
 
 void ManagerImpl::WaitForRetention() {
   std::unique_lock<std::mutex> lock(mu_);
-  saves_cv_.wait(lock, [this] { return !retention_pending_; });
+  for (;;) {
+    if (retentions_pending_ == 0) return;
+    // Drain mode: a retention stuck on the shared root past the deadline is
+    // not waited for (the listing is then the store's, as it is).
+    const auto due = drain_ ? DrainDueLocked() : std::nullopt;
+    if (due && draining_step_ < 0 && std::chrono::steady_clock::now() >= *due) return;
+    if (due && draining_step_ < 0) {
+      saves_cv_.wait_until(lock, *due);
+    } else {
+      saves_cv_.wait(lock);
+    }
+  }
 }
 
 Status ManagerImpl::Restore(int64_t step, std::span<const ArrayToRestore> arrays,
@@ -446,6 +506,9 @@ Status ManagerImpl::Verify(int64_t step, const VerifyOptions& options, VerifyRep
 
 Status ManagerImpl::OpenLocalTier() {
   return RunOnIoThread([&] {
+    // Bounded like every collective phase of the I/O thread: a node's
+    // lowest rank stuck on its local dir must not leave the others waiting.
+    Watchdog::Guard phase(watchdog_, "local open", -1);
     Status s = Guarded(fmt::format("rank {}: local tier", comm_.rank()),
                        [&] { local_ = std::make_unique<LocalTier>(options_); });
     MHCKPT_RETURN_IF_ERROR(AgreeAll(s, comm_));
@@ -668,11 +731,13 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
   // (SubmitSave) before the plan round.
   auto copy = [job_ptr = job.get(), copies = std::move(copies), so, state, watch, mark,
                check = save_options.check_after_copy, on_copied = save_options.on_copied,
-               pool = &impl_->pool(), where] {
-    // The lowest priority (its copy threads inherit it): on busy cores the
-    // copy yields to the caller's compute; a caller waiting on the fence
-    // leaves it the core.
-    (void)setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 19);
+               pool = &impl_->pool(), where](bool own_thread) {
+    // On a thread of its own, the lowest priority (its copy threads inherit
+    // it): on busy cores the copy yields to the caller's compute; a caller
+    // waiting on the fence leaves it the core. Never on the caller's thread,
+    // whose priority is the caller's (and, unprivileged, could not be
+    // raised back).
+    if (own_thread) (void)setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 19);
     auto start = std::chrono::steady_clock::now();
     Status s = Guarded(where, [&] {
       MHCKPT_RETURN_IF_ERROR(fault::Hit("lazy_copy"));
@@ -690,11 +755,15 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
     state->Complete(s);
   };
   auto task = std::make_shared<decltype(copy)>(std::move(copy));
-  try {
-    job->copier = std::thread([task] { (*task)(); });
-  } catch (const std::system_error&) {
-    (*task)();  // no thread to be had: copy here
+  bool started = false;
+  if (fault::Hit("copier_thread").ok()) {  // a test's stand-in for a refused thread
+    try {
+      job->copier = std::thread([task] { (*task)(true); });
+      started = true;
+    } catch (const std::system_error&) {
+    }
   }
+  if (!started) (*task)(false);  // no thread to be had: copy here, at the caller's priority
   impl_->SubmitSave(std::move(job), where);
   return local;
 }

@@ -219,7 +219,12 @@ struct Options {
   /// overrides it per save. The same on every rank (Open checks).
   int persistent_every = 1;
   /// Steps the local tier keeps on each node (node memory is small), newest
-  /// first; at least 1.
+  /// first; at least 1. A step still read by a drain (or a restore) is kept
+  /// past this count until it is released. A save never touches an older
+  /// committed step before its own commit is agreed, so a node's local dir
+  /// holds up to local_max_to_keep + 1 steps: the dropped step is kept as a
+  /// spare whose files the next save overwrites in place (a tmpfs then
+  /// reuses its pages).
   int local_max_to_keep = 2;
   /// Copies of each rank's boxes on other nodes (the next nodes of a ring
   /// over the nodes). A job on one node has no other node to copy to: its
@@ -233,17 +238,25 @@ struct Options {
   /// position on the nodes of a run form a parity group. Each member keeps
   /// a parity block of 1/(g-1) of the group's largest file, so the group
   /// survives the loss of any one of its nodes for 1/(g-1) of the memory of
-  /// a copy. A rank alone at its position in a run is not protected. The same
-  /// on every rank (Open checks).
+  /// a copy. A rank alone at its position in a run (nodes of unequal size) is
+  /// not protected: its boxes are on its own node only, Open says so once in
+  /// the log (rank 0), and a local step does not survive the loss of that
+  /// node (Steps no longer lists it as local; a restore falls back to the
+  /// shared root). The same on every rank (Open checks).
   int local_parity_group = 0;
   /// With `local_dir`: > 0 moves the shared root's part of a save (write,
-  /// flush, commit) onto a thread of its own, so that a stuck shared file
-  /// system does not stop training. WaitUntilFinished then waits for that
-  /// part at most this many seconds; a part still unfinished on any rank by
-  /// then (or when the next save to the shared root starts) is abandoned with
-  /// an agreed IoError naming the step and the rank — the step stays in the
-  /// local tier, and if its write ends later no marker is put — and saves go
-  /// on in the local tier. While an abandoned write is still stuck, later
+  /// flush, commit, retention) onto a thread of its own (the drain), so that
+  /// a stuck shared file system does not stop training. The drain reads each
+  /// rank's file of the local step, which stays held (never recycled nor
+  /// dropped) until it ends; the staging buffer goes back at the local
+  /// commit. A save whose local commit failed is not drained (it fails in
+  /// both tiers). Each part gets this many seconds from its own start
+  /// (WaitUntilFinished says how it waits); a part still unfinished on any
+  /// rank by then (seen by WaitUntilFinished, or when the next save to the
+  /// shared root starts) is abandoned with an agreed IoError naming the step
+  /// and the rank, together with the parts queued behind it — each step stays
+  /// in the local tier, and if its write ends later no marker is put — and
+  /// saves go on in the local tier. While an abandoned write is still stuck, later
   /// saves skip the shared root (and log it); once it has ended, they go
   /// there again. The watchdog (collective_timeout_seconds) does not watch
   /// this part: MPI_Abort stays for collectives that can no longer agree.
@@ -523,11 +536,25 @@ class CheckpointManager {
   /// for the retention after it (max_to_keep, keep_period: the old steps are
   /// retired, not yet freed on disk), so that listings
   /// made after it agree on every rank; returns the first failure since the
-  /// last call, the same on every rank:
+  /// last call, the same on every rank.
+  /// With Options::persistent_deadline_seconds (drain mode) it waits for
+  /// every save's local part, then for the shared root's part of every save
+  /// started before the call, queued ones included, in order: each part for
+  /// at most persistent_deadline_seconds from its own start (a part queued
+  /// behind another starts when that one ends). It returns once all have
+  /// ended, or once the drain's current work on some rank is past its
+  /// deadline: the first part not yet ended and those queued behind it are
+  /// abandoned (IoError below) and never get a marker. The retention after a
+  /// part (rank 0) runs on the drain too, within the same bound from its own
+  /// start; a late retention is no error, but the parts queued behind it are
+  /// abandoned. A part that started less than persistent_deadline_seconds
+  /// ago, with nothing late ahead of it, is never abandoned. Errors:
   /// InvalidArgument (inconsistent input, naming array, rank and box),
   /// AlreadyExists (step committed before), DataLoss (with verify_replicas:
   /// replicas that differ, naming the array, the box and both ranks), IoError
-  /// (a write, flush or commit failed, naming the rank), Internal (a bug or an
+  /// (a write, flush or commit failed, naming the rank; in drain mode, a
+  /// shared root's part abandoned, naming the step and a rank where it was
+  /// late), Internal (a bug or an
   /// unexpected exception on the I/O thread, naming the rank).
   Status WaitUntilFinished();
 

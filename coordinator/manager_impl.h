@@ -7,9 +7,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -76,9 +78,14 @@ class ManagerImpl {
   /// names the rank and step in an exception's message.
   void SubmitSave(std::shared_ptr<SaveJob> job, std::string where);
   /// Waits until every submitted save is recorded and its retention done;
-  /// the first error since the last call, after a barrier of every rank.
+  /// in drain mode also every shared root's part handed off before the
+  /// call, each bounded by Options::persistent_deadline_seconds from its own
+  /// start (CheckpointManager::WaitUntilFinished). The first error since the
+  /// last call, agreed.
   Status WaitUntilFinished();
-  /// Waits until the retention of the last recorded save has run (rank 0).
+  /// Waits until the retention of the last recorded save has run (rank 0);
+  /// in drain mode, without waiting for a retention that has run longer
+  /// than the deadline.
   void WaitForRetention();
   /// Collective, on the I/O thread after pending saves (restore.cc).
   Status Restore(int64_t step, std::span<const ArrayToRestore> arrays,
@@ -106,12 +113,15 @@ class ManagerImpl {
   [[nodiscard]] const Comm& drain_comm() const { return drain_comm_; }
   /// The drain thread starts the shared root's part of `step`.
   void MarkDrainStarted(int64_t step);
-  /// (The step whose shared-root part is past its deadline here, or -1;
-  /// whether a part is queued or running here.)
-  [[nodiscard]] std::pair<int64_t, bool> DrainState() const;
-  /// Marks `step`'s shared-root part abandoned (agreed by the callers, who
-  /// name `rank`, a rank where it was late). The IoError to report, the
-  /// first time only (OK after).
+  /// Whether the drain thread's current work (a shared root's part, or the
+  /// retention after one) has run past the deadline here; and if so, the
+  /// first handed-off step not yet ended nor abandoned (the one to abandon),
+  /// or -1.
+  [[nodiscard]] std::pair<bool, int64_t> DrainState() const;
+  /// Marks `step`'s shared-root part abandoned, with every part handed off
+  /// after it and not yet ended (agreed by the callers, who name `rank`, a
+  /// rank where it was late). The IoError to report, the first time only
+  /// (OK after).
   Status Abandon(int64_t step, int rank);
   [[nodiscard]] bool IsAbandoned(int64_t step) const;
   /// Makes `s` the first error since the last WaitUntilFinished, unless
@@ -148,7 +158,10 @@ class ManagerImpl {
   // The outcome of a save (I/O thread); `retention_follows`: rank 0 deletes
   // old steps next (RunRetention), and listings wait for it.
   void RecordSave(const Status& s, const SaveTimings& t, bool retention_follows);
-  // Step 7 of the save protocol (save.cc), rank 0, after RecordSave.
+  // Step 7 of the save protocol (save.cc), rank 0, after RecordSave (or,
+  // in drain mode, EndDrain). Runs on one thread only: the I/O thread, or in
+  // drain mode the drain thread (the only one that commits to the shared
+  // root then).
   void RunRetention(int64_t step);
   // Rank 0: removes a retired step directory on deleter_.
   void RemoveInBackground(std::string dir);
@@ -169,9 +182,9 @@ class ManagerImpl {
 
   mutable std::mutex mu_;
   Status first_error_;                // since the last WaitUntilFinished
-  std::condition_variable saves_cv_;  // saves_in_flight_ or retention_pending_ changed
+  std::condition_variable saves_cv_;  // saves, retentions or drains changed
   int saves_in_flight_ = 0;           // submitted by Save, not yet recorded
-  bool retention_pending_ = false;    // rank 0: a recorded save's retention has not run
+  int retentions_pending_ = 0;        // rank 0: recorded saves whose retention has not run
   SaveTimings last_timings_;
 
   // The last successful plan and a hash of the description it came from
@@ -189,14 +202,21 @@ class ManagerImpl {
   int64_t saves_ = 0;  // caller thread: Save calls so far
 
   // Drain mode: the shared root's parts, their communicator, and (under mu_)
-  // which step's part runs since when, how many are queued, which were
-  // abandoned.
-  void BeginDrain();
-  void EndDrain(int64_t step, const Status& s, const SaveTimings& t);
+  // the steps handed off and not yet ended (in order; the first runs or is
+  // next), which step's part runs, since when the drain thread's current work
+  // (that part, or the retention after one) runs, which were abandoned.
+  void BeginDrain(int64_t step);
+  // The part of `step` ended; `retention_follows` as for RecordSave.
+  void EndDrain(int64_t step, const Status& s, const SaveTimings& t, bool retention_follows);
+  // Under mu_: the deadline of the drain thread's current work, or nullopt
+  // if it runs none.
+  [[nodiscard]] std::optional<std::chrono::steady_clock::time_point> DrainDueLocked() const;
+  // Under mu_: the first step of drains_ not abandoned, or -1.
+  [[nodiscard]] int64_t FirstUnabandonedLocked() const;
   Comm drain_comm_;
+  std::deque<int64_t> drains_;
   int64_t draining_step_ = -1;
   std::chrono::steady_clock::time_point drain_started_;
-  int drains_queued_ = 0;
   std::set<int64_t> abandoned_;
 
   // Rank 0 with Options::own_root: the root's lock and lease, released after
@@ -205,9 +225,10 @@ class ManagerImpl {
 
   // Rank 0: removes the directories that retention has retired (RunRetention),
   // off the I/O thread, so that freeing their blocks delays neither
-  // WaitUntilFinished nor the next job. Made on first use; destroyed after
-  // the I/O thread (the last to add to it) and before the root's lock, so
-  // that the removals end while this job still owns the root.
+  // WaitUntilFinished nor the next job. Made on first use by the one thread
+  // that runs retention; destroyed after the I/O and drain threads (the only
+  // ones to add to it) and before the root's lock, so that the removals end
+  // while this job still owns the root.
   std::unique_ptr<IoThread> deleter_;
 
   // Drain mode: runs the shared root's parts; joined after the I/O thread

@@ -50,6 +50,12 @@
 // that stays local ends there, and one that also goes to the shared root
 // reads its boxes back from the rank's local file in step 3 (SaveRun::
 // ReadFromLocalCopy), the staging buffer already given back.
+// In drain mode (Options::persistent_deadline_seconds) steps 3-7 run on the
+// drain thread (SaveRun::HandOff, SaveRun::Drain), reading the rank's local
+// file under a hold on the local step (LocalTier::Hold), and retention runs
+// there too, never on the I/O thread. A save whose local commit failed is not
+// drained: it would read the staging buffer, held then for as long as the
+// shared file system makes the drain last.
 //
 // A crash anywhere before step 6 leaves a directory without a marker, which
 // is never listed and is removed by the next Open.
@@ -322,7 +328,7 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
       if (local_tier.ok() && job_.persistent) ReadFromLocalCopy();
     }
     if (!job_.persistent) return local_tier;
-    if (impl_.DrainMode() && HandOff(local_tier)) return local_tier;
+    if (impl_.DrainMode()) return HandOff(local_tier);
     Status s = Persistent();
     // A save to both tiers reports the local tier's failure too (the step
     // may then be committed in the shared root only: Steps says).
@@ -351,50 +357,75 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
 
  private:
   // Drain mode, after the local commit (collective on the I/O thread): one
-  // vote says whether a shared root's part is stuck past its deadline on any
-  // rank (then it is abandoned, and this save skips the shared root), and
-  // whether every rank can read its boxes from its local file. True if the
-  // shared root's part was handed to the drain thread or skipped; false:
-  // run it here.
-  bool HandOff(const Status& local_tier) {
-    auto [stuck, busy] = impl_.DrainState();
-    std::vector<int64_t> v{stuck, stuck >= 0 ? rank_ : -1};
+  // vote says whether the drain thread is stuck past its deadline on any
+  // rank (then the late part is abandoned, and this save skips the shared
+  // root), and whether every rank can read its boxes from its file of the
+  // local step. If so, the shared root's part is handed to the drain thread,
+  // holding the local step (LocalTier::Hold: no later save recycles or
+  // removes it while the drain reads it); the staging buffer is already
+  // back. If not (the local commit failed, or a file could not be mapped),
+  // this save skips the shared root too: a drain from the staging buffer
+  // would keep it for as long as the shared file system makes the drain
+  // last, and the next Save would wait for it. Returns the save's status.
+  Status HandOff(const Status& local_tier) {
+    auto [stuck, late] = impl_.DrainState();
+    const bool readable = static_cast<bool>(from_local_);
+    std::vector<int64_t> v{stuck ? 1 : 0, late, late >= 0 ? rank_ : -1, readable ? 0 : 1,
+                           readable ? -1 : rank_};
     comm_->AllreduceMax(&v);
-    if (v[0] >= 0) {
-      Status abandoned = impl_.Abandon(v[0], static_cast<int>(v[1]));
-      if (!abandoned.ok()) impl_.RecordError(abandoned);
+    if (v[0] != 0) {
+      if (v[1] >= 0) {
+        Status abandoned = impl_.Abandon(v[1], static_cast<int>(v[2]));
+        if (!abandoned.ok()) impl_.RecordError(abandoned);
+      }
       t_.persistent = false;
       if (rank_ == 0) {
         Logger()->warn(
-            "mhckpt: step {}: not written to the shared root: the write of step {} "
-            "is stuck there",
-            job_.step, v[0]);
+            "mhckpt: step {}: not written to the shared root: its writes are stuck there",
+            job_.step);
       }
-      return true;
+      return local_tier;
     }
-    // A part still running: this one waits behind it (FIFO). A rank whose
-    // boxes are not in a local file (its local commit failed) writes them
-    // from the snapshot, which the drain keeps until it ends.
-    (void)busy;
-    (void)local_tier;
+    if (v[3] != 0) {
+      t_.persistent = false;
+      if (!local_tier.ok()) return local_tier;  // agreed: every rank has it
+      return IoError(fmt::format(
+          "rank {}: step {}: its file of the local step cannot be read back; the step is "
+          "committed in the local tier only",
+          v[4], job_.step));
+    }
+    hold_ = impl_.local_->HoldStep(job_.step);
     job_.drain = [self = shared_from_this()] { return self->Drain(); };
-    return true;
+    return local_tier;
   }
 
   // Drain mode, on the drain thread: the shared root's part with the drain's
   // communicator, not watched by the watchdog (the deadline is the bound).
+  // The local step is held until the part ends.
   Status Drain() {
     comm_ = &impl_.drain_comm();
     watched_ = false;
     fault::SetStep(job_.step);
     impl_.MarkDrainStarted(job_.step);
     // Rank 0 creates the step in the shared root here, not in the plan round
-    // (PrepareStep): refusing a committed one, on every rank alike.
-    Status s = rank_ == 0 ? Guarded("rank 0: create the step",
-                                    [&] { return impl_.store_->CreateStep(job_.step); })
-                          : OkStatus();
-    MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, *comm_));
-    return Persistent();
+    // (PrepareStep): refusing a committed one, on every rank alike; or skips
+    // a part that was abandoned while it was queued (rank 0 decides, so that
+    // every rank skips it or none).
+    Status s = rank_ == 0
+                   ? Guarded("rank 0: create the step",
+                             [&] {
+                               if (impl_.IsAbandoned(job_.step)) {
+                                 return IoError(fmt::format(
+                                     "step {}: abandoned before its write started", job_.step));
+                               }
+                               return impl_.store_->CreateStep(job_.step);
+                             })
+                   : OkStatus();
+    s = BroadcastStatus(s, 0, *comm_);
+    if (s.ok()) s = Persistent();
+    local_copy_.Close().IgnoreError();
+    hold_.Release();
+    return s;
   }
 
   void Enter(const char* phase) {
@@ -582,7 +613,8 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
   }
 
   // After a local commit: map this rank's file of the step, and give the
-  // staging buffer back. If the file cannot be mapped, the snapshot is kept.
+  // staging buffer back. If the file cannot be mapped, the snapshot is kept
+  // (for a write on the I/O thread; a drain then skips the shared root).
   void ReadFromLocalCopy() {
     Result<io::MappedFile> f =
         io::MappedFile::OpenForReading(impl_.local_->FilePath(job_.step, rank_));
@@ -768,6 +800,7 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
   std::unique_ptr<io::StepWriter> writer_;  // from step 3 on, if the engine created the step
   Status local_;                            // this rank's first error from step 3 on
   std::vector<BoxSum> sums_;                // of the boxes this rank wrote
+  LocalTier::Hold hold_;                    // drain mode: the local step, while the drain reads it
   io::MappedFile local_copy_;               // after a local commit: this rank's file
   StagedBoxFn from_local_;                  // its boxes in local_copy_
   std::vector<BoxSum> local_sums_;          // the checksums the local commit took
