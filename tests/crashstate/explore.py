@@ -5,28 +5,45 @@ Records the file-system operations of a real save at NP ranks (record_fs, an
 LD_PRELOAD shim), builds the states a power loss could leave on disk
 (fsmodel.py: every cut of the operation order, with what was not yet durable
 dropped or kept), and checks each distinct state with the public API
-(state_job check: Open, CommittedSteps, Restore compared byte for byte, Verify)
-and, for a sample, with the mhckpt CLI (list, verify --all):
+(state_job check: Open, Steps, Restore compared byte for byte from each tier
+that lists the step, Verify) and, for a sample, with the mhckpt CLI (list,
+verify --all):
 
-  (a) no committed step fails Restore or Verify;
+  (a) no committed step fails Restore or Verify; with --local, no step the
+      local tier lists (Steps().local) fails a restore from the local tier;
   (b) the step committed before the recorded save is always committed and
       restores (with --max-to-keep 1 the save may delete it, but only once the
-      new step is durably committed);
+      new step is durably committed); with --local, the newest local step
+      before the save stays in the local tier, also while the save recycles
+      the oldest one (--local-keep steps saved before it, the default);
   (c) the new step is committed only in states where its data files are whole
-      (byte-identical to the files the save left: data.h5, or whatever files
-      another engine writes in the step directory).
+      (byte-identical to the files the save left: data.h5, the subfiles and
+      index.bin, or whatever files another engine writes in the step
+      directory); with --local, the new local step is listed only where every
+      node that shows its marker holds its files of the step whole (its own
+      writer file, the copies it keeps, its parity block).
 
     explore.py --job state_job --shim librecord_fs.so --work DIR \\
         --mpiexec "mpiexec --oversubscribe ..." [--np 2] [--check-np 1] \\
         [--model ext4,posix] [--max-states 300] [--random-per-cut 4] [--seed 1] \\
         [--granularity page|write] [--cli mhckpt --cli-sample 3] [--max-to-keep K] \\
-        [--collective] [--rows 512] [--controls nofsync,nodirfsync]
+        [--collective] [--rows 512] [--files K] [--format V] \\
+        [--local [--nodes N] [--copies C] [--parity G] [--local-keep K]] [--before N] \\
+        [--controls nofsync,nodirfsync]
+
+With --local the recorded tree holds the shared root (shared/) and one local
+directory per simulated node (local/n<k>/), all on one durable file system
+modelled as above: the explorer assumes a local dir on a disk (NVMe), where
+only fsync makes bytes durable, not a tmpfs (whose contents a power loss
+takes whole).
 
 The controls remove fsyncs from the trace, as a library that forgot them would
 have made it, and must find violations, which shows that the checks can fail:
-`nofsync` the new data file's fsyncs, `nodirfsync` the step directory's fsync
-before the marker (the bug fixed in c592d6c). Exit status: 0 if every state passed (and every
-control found its violation), 1 otherwise.
+`nofsync` the fsyncs of the new step's files (ext4 model), `nodirfsync` the
+fsync of each new step directory before its marker is renamed into it (posix
+model: the marker can outlive the names of the files beside it; a library
+without that fsync once committed such steps). Exit status: 0 if every state
+passed (and every control found its violation), 1 otherwise.
 """
 import argparse
 import json
@@ -41,13 +58,20 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fsmodel  # noqa: E402
 
-PREV, NEW = 1, 2
 JOB_TIMEOUT = 120
 
 
-def step_rel(step, name=None):
-    d = "step_%010d" % step
-    return d if name is None else d + "/" + name
+def step_dir_name(step):
+    return "step_%010d" % step
+
+
+def job_flags(a):
+    """The state_job options of both modes (save and check)."""
+    out = ["--rows", a.rows, "--files", a.files, "--format", a.format]
+    if a.local:
+        out += ["--local", "--nodes", a.nodes, "--copies", a.copies, "--parity", a.parity,
+                "--local-keep", a.local_keep]
+    return out
 
 
 class Runner:
@@ -67,8 +91,8 @@ class Runner:
 
     def save(self, root, first, last, env=(), wrap=()):
         a = self.args
-        extra = ["--rows", a.rows] + (["--collective"] if a.collective else [])
-        if last == NEW and a.max_to_keep:
+        extra = job_flags(a) + (["--collective"] if a.collective else [])
+        if last == a.new and a.max_to_keep:
             extra += ["--max-to-keep", a.max_to_keep]
         rc, out, err = self.mpi(a.np, a.job, "save", root, first, last, *extra, env=env,
                                 wrap=wrap)
@@ -121,15 +145,16 @@ def shim_counts(events):
 
 
 def record(runner, work):
-    """Saves PREV, snapshots the root (after sync), saves NEW under the shim
-    (and strace, with --strace-check, when there is one: both see the same
-    calls), snapshots the result. Returns (root, log dir, seconds, strace
-    counts or None)."""
+    """Saves the steps before (1..keep), snapshots the root (after sync),
+    saves the new step under the shim (and strace, with --strace-check, when
+    there is one: both see the same calls), snapshots the result. Returns
+    (root, log dir, seconds, strace counts or None). With --local the root
+    is the tree of the shared root and the nodes' local dirs."""
     a = runner.args
     root = os.path.realpath(os.path.join(work, "root"))
     rec = os.path.join(work, "rec")
     os.makedirs(rec)
-    runner.save(root, PREV, PREV)
+    runner.save(root, 1, a.keep)
     os.sync()
     shutil.copytree(root, os.path.join(work, "base"))
     env = [("LD_PRELOAD", os.path.realpath(a.shim)), ("MHCKPT_REC_ROOT", root),
@@ -141,7 +166,7 @@ def record(runner, work):
         wrap = ("strace", "-f", "-y", "-qq", "-ff", "-e", "trace=" + STRACE_CALLS,
                 "-o", os.path.join(sdir, "t"))
     t = time.time()
-    runner.save(root, NEW, NEW, env=env, wrap=wrap)
+    runner.save(root, a.new, a.new, env=env, wrap=wrap)
     seconds = time.time() - t
     shutil.copytree(root, os.path.join(work, "final"))
     return root, rec, seconds, strace_counts(sdir, root) if wrap else None
@@ -230,24 +255,44 @@ def describe(explorer, recipe):
             "dropped_kinds": kinds, "dropped": [op.describe() for op in dropped[:12]]}
 
 
-def final_files(work):
-    """{relative path: bytes} of the new step's data files as the save left
-    them (every file of its directory but the marker): data.h5 for the HDF5
-    engine, whatever another engine writes."""
-    out, sdir = {}, os.path.join(work, "final", step_rel(NEW))
-    for name in sorted(os.listdir(sdir)):
-        if name != "commit.json":
-            with open(os.path.join(sdir, name), "rb") as f:
-                out[step_rel(NEW, name)] = f.read()
+def new_dirs(work, new):
+    """The new step's directories in the saved tree, relative to the root:
+    step_N in the shared root; with --local, also local/n<k>/step_N of
+    each node (and shared/step_N if the save went there too)."""
+    out, final = [], os.path.join(work, "final")
+    for dirpath, dirnames, _ in os.walk(final):
+        if os.path.basename(dirpath) == step_dir_name(new):
+            out.append(os.path.relpath(dirpath, final))
+            dirnames[:] = []
+    return sorted(out)
+
+
+def final_files(work, dirs):
+    """{relative path: bytes} of the new step's files as the save left them
+    (every file of its directories but the marker): data.h5, the subfiles
+    and index.bin for the HDF5 engine, the writer files, copies, parity
+    blocks and parity.json of a local step."""
+    out = {}
+    for d in dirs:
+        sdir = os.path.join(work, "final", d)
+        for name in sorted(os.listdir(sdir)):
+            if name != "commit.json" and os.path.isfile(os.path.join(sdir, name)):
+                with open(os.path.join(sdir, name), "rb") as f:
+                    out[d + "/" + name] = f.read()
     return out
 
 
-def facts(state, final_data):
-    return {"marker": state.file_bytes(step_rel(NEW, "commit.json")) is not None,
-            "data_whole": all(state.file_bytes(rel) == b for rel, b in final_data.items())}
+def facts(state, final_data, dirs):
+    """What a state shows of the new step: whether a marker of it is there
+    (any directory), and for each directory whether its marker is there and
+    whether its files are whole."""
+    marked = [d for d in dirs if state.file_bytes(d + "/commit.json") is not None]
+    whole = {d: all(state.file_bytes(rel) == b for rel, b in final_data.items()
+                    if rel.startswith(d + "/")) for d in dirs}
+    return {"marker": bool(marked), "marked": marked, "whole": whole}
 
 
-def generate(explorer, per_cut, write_cuts, final_data, distinct):
+def generate(explorer, per_cut, write_cuts, final_data, dirs, distinct):
     """Every state of `explorer` into `distinct` (key -> info); returns how
     many were generated (before removing duplicates)."""
     n = 0
@@ -255,7 +300,7 @@ def generate(explorer, per_cut, write_cuts, final_data, distinct):
         n += 1
         if key not in distinct:
             distinct[key] = {"explorer": explorer, "recipe": recipe,
-                             "facts": facts(s, final_data)}
+                             "facts": facts(s, final_data, dirs)}
     return n
 
 
@@ -272,22 +317,34 @@ def select(distinct, max_states, rng, only_marked=False):
 
 # ---- checking ----
 
-def verdict(check, info, retention):
+def verdict(check, info, a):
     """The violations of one checked state (a list of strings)."""
     if check.get("open") != "OK":
         return ["(b) Open failed: %s" % check.get("open")]
     out = []
-    committed = check.get("committed", [])
-    for s in committed:
-        r = check["steps"][str(s)]
-        if r["restore"] != "OK" or r["verify"] != "OK":
-            out.append("(a) committed step %d: restore: %s; verify: %s" % (s, r["restore"],
+    committed, local = check.get("committed", []), check.get("local", [])
+    for s, r in sorted(check.get("steps", {}).items(), key=lambda kv: int(kv[0])):
+        if r.get("restore", "-") not in ("OK", "-") or r.get("verify", "-") not in ("OK", "-"):
+            out.append("(a) committed step %s: restore: %s; verify: %s" % (s, r["restore"],
                                                                              r["verify"]))
-    new_ok = NEW in committed and not out
-    if PREV not in committed and not (retention and new_ok):
-        out.append("(b) step %d is not committed (committed: %s)" % (PREV, committed))
-    if NEW in committed and not info["facts"]["data_whole"]:
-        out.append("(c) step %d is committed but its data files are not whole" % NEW)
+        if r.get("local_restore", "-") not in ("OK", "-"):
+            out.append("(a) local step %s: restore from the local tier: %s"
+                       % (s, r["local_restore"]))
+    f = info["facts"]
+    if a.local:
+        if a.keep not in local:
+            out.append("(b) local step %d is not in the local tier (local: %s)" % (a.keep, local))
+        torn = [d for d in f["marked"] if d.startswith("local/") and not f["whole"][d]]
+        if a.new in local and torn:
+            out.append("(c) local step %d is listed but %s show(s) its marker without its "
+                       "files whole" % (a.new, ", ".join(torn)))
+    shared = [d for d in f["whole"] if not d.startswith("local/")]
+    new_ok = a.new in committed and not out
+    if not a.local or shared:
+        if a.keep not in committed and not (a.max_to_keep > 0 and new_ok):
+            out.append("(b) step %d is not committed (committed: %s)" % (a.keep, committed))
+    if a.new in committed and not all(f["whole"][d] for d in shared):
+        out.append("(c) step %d is committed but its data files are not whole" % a.new)
     return out
 
 
@@ -295,6 +352,8 @@ def cli_check(runner, root):
     """The mhckpt CLI on one state (before the checker's Open changes it):
     the committed steps `list` shows, and the exit status of `verify --all`."""
     a = runner.args
+    if a.local:
+        root = os.path.join(root, "shared")
     p = subprocess.run([a.cli, "list", root, "--json"], capture_output=True, text=True,
                        timeout=60)
     listed = sorted(s["step"] for s in json.loads(p.stdout)["steps"] if s["committed"]) \
@@ -324,7 +383,7 @@ def run_checker(runner, roots, keys, bdir):
         listfile = os.path.join(bdir, "list.txt")
         with open(listfile, "w") as f:
             f.write("".join(roots[k] + "\n" for k in pending))
-        rc, out, err = runner.mpi(a.check_np, a.job, "check", listfile, "--rows", a.rows,
+        rc, out, err = runner.mpi(a.check_np, a.job, "check", listfile, *job_flags(a),
                                   timeout=JOB_TIMEOUT + 5 * len(pending))
         seen = {}
         for line in out.splitlines():
@@ -374,7 +433,7 @@ def check_all(runner, work, chosen, distinct, cli_sample, batch_size=40):
         for key, (check, cli) in check_batch(runner, batch, work, cli_keys).items():
             info = distinct[key]
             info["check"] = check
-            bad = verdict(check, info, a.max_to_keep > 0) + cli_violations(check, cli)
+            bad = verdict(check, info, a) + cli_violations(check, cli)
             if bad:
                 keep_dir = os.path.join(work, "violations", key[:12])
                 shutil.rmtree(keep_dir, ignore_errors=True)
@@ -416,14 +475,15 @@ def trace_stats(events, ops):
             "bytes_written": sum(len(op.data) for op in ops if op.kind == "write")}
 
 
-def explore(runner, work, base, kinds, ops, final_data, rng, models, barriers=None,
+def explore(runner, work, base, kinds, ops, final_data, dirs, rng, models, barriers=None,
             max_states=None, only_marked=False):
     """Generates the states of every model, checks a bounded selection."""
     a = runner.args
     distinct, generated = {}, {}
     for model in models:
         ex = Explorer(base, kinds, ops, model, rng, barriers)
-        generated[model] = generate(ex, a.random_per_cut, a.write_cuts, final_data, distinct)
+        generated[model] = generate(ex, a.random_per_cut, a.write_cuts, final_data, dirs,
+                                    distinct)
     chosen = select(distinct, max_states or a.max_states, rng, only_marked)
     violations, cli_runs = check_all(runner, work, chosen, distinct,
                                      0 if barriers else a.cli_sample)
@@ -434,25 +494,34 @@ def explore(runner, work, base, kinds, ops, final_data, rng, models, barriers=No
             "cli_checked": cli_runs, "violations": violations}
 
 
-def control(name, runner, work, base, kinds, ops, final_data, rng):
+def control(name, runner, work, base, kinds, ops, final_data, dirs, rng):
     """The trace with some fsyncs removed, as a library that forgot them
     would have made it; the checks must find violations.
-      nofsync     the fsyncs of the new step's data files (ext4 model)
-      nodirfsync  the fsync of the new step's directory before the marker's
-                  rename (posix model: the marker can outlive data.h5's name)
+      nofsync     the fsyncs of the new step's files (ext4 model): data.h5,
+                  subfiles, index.bin; with --local the writer files, copies
+                  and parity blocks of every node
+      nodirfsync  the fsync of each new step directory before its marker's
+                  rename (posix model: the marker can outlive the names of
+                  the files beside it). A local step written into a recycled
+                  directory creates no names but the marker's (its files
+                  are overwritten in place), so this control needs a save
+                  into a fresh directory (--before below --local-keep).
     """
-    rename = next((op for op in ops if op.kind == "rename" and
-                   op.path2 == step_rel(NEW, "commit.json")), None)
+    renames = {d: next((op for op in ops if op.kind == "rename" and
+                        op.path2 == d + "/commit.json"), None) for d in dirs}
     if name == "nofsync":
         model, drop = "ext4", lambda op: op.path in final_data
     elif name == "nodirfsync":
         model = "posix"
-        drop = lambda op: op.path == step_rel(NEW) and rename and op.t1 < rename.t0  # noqa: E731
+
+        def drop(op):
+            r = renames.get(op.path)
+            return r is not None and op.t1 < r.t0
     else:
         raise SystemExit("unknown control %s" % name)
     fsyncs = [op for op in ops if op.kind in ("fsync", "sync")]
     barriers = [op for op in fsyncs if not drop(op)]
-    r = explore(runner, work, base, kinds, ops, final_data, rng, [model], barriers,
+    r = explore(runner, work, base, kinds, ops, final_data, dirs, rng, [model], barriers,
                 max_states=runner.args.control_states, only_marked=True)
     r["fsyncs_removed"] = len(fsyncs) - len(barriers)
     r["passed"] = r["fsyncs_removed"] > 0 and len(r["violations"]) > 0
@@ -481,6 +550,17 @@ def parse_args(argv):
     p.add_argument("--rows", type=int, default=512)
     p.add_argument("--max-to-keep", type=int, default=0)
     p.add_argument("--collective", action="store_true")
+    p.add_argument("--files", type=int, default=0, help="DataFiles::PerRanks(K) (0: data.h5)")
+    p.add_argument("--format", type=int, default=3, help="Options::format_version")
+    p.add_argument("--local", action="store_true",
+                   help="the local tier on, nodes simulated by node id")
+    p.add_argument("--nodes", type=int, default=2)
+    p.add_argument("--copies", type=int, default=1)
+    p.add_argument("--parity", type=int, default=0)
+    p.add_argument("--local-keep", type=int, default=2)
+    p.add_argument("--before", type=int, default=0,
+                   help="steps saved before the recorded one (default: 1; with --local, "
+                   "--local-keep, so that the recorded save recycles the oldest)")
     p.add_argument("--model", default="ext4,posix")
     p.add_argument("--granularity", choices=("page", "write"), default="page")
     p.add_argument("--max-states", type=int, default=300, help="distinct states checked")
@@ -494,7 +574,14 @@ def parse_args(argv):
     p.add_argument("--control-states", type=int, default=30)
     p.add_argument("--strace-check", action="store_true")
     p.add_argument("--json", help="write the summary here too")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    # The steps saved before the recorded one: 1 (shared root), or
+    # local-keep of them, so that the recorded save recycles the oldest.
+    a.keep = a.before or (a.local_keep if a.local else 1)
+    a.new = a.keep + 1
+    if a.local and a.check_np < a.nodes:
+        p.error("--check-np must be at least --nodes (every node's dir must have a rank)")
+    return a
 
 
 def report(summary):
@@ -503,6 +590,8 @@ def report(summary):
           "operations (%(writes)d writes, %(bytes_written)d bytes) %(by_kind)s" % s["trace"])
     if s.get("strace"):
         print("strace saw the same calls: %s" % s["strace"])
+    print("saved steps 1..%d, recorded the save of step %d; its directories: %s"
+          % (s["keep"], s["new"], ", ".join(s["new_dirs"])))
     r = s["result"]
     print("states: generated %s, distinct %d (%d with the new marker), checked %d (%d with the "
           "new marker, %d also with the CLI) at %d rank(s)"
@@ -527,8 +616,11 @@ def main(argv):
     rng = random.Random(a.seed)
     root, rec, save_seconds, strace = record(runner, a.work)
     events, base, ops, kinds, ignored = load(a.work, root, rec, a.granularity)
+    dirs = new_dirs(a.work, a.new)
     summary = {"commit": git_commit(), "np": a.np, "check_np": a.check_np, "rows": a.rows,
                "models": a.model, "granularity": a.granularity, "seed": a.seed,
+               "files": a.files, "format": a.format, "local": a.local, "keep": a.keep,
+               "new": a.new, "new_dirs": dirs,
                "trace": trace_stats(events, ops), "ignored_calls": ignored,
                "recorded_save_seconds": round(save_seconds, 2), "controls": {}}
     passed = True
@@ -538,12 +630,16 @@ def main(argv):
         if strace != mine:
             print("strace counted %s, the shim %s" % (strace, mine))
             passed = False
-    final_data = final_files(a.work)
-    summary["result"] = explore(runner, a.work, base, kinds, ops, final_data, rng,
+    if a.local:
+        summary.update(nodes=a.nodes, copies=a.copies, parity=a.parity, local_keep=a.local_keep)
+    final_data = final_files(a.work, dirs)
+    summary["new_files"] = sorted(final_data)
+    summary["result"] = explore(runner, a.work, base, kinds, ops, final_data, dirs, rng,
                                 a.model.split(","))
     passed = passed and not summary["result"]["violations"]
     for c in filter(None, a.controls.split(",")):
-        summary["controls"][c] = control(c, runner, a.work, base, kinds, ops, final_data, rng)
+        summary["controls"][c] = control(c, runner, a.work, base, kinds, ops, final_data, dirs,
+                                         rng)
         passed = passed and summary["controls"][c]["passed"]
     summary["passed"], summary["seconds"] = passed, time.time() - t0
     report(summary)

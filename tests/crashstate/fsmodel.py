@@ -15,6 +15,10 @@ The persistence model (docs/RELIABILITY.md "Crash states"):
   them durable. sync_file_range makes nothing durable. Nothing else does: not
   close, not O_DIRECT (the device cache and the extent metadata are not
   flushed), not an fsync of the file for its own name.
+* A shared writable mapping's stores are logged by the shim as one write of
+  the whole mapping (op=mmap_write) when they could next reach the disk's
+  durable state: before an fsync of the file, at msync, at munmap, at exit.
+  A crash before that write shows the file without them.
 * Everything not made durable may be lost. Data is lost at page granularity
   (4 KiB pieces of a write; --granularity write keeps writes whole).
 * Two models of what survives among the non-durable operations:
@@ -228,7 +232,7 @@ class Parser:
         op = e["op"]
         node = self.fd_node(e) if op != "truncate_path" else self.ns[self.rel(e["path"])]
         path = self.node_path(node)
-        if op == "write":
+        if op in ("write", "mmap_write"):
             if e["off"] < 0:
                 raise TraceError("a write at an unknown offset: %s" % e)
             self.emit("write", e, node=node, path=path, off=e["off"], data=e["data"])
@@ -253,7 +257,8 @@ class Parser:
             self.on_open(e)
         elif op in ("mkdir", "unlink", "rmdir", "rename"):
             self.on_names(e)
-        elif op in ("write", "truncate", "truncate_path", "fallocate", "fsync", "fdatasync"):
+        elif op in ("write", "mmap_write", "truncate", "truncate_path", "fallocate", "fsync",
+                    "fdatasync"):
             self.on_data(e)
         elif op == "sync":
             self.emit("sync", e)

@@ -185,6 +185,23 @@ class ModelTest(unittest.TestCase):
                 if "s/m" in s:
                     self.assertEqual(s.get("s/data"), b"D" * 10)
 
+    def test_a_mapping_write_is_a_write_of_its_file(self):
+        """A shared mapping's bytes (op=mmap_write, logged by dev and ino, no
+        fd) count as a write of the file: lost without an fsync of it,
+        durable after one."""
+        t = Trace()
+        ino = t.open("mapped")
+        t.call("truncate", ino=ino, len=4096)
+        t.call("mmap_write", fd=-1, ino=ino, off=0, ret=4096, data=b"m" * 4096)
+        t.fsync(t.open("", O_DIRECTORY, ino=1))
+        contents = {s.get("mapped") for s in self.states(t, "ext4")}
+        self.assertEqual(contents, {None, b"", bytes(4096), b"m" * 4096})
+        t.fsync(ino)
+        ops, kinds, _ = fsmodel.parse(t.events, self.base, ROOT)
+        write = next(op for op in ops if op.kind == "write")
+        self.assertEqual(write.path, "mapped")
+        self.assertLess(fsmodel.forced_at(ops)[write.idx], len(ops))
+
     def test_unsupported_calls_stop_the_exploration(self):
         t = Trace()
         t.call("unsupported", path=ROOT + "/x", path2="link")

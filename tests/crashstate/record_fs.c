@@ -19,9 +19,23 @@
  * pwritev2 (the bytes are logged); ftruncate/truncate (and 64); fallocate,
  * posix_fallocate (and 64); fsync, fdatasync, sync_file_range, sync, syncfs;
  * rename/renameat/renameat2; unlink/unlinkat/rmdir/remove; mkdir/mkdirat;
- * dup/dup2/dup3. Things the explorer cannot model are logged as op=unsupported
+ * dup/dup2/dup3; mmap/mmap64/munmap/msync/mremap.
+ *
+ * A shared writable mapping of a file under the root (MAP_SHARED with
+ * PROT_WRITE) is followed: its stores are not calls, so the shim logs the
+ * mapping's bytes as one op=mmap_write of the whole mapping (with the file's
+ * dev and ino) whenever they may reach the file's durable state — before an
+ * fsync/fdatasync of that file by this process, at msync, at munmap, and at
+ * exit for a mapping still in place. The explorer treats it as a write that
+ * returned then: a crash before it shows the file without the stores (their
+ * pages not written back), after it any subset of its pages. msync is given
+ * no durability of its own (the library does not call it; that is the
+ * cautious reading). A partial munmap or an mremap of such a mapping is
+ * logged as op=unsupported.
+ *
+ * Things the explorer cannot model are logged as op=unsupported
  * when they touch the root (link, symlink, a stdio stream opened for writing,
- * a shared writable mmap, aio_write, libaio's io_submit, copy_file_range), so
+ * aio_write, libaio's io_submit, copy_file_range), so
  * that it refuses the trace instead of building wrong states (io_uring is
  * invisible here: a write missed makes explore.py's replay differ from the
  * saved root, which stops it). An O_DIRECT open is recorded like any other
@@ -118,6 +132,9 @@ DECL(FILE*, fopen, const char*, const char*)
 DECL(FILE*, fopen64, const char*, const char*)
 DECL(void*, mmap, void*, size_t, int, int, int, off_t)
 DECL(void*, mmap64, void*, size_t, int, int, int, off64_t)
+DECL(int, munmap, void*, size_t)
+DECL(int, msync, void*, size_t, int)
+DECL(void*, mremap, void*, size_t, size_t, int, ...)
 DECL(int, aio_write, struct aiocb*)
 DECL(long, io_submit, aio_context_t, long, struct iocb**)
 DECL(ssize_t, copy_file_range, int, loff_t*, int, loff_t*, size_t, unsigned int)
@@ -278,7 +295,10 @@ struct event {
   const char* path;  /* absolute, or NULL: the fd's */
   const char* path2; /* rename's target */
   const struct iovec* iov;
-  int iovcnt; /* the bytes written (ret of them), if any */
+  int iovcnt;   /* the bytes written (ret of them), if any */
+  int has_node; /* dev and ino below, not the fd's (a mapping's write) */
+  dev_t dev;
+  ino_t ino;
 };
 
 static void log_event(const struct event* e) {
@@ -288,6 +308,10 @@ static void log_event(const struct event* e) {
   pthread_mutex_lock(&g_mu);
   if (!open_logs()) goto out;
   if (e->fd >= 0 && e->fd < MAX_FDS) t = g_fds[e->fd];
+  if (e->has_node) {
+    t.dev = e->dev;
+    t.ino = e->ino;
+  }
   long long blob = -1;
   if (e->iov && e->ret > 0) {
     blob = (long long)g_bin_off;
@@ -336,7 +360,7 @@ static void untrack(int fd) {
 
 static void log_simple(const char* op, uint64_t t0, long ret, int err, int fd, long long flags,
                        long long off, long long len, const char* path, const char* path2) {
-  struct event e = {op, t0, now_ns(), ret, err, fd, flags, off, len, path, path2, NULL, 0};
+  struct event e = {op, t0, now_ns(), ret, err, fd, flags, off, len, path, path2, NULL, 0, 0, 0, 0};
   log_event(&e);
 }
 
@@ -477,7 +501,7 @@ int dup3(int fd, int fd2, int flags) {
 static ssize_t log_write(const char* op, int fd, uint64_t t0, ssize_t r, int err, long long off,
                          size_t len, const struct iovec* iov, int iovcnt) {
   struct event e = {op,   t0,   now_ns(), (long)r, err, fd, 0, off, (long long)len,
-                    NULL, NULL, iov,      iovcnt};
+                    NULL, NULL, iov,      iovcnt,  0,   0,  0};
   log_event(&e);
   errno = err;
   return r;
@@ -638,11 +662,131 @@ int posix_fallocate64(int fd, off64_t off, off64_t len) {
   return r;
 }
 
+/* ---- shared writable mappings ---- */
+
+#define MAX_MAPS 4096
+struct mapping {
+  char* addr; /* NULL: a free slot */
+  size_t len;
+  off_t off;
+  dev_t dev;
+  ino_t ino;
+};
+static struct mapping g_maps[MAX_MAPS];
+static pthread_mutex_t g_maps_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Logs the bytes of mapping `m` as a write of its file. */
+static void log_mapping(const struct mapping* m) {
+  uint64_t t = now_ns();
+  struct iovec v = {m->addr, m->len};
+  struct event e = {
+      "mmap_write",      t,    now_ns(), (long)m->len, 0, -1, 0,      (long long)m->off,
+      (long long)m->len, NULL, NULL,     &v,           1, 1,  m->dev, m->ino};
+  log_event(&e);
+}
+
+/* Logs every mapping of the file behind `fd` (before its fsync). */
+static void log_mappings_of_fd(int fd) {
+  if (!fd_watched(fd)) return;
+  dev_t dev = g_fds[fd].dev;
+  ino_t ino = g_fds[fd].ino;
+  pthread_mutex_lock(&g_maps_mu);
+  for (int i = 0; i < MAX_MAPS; i++) {
+    if (g_maps[i].addr && g_maps[i].dev == dev && g_maps[i].ino == ino) log_mapping(&g_maps[i]);
+  }
+  pthread_mutex_unlock(&g_maps_mu);
+}
+
+/* Logs the mappings that overlap [addr, addr+len); with `drop`, forgets
+ * them (munmap), logging a partial unmap as unsupported. */
+static void log_mappings_in(void* addr, size_t len, int drop) {
+  char* lo = (char*)addr;
+  char* hi = lo + len;
+  pthread_mutex_lock(&g_maps_mu);
+  for (int i = 0; i < MAX_MAPS; i++) {
+    struct mapping* m = &g_maps[i];
+    if (!m->addr || m->addr + m->len <= lo || m->addr >= hi) continue;
+    log_mapping(m);
+    if (!drop) continue;
+    if (lo > m->addr || hi < m->addr + m->len) log_unsupported("partial_munmap", "");
+    memset(m, 0, sizeof *m);
+  }
+  pthread_mutex_unlock(&g_maps_mu);
+}
+
+static void* after_map(void* p, size_t len, int prot, int flags, int fd, off_t off) {
+  if (p == MAP_FAILED || !(prot & PROT_WRITE) || !(flags & MAP_SHARED) || !fd_watched(fd)) {
+    return p;
+  }
+  int err = errno;
+  pthread_mutex_lock(&g_maps_mu);
+  int i = 0;
+  while (i < MAX_MAPS && g_maps[i].addr) i++;
+  if (i < MAX_MAPS) {
+    g_maps[i].addr = (char*)p;
+    g_maps[i].len = len;
+    g_maps[i].off = off;
+    g_maps[i].dev = g_fds[fd].dev;
+    g_maps[i].ino = g_fds[fd].ino;
+  }
+  pthread_mutex_unlock(&g_maps_mu);
+  if (i == MAX_MAPS) log_unsupported("too_many_mappings", "");
+  errno = err;
+  return p;
+}
+
+void* mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off) {
+  ENSURE(mmap);
+  return after_map(real_mmap(addr, len, prot, flags, fd, off), len, prot, flags, fd, off);
+}
+void* mmap64(void* addr, size_t len, int prot, int flags, int fd, off64_t off) {
+  ENSURE(mmap64);
+  return after_map(real_mmap64(addr, len, prot, flags, fd, off), len, prot, flags, fd, off);
+}
+int munmap(void* addr, size_t len) {
+  ENSURE(munmap);
+  if (enabled()) log_mappings_in(addr, len, 1);
+  return real_munmap(addr, len);
+}
+int msync(void* addr, size_t len, int flags) {
+  ENSURE(msync);
+  if (enabled()) log_mappings_in(addr, len, 0);
+  return real_msync(addr, len, flags);
+}
+void* mremap(void* old, size_t old_len, size_t new_len, int flags, ...) {
+  ENSURE(mremap);
+  void* target = NULL;
+  if (flags & MREMAP_FIXED) {
+    va_list ap;
+    va_start(ap, flags);
+    target = va_arg(ap, void*);
+    va_end(ap);
+  }
+  if (enabled()) {
+    pthread_mutex_lock(&g_maps_mu);
+    for (int i = 0; i < MAX_MAPS; i++) {
+      if (g_maps[i].addr && (char*)old < g_maps[i].addr + g_maps[i].len &&
+          (char*)old + old_len > g_maps[i].addr) {
+        log_unsupported("mremap", "");
+      }
+    }
+    pthread_mutex_unlock(&g_maps_mu);
+  }
+  return real_mremap(old, old_len, new_len, flags, target);
+}
+
+/* A process that exits with a mapping in place leaves its stores in the
+ * page cache as munmap would. */
+__attribute__((destructor)) static void log_mappings_at_exit(void) {
+  if (enabled()) log_mappings_in((void*)0, (size_t)-1, 1);
+}
+
 /* ---- durability ---- */
 
 int fsync(int fd) {
   ENSURE(fsync);
   if (!fd_watched(fd)) return real_fsync(fd);
+  log_mappings_of_fd(fd);
   uint64_t t0 = now_ns();
   int r = real_fsync(fd);
   int err = errno;
@@ -653,6 +797,7 @@ int fsync(int fd) {
 int fdatasync(int fd) {
   ENSURE(fdatasync);
   if (!fd_watched(fd)) return real_fdatasync(fd);
+  log_mappings_of_fd(fd);
   uint64_t t0 = now_ns();
   int r = real_fdatasync(fd);
   int err = errno;
@@ -818,21 +963,6 @@ FILE* fopen64(const char* path, const char* mode) {
   ENSURE(fopen64);
   check_stream(path, mode);
   return real_fopen64(path, mode);
-}
-static void check_map(int prot, int flags, int fd) {
-  if ((prot & PROT_WRITE) && (flags & MAP_SHARED) && fd_watched(fd)) {
-    log_unsupported("mmap_shared_write", "");
-  }
-}
-void* mmap(void* addr, size_t len, int prot, int flags, int fd, off_t off) {
-  ENSURE(mmap);
-  check_map(prot, flags, fd);
-  return real_mmap(addr, len, prot, flags, fd, off);
-}
-void* mmap64(void* addr, size_t len, int prot, int flags, int fd, off64_t off) {
-  ENSURE(mmap64);
-  check_map(prot, flags, fd);
-  return real_mmap64(addr, len, prot, flags, fd, off);
 }
 int aio_write(struct aiocb* cb) {
   ENSURE(aio_write);
