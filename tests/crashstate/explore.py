@@ -306,10 +306,17 @@ def generate(explorer, per_cut, write_cuts, final_data, dirs, distinct):
 
 def select(distinct, max_states, rng, only_marked=False):
     """At most max_states keys: half from states showing the new marker (the
-    ones a commit could be wrong in), the rest from the others."""
+    ones a commit could be wrong in), the rest from the others. With
+    only_marked (the controls), states that show a marker beside files that
+    are not whole come first: the ones the checks must reject."""
     keys = sorted(distinct)
     rng.shuffle(keys)
     marked = [k for k in keys if distinct[k]["facts"]["marker"]]
+    if only_marked:
+        def torn(k):
+            f = distinct[k]["facts"]
+            return any(not f["whole"][d] for d in f["marked"])
+        marked = [k for k in marked if torn(k)] + [k for k in marked if not torn(k)]
     other = [] if only_marked else [k for k in keys if not distinct[k]["facts"]["marker"]]
     n_marked = min(len(marked), max(max_states // 2, max_states - len(other)))
     return marked[:n_marked] + other[:max_states - n_marked]
