@@ -43,7 +43,8 @@ int Main(int argc, char** argv) {
       ->check(CLI::Range(0.01, 4096.0))
       ->capture_default_str();
   app.add_flag("--resume", flags.resume,
-               "Restore the latest committed step first (any world size) and continue");
+               "Restore the newest committed step that restores intact first (any world "
+               "size; a damaged newer step is skipped) and continue");
   app.add_option("--max-to-keep", flags.max_to_keep,
                  "Keep only the newest N committed steps (0: all)")
       ->check(CLI::NonNegativeNumber)

@@ -44,18 +44,20 @@ Result<std::optional<int64_t>> AgreedLatestStep(const CheckpointManager& mgr, MP
   return v[1] ? std::optional<int64_t>(v[2]) : std::nullopt;
 }
 
-// Collective: reads the model config stored in `step`, then restores every
-// array into a new trainer, each rank asking for its own rows under the
-// current world size.
-Result<std::unique_ptr<Trainer>> RestoreTrainer(CheckpointManager& mgr, int64_t step,
-                                                const TrainFlags& flags, MPI_Comm comm,
-                                                const Console& out) {
+// Collective: reads the model config of the newest step whose config
+// restores intact, then restores every array into a new trainer, each rank
+// asking for its own rows under the current world size, from the newest step
+// that restores intact as a whole (CheckpointManager::RestoreLatest: a
+// damaged newest step falls back to an older one, with a log line); `*step`
+// gets that step.
+Result<std::unique_ptr<Trainer>> RestoreTrainer(CheckpointManager& mgr, const TrainFlags& flags,
+                                                MPI_Comm comm, const Console& out, int64_t* step) {
   std::array<int64_t, ModelConfig::kEncodedSize> encoded{};
   ArrayToRestore config_request{
       kConfigArrayName,
       DType::kInt64,
       {Destination{FullBox({ModelConfig::kEncodedSize}), encoded.data()}}};
-  MHCKPT_RETURN_IF_ERROR(mgr.Restore(step, std::span(&config_request, 1)));
+  MHCKPT_RETURN_IF_ERROR(mgr.RestoreLatest(std::span(&config_request, 1)).status());
   MHCKPT_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Decode(encoded));
   if (flags.model_mib_given) {
     out.Line("note: --model-mib is ignored on --resume: the checkpoint's model is {}",
@@ -63,10 +65,12 @@ Result<std::unique_ptr<Trainer>> RestoreTrainer(CheckpointManager& mgr, int64_t 
   }
   auto trainer = std::make_unique<Trainer>(config, flags.learning_rate, comm);
   std::vector<ArrayToRestore> requests = trainer->ArraysToRestore();
-  MHCKPT_RETURN_IF_ERROR(mgr.Restore(step, requests, RestoreOptions{.strict = true}));
+  // Every step of a run holds the same arrays: the config read above is
+  // the one of whichever step restores (FinishRestore checks it).
+  MHCKPT_ASSIGN_OR_RETURN(*step, mgr.RestoreLatest(requests, RestoreOptions{.strict = true}));
   MHCKPT_RETURN_IF_ERROR(trainer->FinishRestore());
-  if (trainer->step() != step) {
-    return DataLoss(fmt::format("array 'train/step' of step {} holds {}", step, trainer->step()));
+  if (trainer->step() != *step) {
+    return DataLoss(fmt::format("array 'train/step' of step {} holds {}", *step, trainer->step()));
   }
   return trainer;
 }
@@ -135,19 +139,27 @@ Status RunTraining(const TrainFlags& flags, MPI_Comm comm) {
   MHCKPT_ASSIGN_OR_RETURN(std::optional<int64_t> latest, AgreedLatestStep(*mgr, comm));
 
   std::unique_ptr<Trainer> trainer;
+  int64_t skip_saves_through = -1;
   if (flags.resume) {
     if (!latest) {
       return NotFound(fmt::format("--resume: no committed step in '{}'", flags.dir));
     }
     auto t0 = Clock::now();
-    MHCKPT_ASSIGN_OR_RETURN(trainer, RestoreTrainer(*mgr, *latest, flags, comm, out));
+    int64_t restored = -1;
+    MHCKPT_ASSIGN_OR_RETURN(trainer, RestoreTrainer(*mgr, flags, comm, out, &restored));
     const double restore_s = Since(t0);
+    if (restored != *latest) {
+      out.Line(
+          "note: step {}, the newest committed, does not restore intact; resuming from step {}",
+          *latest, restored);
+      skip_saves_through = *latest;
+    }
     std::vector<ArrayToSave> arrays = trainer->ArraysToSave();
     const uint64_t fp = GlobalFingerprint(arrays, comm);
-    out.Line("restored step={} from {}{} at {} rank{}: {:.1f} MiB in {:.3f} s", *latest, flags.dir,
-             flags.local_dir.empty() ? "" : TierOf(*mgr, *latest), size, size == 1 ? "" : "s",
+    out.Line("restored step={} from {}{} at {} rank{}: {:.1f} MiB in {:.3f} s", restored, flags.dir,
+             flags.local_dir.empty() ? "" : TierOf(*mgr, restored), size, size == 1 ? "" : "s",
              MiB(GlobalBytes(arrays)), restore_s);
-    out.Line("fingerprint step={} {}", *latest, FingerprintHex(fp));
+    out.Line("fingerprint step={} {}", restored, FingerprintHex(fp));
   } else {
     if (latest) {
       return FailedPrecondition(
@@ -185,7 +197,14 @@ Status RunTraining(const TrainFlags& flags, MPI_Comm comm) {
       loss_sum = 0;
       loss_count = 0;
     }
-    if ((flags.save_every > 0 && step % flags.save_every == 0) || step == flags.steps) {
+    // After a resume that fell back past damaged steps, those steps stay
+    // committed: saving one again would fail (AlreadyExists), so the saves
+    // up to the newest committed step are skipped.
+    if (step <= skip_saves_through &&
+        ((flags.save_every > 0 && step % flags.save_every == 0) || step == flags.steps)) {
+      out.Line("note: step {} is not saved: a committed (damaged) step {} is newer", step,
+               skip_saves_through);
+    } else if ((flags.save_every > 0 && step % flags.save_every == 0) || step == flags.steps) {
       // At most one save in flight: the previous one must have committed.
       if (pending)
         MHCKPT_RETURN_IF_ERROR(ConfirmSave(*mgr, *pending, state_bytes, local_tier, out));
