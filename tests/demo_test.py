@@ -6,11 +6,13 @@
   - the fingerprint printed for a committed step is the one numpy computes
     from its data.h5 (demo/fingerprint.h gives the formula),
   - training resumes where it stopped and the loss falls,
-  - --max-to-keep holds.
+  - --max-to-keep holds,
+  - a damaged newest step makes --resume fall back to the step before it.
 
     demo_test.py --demo BIN --dir DIR --mpiexec "mpiexec --oversubscribe ..."
 """
 import argparse
+import json
 import os
 import re
 import shlex
@@ -74,6 +76,25 @@ def main():
 
     losses = [float(l) for _, l in LOSS.findall(first)] + [float(l) for _, l in LOSS.findall(second)]
     check(losses[-1] < 0.6 * losses[0], "loss fell from %.4f to %.4f" % (losses[0], losses[-1]))
+
+    # The newest step damaged (two flipped bytes of an array in its data.h5):
+    # --resume falls back to step 25, bit for bit, and goes on.
+    step_dir = os.path.join(args.dir, "step_%010d" % 30)
+    with open(os.path.join(step_dir, "commit.json")) as f:
+        weights = [a for a in json.load(f)["arrays"] if a["name"] == "model/layer0/w"]
+    check(weights and weights[0].get("offset", -1) > 0, "step 30 places model/layer0/w")
+    with open(os.path.join(step_dir, "data.h5"), "r+b") as f:
+        for at in (weights[0]["offset"] + 3, weights[0]["offset"] + 11):
+            f.seek(at)
+            c = f.read(1)[0]
+            f.seek(at)
+            f.write(bytes([c ^ 0x41]))
+    fourth = run(args.mpiexec, n1, args.demo, *common, "--steps", 35, "--resume")
+    check(FINGERPRINT.findall(fourth)[0] == ("25", committed["25"]),
+          "a damaged step 30 fell back to step 25: %s" % FINGERPRINT.findall(fourth)[:1])
+    check("does not restore intact" in fourth and "step 30 is not saved" in fourth,
+          "the fallback is said, and the damaged step is not saved again")
+    check([int(s) for s, _ in FINGERPRINT.findall(fourth)][1:] == [35], "training went on to 35")
     print("demo_test: fingerprints match across %d, %d and %d ranks and the files; loss %.4f -> %.4f"
           % (n1, n2, n3, losses[0], losses[-1]))
 
