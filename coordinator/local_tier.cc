@@ -662,6 +662,12 @@ Status LocalTier::Write(const Comm& comm, const io::Marker& plan, const StagedBo
     Status closed = f.Close();
     if (s.ok()) s = closed;
   }
+  // The bytes of every file this rank wrote durable before its node's marker
+  // (step 4; a no-op on a tmpfs).
+  if (s.ok()) s = io::FsyncFile(FilePath(step, rank));
+  for (size_t i = 0; s.ok() && i < senders.size(); ++i)
+    s = io::FsyncFile(FilePath(step, senders[i]));
+  if (s.ok() && group && group->segment > 0) s = io::FsyncFile(ParityPath(step, rank));
   if (s.ok()) s = fault::Hit("local_exchange");
   return s;
 }

@@ -22,7 +22,8 @@
 //      an error here, not a SIGBUS later), copies its planned boxes into it
 //      and hashes them, and maps the files it receives; one agreement.
 //   3. Each rank sends its file to its copy holders, and receives the files
-//      it holds straight into their mappings (point to point).
+//      it holds straight into their mappings (point to point); then it makes
+//      every file it wrote durable (fsync: a no-op on a tmpfs).
 //   4. Rank 0 gathers every rank's outcome and checksums (as the shared
 //      root's commit does), fills the marker and broadcasts it; each node's
 //      lowest rank makes the step's names durable and puts the marker
