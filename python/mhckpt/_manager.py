@@ -5,10 +5,10 @@ import atexit
 import json
 import threading
 import weakref
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from . import _core, _leaves, _pytree
-from ._errors import Error, InvalidArgumentError, from_code
+from ._errors import DataLossError, Error, InvalidArgumentError, NotFoundError, from_code
 
 # Keys of the commit marker's user metadata that this package owns.
 _VALUES_KEY = "mhckpt.python.values"
@@ -506,6 +506,99 @@ class CheckpointManager:
         )
         out = [p.finish() if p is not None else v for p, v in zip(plans, leaves)]
         return _pytree.unflatten(treedef, out)
+
+    def restore_latest(
+        self,
+        target: Any = None,
+        *,
+        strict: bool = False,
+        read_once: bool = True,
+        prefault: bool = True,
+        direct_reads: bool = True,
+        source: str = "any",
+    ) -> Tuple[int, Any]:
+        """Restores the newest committed step that restores intact, into the
+        structure of ``target``, and returns ``(step, tree)``.
+
+        The committed steps are tried newest first, the local tier before
+        ``root`` for a step both hold; a damaged piece of a local step is
+        served from another node's copy or rebuilt from parity, and a step
+        that still cannot be served whole (damaged bytes or marker, a lost
+        piece) is skipped with one log line naming the step, the tier and
+        why -- the same choice on every rank. Every byte is checked. For a
+        job restarted after a crash: ``latest_step`` names the newest
+        committed step, which may be damaged; this restores the newest one
+        that is not.
+
+        The destinations are made from the newest step this rank can
+        describe, so ``target`` (as for :meth:`restore`) must fit every step
+        tried: the steps of one run hold the same arrays. A step that does not
+        hold them is raised, not skipped. Non-array leaves come from the step
+        restored.
+
+        Args: as :meth:`restore` (``source`` limits the steps tried to one
+        tier: "local" or "persistent").
+
+        Raises (the same on every rank): NotFoundError if no committed step
+        restores (naming each step skipped and why), or a target key a step
+        lacks; InvalidArgumentError (a target that does not fit a step);
+        IoError (``root`` cannot be listed or read).
+        """
+        err: Optional[BaseException] = None
+        plans: List[Any] = []
+        leaves: List[Any] = []
+        names: List[Optional[str]] = []
+        treedef = None
+        try:
+            desc = None
+            for s in sorted(self.all_steps(), reverse=True):
+                try:
+                    desc = self.describe(s)
+                    break
+                except (NotFoundError, DataLossError):
+                    continue
+            if desc is None:
+                raise NotFoundError(f"no committed step in '{self._root}' can be described")
+            if target is None:
+                target = _default_target(desc)
+            flat, treedef = _pytree.flatten(target, _leaves.is_leaf)
+            wanted = set()
+            for path, leaf in flat:
+                name = _pytree.path_name(path)
+                stored = desc["arrays"].get(name)
+                if stored is None:
+                    if name not in desc["values"]:
+                        raise _leaves.not_found(name, desc["step"])
+                    names.append(name)
+                    plans.append(None)
+                    continue
+                wanted.add(name)
+                plans.append(_leaves.restore_array(name, leaf, stored))
+                names.append(None)
+            if strict and wanted != set(desc["arrays"]):
+                missing = sorted(set(desc["arrays"]) - wanted)
+                raise InvalidArgumentError(
+                    f"strict restore of step {desc['step']}: the target leaves out {missing}"
+                )
+        except Exception as e:  # agreed by the C++ core, raised on every rank
+            err, plans = e, []
+        specs = [p.spec() for p in plans if p is not None]
+        step = self._call_agreed(
+            err,
+            self._impl.restore_latest,
+            specs,
+            strict,
+            read_once,
+            bool(prefault),
+            bool(direct_reads),
+            str(source),
+        )
+        values = self.describe(step)["values"] if any(n is not None for n in names) else {}
+        for n in names:
+            if n is not None and n not in values:
+                raise _leaves.not_found(n, step)
+        out = [p.finish() if p is not None else values[n] for p, n in zip(plans, names)]
+        return step, _pytree.unflatten(treedef, out)
 
     def verify(self, step: int) -> int:
         """Re-reads every byte of committed step ``step`` and checks it

@@ -392,6 +392,31 @@ class PyManager {
     });
   }
 
+  // Collective: RestoreLatest, errors found in Python or here agreed first;
+  // the step restored.
+  int64_t RestoreLatest(const std::vector<RestoreSpec>& specs, bool strict, bool read_once,
+                        bool prefault, bool direct_reads, const std::string& source,
+                        const PyError& py_error) {
+    std::vector<ArrayToRestore> arrays;
+    RestoreSource from = RestoreSource::kAny;
+    Status local = Convert(py_error, [&] {
+      arrays = ToRestore(specs);
+      from = SourceFromName(source);
+    });
+    int64_t step = -1;
+    Blocking([&](CheckpointManager& mgr) {
+      MHCKPT_RETURN_IF_ERROR(mgr.Agree(local));
+      Result<int64_t> r = mgr.RestoreLatest(arrays, RestoreOptions{.strict = strict,
+                                                                   .read_once = read_once,
+                                                                   .prefault = prefault,
+                                                                   .direct_reads = direct_reads,
+                                                                   .source = from});
+      if (r.ok()) step = *r;
+      return r.status();
+    });
+    return step;
+  }
+
   uint64_t Verify(int64_t step) {
     uint64_t bytes = 0;
     Blocking([&](CheckpointManager& mgr) { return mgr.Verify(step, &bytes); });
@@ -614,6 +639,7 @@ NB_MODULE(_core, m) {
       .def("reserve", &PyManager::Reserve)
       .def("wait", &PyManager::Wait)
       .def("restore", &PyManager::Restore)
+      .def("restore_latest", &PyManager::RestoreLatest)
       .def("verify", &PyManager::Verify)
       .def("steps", &PyManager::Steps)
       .def("tiers", &PyManager::Tiers)
