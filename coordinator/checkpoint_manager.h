@@ -283,23 +283,45 @@ enum class CopyMode : uint8_t {
   kBlocking,
   /// Save checks its input and returns; the copies run on mhckpt's threads
   /// (at the lowest priority) while the caller computes, and the SaveFence
-  /// completes when every box is copied. Until then the caller must not write, free, donate or
-  /// delete any buffer it saved (a training loop waits just before the
-  /// optimizer step). Device boxes (Memory::kCuda) too: Save records an
-  /// event on each Shard::stream and returns; the copies are queued later on
-  /// mhckpt's own streams behind that event (so they see the work queued on
-  /// the stream before Save, not after it) into pinned staging memory, and
-  /// the fence completes once they have completed. This device path has not
-  /// yet run on a GPU, in CI or on the development machines (it is compiled,
-  /// and its tests skip without a device). The rest of the save (plan, write, commit) starts
-  /// after the copy, in the background, as for a blocking save. Without
-  /// asynchronous saves (Options::async false, or no MPI_THREAD_MULTIPLE)
-  /// Save copies before it returns, as kBlocking does.
+  /// completes when every box is copied.
+  ///
+  /// Ownership: mhckpt takes no ownership of any Shard::data buffer; it keeps
+  /// only the pointer. From the call to Save until the copy has ended -- the
+  /// fence is complete (SaveFence::Wait has returned or SaveFence::Done is
+  /// true), SaveOptions::on_copied has been called, or WaitUntilFinished has
+  /// returned -- the caller must keep every buffer it passed allocated,
+  /// mapped, readable and unchanged: not write, free, unmap, recycle, donate
+  /// or delete it, nor let a garbage collector or allocator reclaim it (a
+  /// temporary made only for the call must be held by the caller until
+  /// then). This holds even when Save returns an error: the copier still
+  /// reads this rank's valid boxes. Once the copy has ended mhckpt never
+  /// reads the buffers again (the rest of the save works from its own
+  /// staging memory): the caller may free or reuse them at once. The
+  /// ArrayToSave list itself, its names, boxes and the metadata are copied
+  /// by Save and may go when it returns. A buffer freed or changed early is
+  /// a wrong or failed save: bytes changed during the copy are committed
+  /// torn, with checksums of the torn bytes; a buffer that faults on read
+  /// fails the save on every rank, naming the array (a training loop waits
+  /// on the fence just before the optimizer step).
+  ///
+  /// Device boxes (Memory::kCuda) too: Save records an event on each
+  /// Shard::stream and returns; the copies are queued later on mhckpt's own
+  /// streams behind that event (so they see the work queued on the stream
+  /// before Save, not after it) into pinned staging memory, and the fence
+  /// completes once they have completed. This device path has not yet run on
+  /// a GPU, in CI or on the development machines (it is compiled, and its
+  /// tests skip without a device). The rest of the save (plan, write, commit)
+  /// starts after the copy, in the background, as for a blocking save.
+  /// Without asynchronous saves (Options::async false, or no
+  /// MPI_THREAD_MULTIPLE) Save copies before it returns, as kBlocking does.
   kLazy,
 };
 
 /// Completes when a lazy save has copied every box of this rank (an empty
-/// fence is complete). Copyable; every copy refers to the same save.
+/// fence is complete): from then on the save reads none of the caller's
+/// buffers, which the caller may free, overwrite or give away (CopyMode::kLazy
+/// says what the caller owns until then). Copyable; every copy refers to the
+/// same save; it may outlive the save and the manager.
 class SaveFence {
  public:
   SaveFence() = default;
@@ -520,8 +542,11 @@ class CheckpointManager {
   /// `options` chooses the tier of this save (with Options::local_dir); every
   /// rank must pass the same, or the save fails with InvalidArgument.
   /// With `options.copy` kLazy, Save returns before copying: `fence`, if
-  /// given, completes when every box of this rank is copied, and no buffer
-  /// may be written, freed or given away before then (CopyMode::kLazy).
+  /// given, completes when every box of this rank is copied, and the caller
+  /// keeps every buffer allocated and unchanged until then, even if Save
+  /// returned an error (CopyMode::kLazy says precisely what the caller
+  /// owns and until when); without a fence, until `options.on_copied` is
+  /// called or WaitUntilFinished returns.
   Status Save(int64_t step, std::span<const ArrayToSave> arrays, const UserMetadata& metadata = {},
               const SaveOptions& options = {}, SaveFence* fence = nullptr);
 

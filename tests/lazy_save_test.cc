@@ -223,6 +223,107 @@ TEST(LazySave, DeviceBoxWithoutADeviceIsAnInputError) {
   EXPECT_TRUE(SameOnAllRanks(s));
 }
 
+// The ownership contract of a lazy save (CopyMode::kLazy): the caller owns
+// every Shard::data buffer until the copy has ended -- SaveFence::Wait has
+// returned, or on_copied has been called -- and may free or reuse it from
+// then on, while the save is still being written and committed. Here every
+// buffer is a heap allocation of its own (so that AddressSanitizer, which
+// this test runs under in scripts/test.sh, reports any read of it after it
+// is freed): a row shard, a replicated array (written by rank 0 after the
+// plan, from staging, never from caller memory) and a one-element counter.
+// Some are freed inside on_copied, the rest right after the fence, and
+// their memory is reallocated and overwritten before the commit; the step
+// restores bit-exactly. Also when this rank's Save returns an input error:
+// the copier still reads the valid boxes, so the buffers are the caller's
+// until the fence all the same.
+TEST(LazySave, CallerFreesAndReusesEveryBufferOnceTheCopyHasEnded) {
+  auto m = OpenForTest(FreshDir());
+  ASSERT_TRUE(m);
+  ASSERT_TRUE(m->async()) << "lazy saves need the asynchronous path";
+  constexpr int64_t kRows = 96;
+  constexpr int64_t kCols = 64;
+  const std::vector<int64_t> rows_shape{kRows * Size(), kCols};
+  const Box rows_box{{kRows * Rank(), 0}, {kRows, kCols}};
+  const std::vector<int64_t> rep_shape{33, 17};
+  const std::vector<int64_t> counter_shape{};
+  for (int step = 0; step < 4; ++step) {
+    const uint64_t seed = 500 + static_cast<uint64_t>(step);
+    struct Held {
+      std::string name;
+      DType dtype;
+      std::vector<int64_t> shape;
+      Box box;
+      std::vector<std::byte> want;
+      std::byte* data = nullptr;
+    };
+    std::vector<Held> held;
+    held.push_back({"rows", DType::kFloat32, rows_shape, rows_box, {}});
+    held.push_back({"rep", DType::kFloat64, rep_shape, FullBox(rep_shape), {}});
+    held.push_back({"counter", DType::kInt64, counter_shape, FullBox(counter_shape), {}});
+    std::vector<ArrayToSave> arrays;
+    for (Held& h : held) {
+      h.want = Fill(h.dtype, h.shape, h.box, seed);
+      h.data = new std::byte[h.want.size()];
+      std::memcpy(h.data, h.want.data(), h.want.size());
+      arrays.push_back({h.name, h.dtype, h.shape, {Shard{h.box, h.data}}});
+    }
+    // Step 3: an input error on rank 0 (a second array whose box lies outside
+    // it); the valid boxes are still copied, and the save fails everywhere.
+    const bool bad = step == 3;
+    std::vector<std::byte> outside(16);
+    if (bad) {
+      arrays.push_back({"bad", DType::kInt32, {4}, {}});
+      if (Rank() == 0) arrays.back().shards.push_back(Shard{Box{{8}, {4}}, outside.data()});
+    }
+    SaveOptions so = Lazy();
+    // The first two buffers are freed as soon as the copy has ended, on the
+    // copying thread, before the fence completes.
+    so.on_copied = [&held](const Status&) {
+      for (size_t i = 0; i < 2; ++i) {
+        delete[] held[i].data;
+        held[i].data = nullptr;
+      }
+    };
+    SaveFence fence;
+    Status local = m->Save(step, arrays, {}, so, &fence);
+    EXPECT_EQ(local.ok(), !bad || Rank() != 0) << local.ToString();
+    arrays.clear();
+    (void)fence.Wait();
+    for (Held& h : held) {
+      delete[] h.data;  // the last one here; the others are null by now
+      h.data = nullptr;
+    }
+    // The memory freed is handed out again and overwritten while the save is
+    // planned, written and committed.
+    std::vector<std::unique_ptr<std::byte[]>> churn;
+    for (int i = 0; i < 64; ++i) {
+      for (const Held& h : held) {
+        churn.emplace_back(new std::byte[h.want.size()]);
+        std::memset(churn.back().get(), 0xA5, h.want.size());
+      }
+    }
+    Status s = m->WaitUntilFinished();
+    if (bad) {
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+      EXPECT_NE(s.message().find("'bad'"), std::string::npos) << s.ToString();
+      EXPECT_TRUE(SameOnAllRanks(s));
+      continue;
+    }
+    ASSERT_TRUE(s.ok()) << "step " << step << ": " << s.ToString();
+    churn.clear();
+    for (const Held& h : held) {
+      std::vector<std::byte> got(h.want.size());
+      std::vector<ArrayToRestore> r{{h.name, h.dtype, {{h.box, got.data()}}}};
+      s = m->Restore(step, r);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      EXPECT_TRUE(got == h.want) << "step " << step << " array '" << h.name << "'";
+    }
+  }
+  auto steps = m->CommittedSteps();
+  ASSERT_TRUE(steps.ok());
+  EXPECT_EQ(*steps, (std::vector<int64_t>{0, 1, 2}));
+}
+
 TEST(StagingReserve, OpenMapsStagingAheadAndTheFirstSaveUsesIt) {
   Buffer buf(1024);  // 1 MiB per rank
   Options o;

@@ -287,7 +287,12 @@ class CheckpointManager:
             fence.wait()
             state = train_step(state, batch)   # donates state
 
-        mhckpt holds the saved objects until the copy ends. A ``jax.Array``
+        Until the copy ends mhckpt holds a reference to every saved object
+        and to every temporary it made from one (the contiguous copy of a
+        strided or transposed numpy array or tensor, the array of a numpy
+        scalar), and drops them when it ends: deleting the caller's last
+        reference before then frees nothing. What the caller owns is the
+        bytes: they must stay unchanged until the fence. A ``jax.Array``
         donated or deleted before then fails the save on every rank
         (InvalidArgumentError naming the array, from
         :meth:`wait_until_finished`); its bytes are never committed. numpy
@@ -344,7 +349,12 @@ class CheckpointManager:
                     values[name] = leaf
                     continue
                 a = _leaves.save_array(name, leaf)
+                # The leaf and every buffer object handed to C++ (a copy made
+                # of a strided array, a numpy scalar's array, a contiguous
+                # copy of a transposed tensor): a lazy copy reads them after
+                # save returns, so they live until it ends.
                 keep.append(leaf)
+                keep.extend(shard[2] for shard in a.shards)
                 if lazy and _leaves.is_jax_array(leaf):
                     jax_arrays.append((name, leaf))
                 specs.append(a.spec())
@@ -676,8 +686,12 @@ def _donation_check(keep: List[Any], jax_arrays: List[Any]):
     """What a lazy save calls on mhckpt's copying thread once it has copied:
     a jax.Array deleted by then (donated to a computation, or deleted) may
     have been overwritten during the copy, so the save must fail. ``keep``
-    holds every saved object until then, so that none is freed under the
-    copy."""
+    holds every saved leaf and every buffer object made from one (the
+    temporaries of ``_leaves.save_array``) until then, so that none is freed
+    under the copy; it is emptied here, when the copy has ended. (A copy that
+    failed does not call the check: ``keep`` then goes with the check itself,
+    which the copying thread drops once the copy has ended; the binding holds
+    the buffers it took until then too.)"""
 
     def check() -> Optional[str]:
         try:

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -100,7 +101,7 @@ struct PyBuffer {
 
 template <typename Array>
 PyBuffer Buffer(nb::handle obj, const std::vector<int64_t>& count, DType dtype,
-                const std::string& what) {
+                const std::string& what, Array* view = nullptr) {
   Array a;
   if (!nb::try_cast(obj, a)) {
     throw LocalError{what + ": " + nb::type_name(obj.type()).c_str() +
@@ -129,9 +130,13 @@ PyBuffer Buffer(nb::handle obj, const std::vector<int64_t>& count, DType dtype,
       throw LocalError{what + ": the buffer is on a device mhckpt does not support (DLPack " +
                        "device type " + std::to_string(a.device_type()) + ")"};
   }
-  // The caller's Python objects (in `specs`) keep the memory alive for the call.
-  return {const_cast<void*>(static_cast<const void*>(a.data())), memory,
-          memory == Memory::kCuda ? static_cast<int>(a.device_id()) : -1};
+  // The caller's Python objects (in `specs`) keep the memory alive for the
+  // call; `view`, if given, gets the view itself (which holds the exporter's
+  // buffer or DLPack tensor), for a caller that needs the memory longer.
+  PyBuffer b{const_cast<void*>(static_cast<const void*>(a.data())), memory,
+             memory == Memory::kCuda ? static_cast<int>(a.device_id()) : -1};
+  if (view != nullptr) *view = std::move(a);
+  return b;
 }
 
 std::string BoxWhat(const std::string& name, const std::vector<int64_t>& start,
@@ -174,15 +179,64 @@ ParsedShard ParseShard(const ShardSpec& spec, const std::string& name) {
   return p;
 }
 
-std::vector<ArrayToSave> ToSave(const std::vector<SaveSpec>& specs) {
+// The buffers of a lazy save, held from Save until its copy has ended: the
+// Python objects that Save took pointers into and nanobind's views of them
+// (which hold the exporter's buffer or DLPack tensor). A temporary the Python
+// layer made for the call (a contiguous copy of a strided array) would
+// otherwise be freed when Save returns, under the copy. Release drops them,
+// with the GIL; once the interpreter has gone, it leaks them instead.
+class HeldBuffers {
+ public:
+  HeldBuffers() = default;
+  HeldBuffers(const HeldBuffers&) = delete;
+  HeldBuffers& operator=(const HeldBuffers&) = delete;
+  ~HeldBuffers() { Release(); }
+
+  // With the GIL.
+  void Add(nb::handle obj, nb::ndarray<nb::ro> view) {
+    std::lock_guard<std::mutex> lock(mu_);
+    objects_.push_back(nb::borrow(obj));
+    views_.push_back(std::move(view));
+  }
+
+  // Any thread, with or without the GIL; once (later calls do nothing).
+  void Release() {
+    std::vector<nb::object> objects;
+    std::vector<nb::ndarray<nb::ro>> views;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      objects.swap(objects_);
+      views.swap(views_);
+    }
+    if (objects.empty() && views.empty()) return;
+    if (Py_IsInitialized() == 0) {
+      for (nb::object& o : objects) (void)o.release();  // leaked
+      return;  // the views: nanobind frees nothing once the interpreter is gone
+    }
+    nb::gil_scoped_acquire gil;
+    views.clear();
+    objects.clear();
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<nb::object> objects_;
+  std::vector<nb::ndarray<nb::ro>> views_;
+};
+
+// `held`, if given, gets every buffer (a lazy save's, HeldBuffers).
+std::vector<ArrayToSave> ToSave(const std::vector<SaveSpec>& specs, HeldBuffers* held = nullptr) {
   std::vector<ArrayToSave> arrays;
   arrays.reserve(specs.size());
   for (const auto& [name, dtype, shape, shards] : specs) {
     ArrayToSave a{name, ParseDType(dtype, name), shape, {}};
     for (const ShardSpec& spec : shards) {
       ParsedShard p = ParseShard(spec, name);
+      nb::ndarray<nb::ro> view;
       PyBuffer b = Buffer<nb::ndarray<nb::ro>>(p.obj, p.box.count, a.dtype,
-                                               BoxWhat(name, p.box.start, p.box.count));
+                                               BoxWhat(name, p.box.start, p.box.count),
+                                               held != nullptr ? &view : nullptr);
+      if (held != nullptr) held->Add(p.obj, std::move(view));
       a.shards.push_back(
           Shard{p.box, b.data, b.memory, b.device, b.memory == Memory::kCuda ? p.stream : nullptr});
     }
@@ -317,25 +371,33 @@ class PyManager {
   // every rank raises the same exception and none waits alone in the plan.
   //
   // `lazy`: Save returns before copying (CopyMode::kLazy) and the returned
-  // fence completes when it has copied. `check`, called with the GIL on the
-  // copying thread after the copy, returns None or why the save must fail
-  // (an array donated during the copy); it holds the saved objects, so that
-  // none is freed before then.
+  // fence completes when it has copied. Every buffer object of `specs` is
+  // held (HeldBuffers) from here until the copy has ended, whatever its
+  // outcome, and dropped then, before the fence completes: the objects in
+  // `specs` may be temporaries that nothing else references once this call
+  // returns. `check`, called with the GIL on the copying thread after a copy
+  // that succeeded, returns None or why the save must fail (an array donated
+  // during the copy); it holds the saved objects too, until it is called.
   PyFence Save(int64_t step, const std::vector<SaveSpec>& specs,
                const std::map<std::string, std::string>& metadata, const std::string& tier,
                bool lazy, bool protect_host, nb::object check, const PyError& py_error) {
     std::vector<ArrayToSave> arrays;
     SaveOptions so;
+    std::shared_ptr<HeldBuffers> held = lazy ? std::make_shared<HeldBuffers>() : nullptr;
     Status local = Convert(py_error, [&] {
-      arrays = ToSave(specs);
+      arrays = ToSave(specs, held.get());
       so.tier = TierFromName(tier);
     });
     if (lazy) {
       so.copy = CopyMode::kLazy;
       so.protect_host = protect_host;
+      // Called once the copy has ended, failed or not (and by a save that
+      // falls back to copying before it returns).
+      so.on_copied = [held](const Status&) { held->Release(); };
       if (!check.is_none()) {
-        so.check_after_copy = [keep = KeepAlive(std::move(check)), rank = rank_]() -> Status {
+        so.check_after_copy = [keep = KeepAlive(std::move(check)), held, rank = rank_]() -> Status {
           nb::gil_scoped_acquire gil;
+          held->Release();  // under this GIL, rather than on_copied taking it again
           try {
             nb::object why = (*keep)();
             if (why.is_none()) return OkStatus();
