@@ -65,7 +65,32 @@ def is_leaf(x: Any) -> bool:
 
 
 def is_value(x: Any) -> bool:
-    return isinstance(x, VALUE_TYPES) and not isinstance(x, np.generic)
+    # Exactly these types: a subclass (np.float64, an IntEnum, a str
+    # subclass) would come back from JSON as its base type.
+    return type(x) in VALUE_TYPES
+
+
+def is_utf8(s: str) -> bool:
+    """Whether ``s`` can be passed to C++ (no lone surrogates)."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_array_name(name: str) -> None:
+    """InvalidArgumentError unless the core takes ``name`` for an array: a
+    '/'-separated path of non-empty components, none '.' or '..', printable
+    ASCII (base/types.h). Checked here, at ``save``, rather than by the core
+    after the save has started. (Values -- None, bool, int, float, str
+    leaves -- are stored as JSON, under any name.)"""
+    why = _core.check_array_name(name) if is_utf8(name) else "the name is not valid UTF-8"
+    if why:
+        raise InvalidArgumentError(
+            f"array {name!r}: {why}; an array's name is its key path joined with '/', "
+            "so its keys must be non-empty printable ASCII without '/' and not '.' or '..'"
+        )
 
 
 def _module_of(x: Any) -> str:
@@ -97,6 +122,11 @@ def numpy_dtype_name(name: str, dtype: Any) -> str:
     d = np.dtype(dtype)
     n = _DTYPE_NAMES.get(d)
     if n is None:
+        if not d.isnative:  # its name is the native one's; its bytes are not
+            raise InvalidArgumentError(
+                f"array '{name}': dtype {d.str} is not in this machine's byte order "
+                f"(convert it with .astype({d.name!r}))"
+            )
         n = d.name
         if n not in DTYPES:
             raise InvalidArgumentError(
@@ -180,7 +210,8 @@ def save_array(name: str, leaf: Any) -> SaveArray:
         return _torch.save_array(name, leaf)
     raise InvalidArgumentError(
         f"leaf '{name}': {type(leaf).__module__}.{type(leaf).__qualname__} is neither an array "
-        "(numpy, mhckpt.Shard, jax.Array, torch.Tensor) nor a value (None, bool, int, float, str)"
+        "(numpy, mhckpt.Shard, jax.Array, torch.Tensor) nor a value (None, bool, int, float, str; "
+        "not a subclass of one, which would be restored as the base type)"
     )
 
 
@@ -211,10 +242,12 @@ def restore_array(name: str, target: Any, stored: dict) -> RestoreArray:
         from . import _torch
 
         return _torch.restore_array(name, target, stored)
-    # Anything else (None, a value, np.generic) gets a new numpy array.
+    # Anything else (None, a value) gets a new numpy array; a numpy scalar,
+    # a new numpy scalar of its type.
+    out = new_array(stored["shape"], numpy_dtype(stored["dtype"]))
     if isinstance(target, np.generic):
         check_target(name, (), numpy_dtype_name(name, target.dtype), stored)
-    out = new_array(stored["shape"], numpy_dtype(stored["dtype"]))
+        return numpy_into(name, stored["dtype"], out, [], lambda: out[()])
     return numpy_into(name, stored["dtype"], out, [0] * out.ndim, lambda: out)
 
 

@@ -334,7 +334,11 @@ class CheckpointManager:
         meta: Dict[str, str] = {}
         keep: List[Any] = []
         jax_arrays: List[Any] = []
+        step_i = 0
         try:
+            step_i = int(step)  # here: a bad one is this rank's error, agreed
+            if tier is not None and not isinstance(tier, str):
+                raise InvalidArgumentError(f"tier={tier!r}: want None, 'local' or 'persistent'")
             leaves, _ = _pytree.flatten(state, _leaves.is_leaf)
             values: Dict[str, Any] = {}
             names = set()
@@ -348,6 +352,7 @@ class CheckpointManager:
                 if _leaves.is_value(leaf):
                     values[name] = leaf
                     continue
+                _leaves.check_array_name(name)
                 a = _leaves.save_array(name, leaf)
                 # The leaf and every buffer object handed to C++ (a copy made
                 # of a strided array, a numpy scalar's array, a contiguous
@@ -358,11 +363,12 @@ class CheckpointManager:
                 if lazy and _leaves.is_jax_array(leaf):
                     jax_arrays.append((name, leaf))
                 specs.append(a.spec())
+            _check_no_array_is_a_group([spec[0] for spec in specs])
             meta = _encode_metadata(metadata, values)
         except Exception as e:  # agreed by the C++ core, raised on every rank
             err, specs = e, []
         check = _donation_check(keep, jax_arrays) if lazy else None
-        core = self._call_agreed(err, self._impl.save, int(step), specs, meta, tier or "",
+        core = self._call_agreed(err, self._impl.save, step_i, specs, meta, tier or "",
                                  bool(lazy), bool(protect_host), check)
         return SaveFence(core)
 
@@ -708,6 +714,24 @@ def _donation_check(keep: List[Any], jax_arrays: List[Any]):
     return check
 
 
+def _check_no_array_is_a_group(names: List[str]) -> None:
+    """An array named like a path prefix of another (keys "a" and "a/b", or
+    "a" beside {"a": {"b": ...}} one level up) would be both a dataset and a
+    group of the checkpoint file: refused here, at save, rather than by the
+    core's plan once the save has started."""
+    groups: Dict[str, str] = {}
+    for name in names:
+        parts = name.split("/")
+        for i in range(1, len(parts)):
+            groups.setdefault("/".join(parts[:i]), name)
+    for name in names:
+        if name in groups:
+            raise InvalidArgumentError(
+                f"array '{name}': another array, '{groups[name]}', is named below it; "
+                "a name cannot be both an array and a group of arrays"
+            )
+
+
 def _encode_metadata(metadata: Optional[Mapping[str, Any]], values: Dict[str, Any]) -> Dict[str, str]:
     out: Dict[str, str] = {}
     for k, v in (metadata or {}).items():
@@ -715,6 +739,8 @@ def _encode_metadata(metadata: Optional[Mapping[str, Any]], values: Dict[str, An
             raise InvalidArgumentError(
                 f"metadata key {k!r}: keys are strings not starting with '{_RESERVED_PREFIX}'"
             )
+        if not _leaves.is_utf8(k):
+            raise InvalidArgumentError(f"metadata key {k!r}: not encodable as UTF-8")
         out[k] = _json(f"metadata '{k}'", v)
     if values:
         out[_VALUES_KEY] = _json("non-array leaves", values)

@@ -638,6 +638,8 @@ NB_MODULE(_core, m) {
     }
     return d;
   });
+  // Why `name` is not a name the core takes for an array (base/types.h), or "".
+  m.def("check_array_name", [](const std::string& name) { return CheckArrayName(name); });
   m.def("init_mpi", &InitMpi);
   m.def("finalize_mpi", &FinalizeMpi);
   m.def("mpi_initialized", [] {
