@@ -293,6 +293,7 @@ class Job {
     }
     if (kind == "restore") return Restore(op);
     if (kind == "check") return Check(op);
+    if (kind == "latest") return Latest(op);
     if (kind == "fault") {
       fired_before_ += fault::Fired();
       Status s = fault::Configure(op.at("spec").get<std::string>());
@@ -414,6 +415,46 @@ class Job {
     res["bad"] = bad;
     res["checked_bytes"] = checked;
     if (!first_bad.empty()) res["first_bad"] = first_bad;
+    return res;
+  }
+
+  // RestoreLatest into `arrays` (no seeds: those of the step it picks, as
+  // the generator gives them: step * 64 + index + 1), every byte compared.
+  json Latest(const json& op) {
+    std::vector<ArraySpec> specs;
+    std::vector<std::vector<Box>> boxes;
+    std::vector<std::vector<std::byte>> bufs;
+    std::vector<ArrayToRestore> want;
+    for (const json& aj : op.at("arrays")) {
+      json a = aj;
+      a["seed"] = 0;
+      specs.push_back(ParseArray(a, "restore"));
+    }
+    for (const ArraySpec& s : specs) {
+      boxes.push_back(RestoreBoxes(s, p_, r_, 0));
+      ArrayToRestore a{s.name, s.dtype, {}};
+      for (const Box& b : boxes.back()) {
+        bufs.emplace_back(BoxBytes(b, s.dtype), std::byte{0x5A});
+        a.shards.push_back(Destination{b, bufs.back().data()});
+      }
+      want.push_back(std::move(a));
+    }
+    RestoreOptions ro;
+    ro.source = SourceOf(op.value("source", "any"));
+    Result<int64_t> got = mgr_->RestoreLatest(want, ro);
+    json res = StatusJson(got.ok() ? OkStatus() : got.status());
+    int64_t bad = 0;
+    if (got.ok()) {
+      res["step"] = *got;
+      size_t k = 0;
+      for (size_t i = 0; i < specs.size(); ++i) {
+        const uint64_t seed = static_cast<uint64_t>(*got) * 64 + i + 1;
+        for (const Box& b : boxes[i]) {
+          if (Fill(specs[i].dtype, specs[i].shape, b, seed) != bufs[k++]) ++bad;
+        }
+      }
+    }
+    res["bad"] = bad;
     return res;
   }
 

@@ -58,6 +58,7 @@ DTYPES = ["float32", "bfloat16", "float64", "int64", "uint8", "bool", "float16",
           "float8_e4m3fn", "uint16"]
 SAVE_SHARDINGS = ["rows", "cols", "rep", "dp2", "one", "blocks"]
 RESTORE_SHARDINGS = ["rows_rev", "cols2", "all", "one", "rand"]
+COVERING = ["rows_rev", "cols2", "all", "one"]  # together the ranks ask for every byte
 # Fault points with an injected error (action eio), by what they fail:
 #   pre: nothing is committed; local: the local tier's commit fails (a save to
 #   both tiers still commits in the shared root); persistent: the shared
@@ -87,7 +88,9 @@ KILL_POINTS = {
     "mid_write": ("yes", "no"),
     "after_flush": ("yes", "no"),
     "before_marker": ("yes", "no"),
-    "mid_marker": ("yes", "maybe"),
+    # The local tier puts its markers through the same code: a kill at
+    # mid_marker may land in the local commit.
+    "mid_marker": ("maybe", "maybe"),
 }
 KILL_RANK = {"plan": "any", "local_create": "lead", "local_write": "any", "local_exchange": "any",
              "before_local_marker": "lead", "mid_write": "zero", "after_flush": "any",
@@ -105,9 +108,10 @@ class Gen:
     """Random operations from a seed, with a rough shadow of the state so that
     most of them make sense (the model decides what each one must do)."""
 
-    def __init__(self, seed, n_ops, lazy_waits=False):
+    def __init__(self, seed, n_ops, lazy_waits=False, no_abandon=False):
         self.r = random.Random(seed)
         self.lazy_waits = lazy_waits
+        self.no_abandon = no_abandon
         self.n_ops = n_ops
         r = self.r
         self.rpn = r.choice([1, 1, 2])
@@ -124,12 +128,20 @@ class Gen:
             },
         }
         self.drain = self.config["options"]["persistent_deadline_seconds"] > 0
+        # Every save of the sequence holds the same arrays (RestoreLatest needs
+        # candidates of one shape); the bytes differ per step.
+        self.same = r.random() < 0.4
+        self.fixed = None
+        if self.same:
+            self.fixed = self.arrays(0)
 
     def pick_np(self):
         # At least two simulated nodes.
         return self.r.choice([2, 3, 4] if self.rpn == 1 else [3, 4])
 
     def arrays(self, step):
+        if getattr(self, "fixed", None) is not None:
+            return [dict(a, seed=step * 64 + k + 1) for k, a in enumerate(self.fixed)]
         r = self.r
         out = [{"name": "rep/step", "dtype": "int64", "shape": [3], "save": "rep"}]
         for k in range(r.randint(1, 3)):
@@ -165,15 +177,17 @@ class Gen:
                 # wait (the drain is abandoned), or the release.
                 if x < 0.3:
                     step += r.randint(1, 2)
+                    copy = r.choice(["blocking", "lazy"])
+                    if self.lazy_waits and self.no_abandon:
+                        copy = "blocking"  # no wait may follow (see --lazy-waits)
                     ops.append({"op": "save", "step": step, "tier": "local",
-                                "copy": r.choice(["blocking", "lazy"]),
-                                "arrays": self.arrays(step)})
+                                "copy": copy, "arrays": self.arrays(step)})
                     saved.append(step)
                     if self.lazy_waits and ops[-1]["copy"] == "lazy":
                         ops.append({"op": "wait"})
                 elif x < 0.45:
                     ops.append({"op": "steps"})
-                elif x < 0.55:
+                elif x < 0.55 and not self.no_abandon:
                     ops.append({"op": "wait"})
                 elif x < 0.65 and saved:
                     ops.append(self.restore(saved, "local"))
@@ -219,7 +233,11 @@ class Gen:
             elif x < 0.65:
                 ops.append({"op": "steps"})
             elif x < 0.80 and saved:
-                ops.append(self.restore(saved, r.choice(["any", "any", "local", "persistent"])))
+                if self.same and r.random() < 0.4:
+                    ops.append({"op": "latest", "shardings": [r.choice(COVERING) for _ in range(4)],
+                                "source": r.choice(["any", "any", "local", "persistent"])})
+                else:
+                    ops.append(self.restore(saved, r.choice(["any", "any", "local", "persistent"])))
             elif x < 0.87:
                 np = self.pick_np()
                 ops.append({"op": "restart", "np": np})
@@ -249,7 +267,7 @@ class StepRec:
         self.persistent = "no"
         self.holdings = {}  # node -> set of writer ranks whose file it holds
         self.uncertain = False  # holdings not known exactly (a kill mid-commit)
-        self.damaged = False
+        self.damaged = set()  # (node, writer) whose file the test damaged
         self.inflight = False
         self.expect = None  # while in flight: (local, persistent) at the wait
         self.fault = None  # the injected error of its save
@@ -296,10 +314,22 @@ class Model:
         for n in list(rec.holdings):
             if n < nodes:
                 del rec.holdings[n]
+        rec.damaged = {(n, w) for n, w in rec.damaged if n >= nodes}
 
-    def trim(self, tier, keep, definite):
+    def intact(self, rec):
+        """Every writer file of rec has an undamaged copy on a node of the job."""
+        nodes = self.job_nodes()
+        for w in range(rec.np):
+            if not any(w in ws and (n, w) not in rec.damaged
+                       for n, ws in rec.holdings.items() if n < nodes):
+                return False
+        return True
+
+    def trim(self, tier, keep, definite, held=()):
         """Retention: beyond the newest `keep` committed steps of `tier` a
-        step goes (when `definite`) or may go."""
+        step goes (when `definite`) or may go. A step in `held` (its drain
+        may have been reading its local files) is kept while held: it may go
+        or stay."""
         if keep <= 0:
             return
         recs = sorted((r for r in self.steps.values()
@@ -309,7 +339,7 @@ class Model:
         possible = 0
         for rec in recs:
             if sure >= keep:
-                if definite:
+                if definite and rec.step not in held:
                     setattr(rec, tier, "no")
                     if tier == "local":
                         self.drop_local(rec, self.job_nodes())
@@ -393,7 +423,11 @@ class Model:
         has = {"local": loc, "persistent": per,
                "any": "yes" if "yes" in (loc, per) else ("maybe" if "maybe" in (loc, per) else "no")}[source]
         out = {"ok"} if has == "yes" else {"notfound"} if has == "no" else {"ok", "notfound"}
-        if rec.damaged and "ok" in out and (source == "local" or (source == "any" and loc == "yes")):
+        # A damaged copy is served from another one (decision 12); only a step
+        # with no intact copy of some file may fail, with DataLoss (or restore
+        # if no damaged byte is read, or from the shared root).
+        if rec.damaged and not self.intact(rec) and "ok" in out and \
+                (source == "local" or (source == "any" and loc == "yes")):
             out.add("dataloss")
         return out
 
@@ -411,7 +445,8 @@ class Runner:
         self.np_flag = args.np_flag
         self.verbose = args.verbose
         self.stats = {"ops": 0, "jobs": 0, "restores": 0, "kills": 0, "faults": 0,
-                      "bytes": 0, "pending_fallback": 0}
+                      "bytes": 0, "damaged_lost": 0,
+                      "latest": 0}
 
     def run(self, config, ops, work):
         """Runs the sequence; returns None or the failure (text)."""
@@ -473,13 +508,15 @@ class Runner:
                             cands.append((rec, path))
             if cands:
                 rec, path = cands[op["pick"] % len(cands)]
+                node = int(path.split("/node")[-1].split("/")[0])
+                writer = int(os.path.basename(path)[1:-4])
                 size = os.path.getsize(path)
                 with open(path, "r+b") as f:
                     f.seek(size // 2)
                     b = f.read(1)
                     f.seek(size // 2)
                     f.write(bytes([b[0] ^ 0x40]))
-                rec.damaged = True
+                rec.damaged.add((node, writer))
 
     # -- one job
 
@@ -546,6 +583,16 @@ class Runner:
                                "restore": "all"}]
                 out.append({"op": "restore", "step": op["step"], "source": op["source"],
                             "seed": op["seed"], "arrays": arrays})
+                owner.append(k)
+            elif kind == "latest":
+                arrays = []
+                if self.specs:
+                    first = self.specs[min(self.specs)]
+                    for j, a in enumerate(first):
+                        b = {k: v for k, v in a.items() if k not in ("save", "seed")}
+                        b["restore"] = op["shardings"][j % len(op["shardings"])]
+                        arrays.append(b)
+                out.append({"op": "latest", "source": op["source"], "arrays": arrays})
                 owner.append(k)
             elif kind == "release":
                 f = self.held_file_at_expand
@@ -672,7 +719,8 @@ class Runner:
         point = kill["kill"]["point"]
         in_drain = KILL_POINTS[point][0] == "yes"
         drain = model.cfg["options"]["persistent_deadline_seconds"] > 0
-        for rec in sorted((r for r in model.steps.values() if r.inflight), key=lambda r: r.step):
+        inflight = sorted((r for r in model.steps.values() if r.inflight), key=lambda r: r.step)
+        for rec in inflight:
             if rec.step == kill["step"]:
                 loc, per = KILL_POINTS[point]
                 if not rec.expect[1]:
@@ -688,7 +736,7 @@ class Runner:
                 per = None
             self.finish(rec, model, loc, per)
         model.trim("persistent", model.M, definite=True)
-        model.trim("local", model.K, definite=True)
+        model.trim("local", model.K, definite=True, held=self.drained(inflight, model))
         self.held = None
         model.np = kill["kill"]["np"]
 
@@ -767,6 +815,8 @@ class Runner:
             self.restore(where, jop, ranks, model)
         elif kind == "check":
             self.check_all(where, jop, ranks, model)
+        elif kind == "latest":
+            self.latest(where, jop, ranks, model)
 
     def save(self, where, jop, dop, ranks, model):
         step = jop["step"]
@@ -782,7 +832,9 @@ class Runner:
             if what == "pre":
                 local, per = False, False
             elif what == "local":
-                local = False
+                # The shared root's part may go on or not ("may then be
+                # committed in the shared root only: Steps says").
+                local, per = False, None if per else False
             else:
                 per = False
         if (self.held is not None or self.after_abandon_release) and persistent and per:
@@ -856,8 +908,15 @@ class Runner:
             else:
                 self.finish(rec, model, loc, per)
         model.trim("persistent", model.M, definite=True)
-        model.trim("local", model.K, definite=True)
+        model.trim("local", model.K, definite=True, held=self.drained(inflight, model))
         model.compare_steps(where, ranks)
+
+    def drained(self, inflight, model):
+        """Steps of `inflight` whose drain (drain mode) holds their local files
+        while it runs: local retention leaves them alone until it ends."""
+        if model.cfg["options"]["persistent_deadline_seconds"] <= 0:
+            return set()
+        return {r.step for r in inflight if r.expect[1] is not False}
 
     def finish(self, rec, model, loc, per, definite_p=True, still_flying=False):
         rec.inflight = False
@@ -872,13 +931,21 @@ class Runner:
         rec = model.steps.get(jop["step"])
         got = code_class(ranks[0]["code"])
         allowed = model.restore_expect(rec, jop["source"])
-        # Restore waits for the saves in flight: their local commits may have
-        # dropped this step from the local tier (local_max_to_keep).
-        newer = sum(1 for r in model.steps.values()
-                    if r.inflight and r.expect[0] and rec is not None and r.step > rec.step)
-        if rec is not None and newer and jop["source"] != "persistent" and \
-                not (jop["source"] == "any" and rec.persistent == "yes"):
-            allowed |= {"notfound"}
+        # Restore waits for the saves in flight: their commits may have
+        # dropped this step by retention (local_max_to_keep, max_to_keep).
+        if rec is not None and not rec.inflight:
+            loc, per = rec.local, rec.persistent
+            for k, keep in ((0, model.K), (1, model.M)):
+                if keep > 0 and any(r.inflight and r.expect[k] is not False and r.step > rec.step
+                                    for r in model.steps.values()):
+                    if k == 0 and loc == "yes":
+                        loc = "maybe"
+                    if k == 1 and per == "yes":
+                        per = "maybe"
+            rec2 = StepRec(rec.step, rec.arrays, rec.np, rec.rpn)
+            rec2.local, rec2.persistent, rec2.damaged = loc, per, rec.damaged
+            rec2.holdings = rec.holdings
+            allowed |= model.restore_expect(rec2, jop["source"])
         if self.held is not None and jop["source"] != "local":
             allowed |= {"ok", "notfound"}
         bad = sum(x.get("bad", 0) for x in ranks)
@@ -890,7 +957,51 @@ class Runner:
             raise Failure("%s: restore of step %d from %s: %s, model allows %s" % (
                 where, jop["step"], jop["source"], ranks[0]["status"] or "OK", sorted(allowed)))
         if got == "dataloss":
-            self.stats["pending_fallback"] += 1
+            self.stats["damaged_lost"] += 1
+
+    def latest(self, where, jop, ranks, model):
+        """RestoreLatest: the newest step that restores intact from the
+        source's tiers (in-flight and unsettled steps may be it or not)."""
+        self.stats["latest"] += 1
+        self.same_status(where, ranks)
+        got = ranks[0].get("step")
+        if len(set(x.get("step") for x in ranks)) != 1:
+            raise Failure("%s: ranks restored different steps: %s" % (where, [x.get("step") for x in ranks]))
+        bad = sum(x.get("bad", 0) for x in ranks)
+        if bad:
+            raise Failure("%s: RestoreLatest gave step %s with %d boxes that differ from the model" % (
+                where, got, bad))
+        if not jop["arrays"]:
+            return
+        src = jop["source"]
+        allowed = set()
+        for rec in sorted(model.steps.values(), key=lambda r: -r.step):
+            if rec.inflight or (rec.local == "maybe" and src != "persistent") or \
+                    (rec.persistent == "maybe" and src != "local"):
+                allowed.add(rec.step)
+                continue
+            loc = rec.local == "yes" and model.intact(rec) and src != "persistent"
+            per = rec.persistent == "yes" and src != "local"
+            # A damaged local copy the test could not tell is read or not.
+            unsure = rec.local == "yes" and not model.intact(rec) and src != "persistent"
+            if loc or per:
+                allowed.add(rec.step)
+                break
+            if unsure:
+                allowed.add(rec.step)
+        if ranks[0]["code"] == "NOT_FOUND":
+            if any(model.steps[s].local == "yes" or model.steps[s].persistent == "yes"
+                   for s in allowed if not model.steps[s].inflight and
+                   ((model.steps[s].local == "yes" and model.intact(model.steps[s]) and src != "persistent") or
+                    (model.steps[s].persistent == "yes" and src != "local"))):
+                raise Failure("%s: RestoreLatest from %s: %s, model has %s" % (
+                    where, src, ranks[0]["status"], sorted(allowed)))
+            return
+        if ranks[0]["code"] != "OK":
+            raise Failure("%s: RestoreLatest from %s: %s" % (where, src, ranks[0]["status"]))
+        if got not in allowed:
+            raise Failure("%s: RestoreLatest from %s restored step %s, model allows %s" % (
+                where, src, got, sorted(allowed)))
 
     def check_all(self, where, jop, ranks, model):
         self.same_status(where, ranks)
@@ -909,8 +1020,9 @@ class Runner:
                 got = code_class(r["code"])
                 if got == "ok":
                     continue
-                if got == "dataloss" and rec is not None and rec.damaged and source == "any":
-                    self.stats["pending_fallback"] += 1
+                if got == "dataloss" and rec is not None and rec.damaged and source == "any" \
+                        and not model.intact(rec):
+                    self.stats["damaged_lost"] += 1
                     continue
                 raise Failure("%s: committed step %s does not restore from %s: %s" % (
                     where, s, source, r["status"]))
@@ -1050,6 +1162,14 @@ def main():
     # wait after every lazy save, so that no save follows one in flight.
     ap.add_argument("--lazy-waits", action="store_true",
                     help="a wait after every lazy save (works around the known deadlock)")
+    # A known library bug: a drain held past its deadline and abandoned by
+    # WaitUntilFinished (an agreed IoError: "abandoned") still puts its
+    # marker in the shared root once it goes on, if it was held at
+    # before_marker (replay: save 3 persistent gate=before_marker on rank 0,
+    # wait, release, wait: step 3 is listed in the shared root).
+    # --no-abandon never waits while a drain is held.
+    ap.add_argument("--no-abandon", action="store_true",
+                    help="no wait while a drain is held (works around the known bug)")
     ap.add_argument("--job-timeout", type=float, default=JOB_TIMEOUT)
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
@@ -1065,7 +1185,7 @@ def main():
     else:
         cases = []
         for seed in parse_seeds(args.seeds):
-            g = Gen(seed, args.ops, lazy_waits=args.lazy_waits)
+            g = Gen(seed, args.ops, lazy_waits=args.lazy_waits, no_abandon=args.no_abandon)
             cases.append((seed, g.config, g.generate()))
     for seed, config, ops in cases:
         s0 = time.time()
@@ -1097,10 +1217,10 @@ def main():
             break
     st = runner.stats
     print("model: %d sequences, %d operations, %d jobs, %d restores (%.1f MiB compared), "
-          "%d injected errors, %d kills, %d restores of damaged copies failed with DataLoss "
-          "(no fallback yet), %d failing seeds %s, %.0f s" % (
+          "%d RestoreLatest, %d injected errors, %d kills, %d restores of a step with no intact "
+          "copy left failed with DataLoss, %d failing seeds %s, %.0f s" % (
               len(cases), st["ops"], st["jobs"], st["restores"], st["bytes"] / 2**20,
-              st["faults"], st["kills"], st["pending_fallback"], len(failures), failures,
+              st["latest"], st["faults"], st["kills"], st["damaged_lost"], len(failures), failures,
               time.time() - t0))
     return 1 if failures else 0
 
