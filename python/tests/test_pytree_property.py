@@ -7,14 +7,16 @@ altered, never refused late (by ``wait_until_finished``).
 Trees are drawn from a seeded generator (the same on every rank): dicts with
 keys that include '/', '.', '..', unicode, a lone surrogate, control
 characters and the empty string; lists, tuples, None, Python ints (beyond 64
-bits too), floats (NaN, infinities, -0.0, subnormals), bools and strings;
-numpy arrays of every dtype mhckpt stores and of some it does not, 0-d,
-zero-size and non-contiguous. An independent model of the naming rules says
+bits too), floats (NaN, infinities, -0.0, subnormals), bools and strings,
+and an IntEnum (a subclass of int); numpy scalars; numpy arrays of every
+dtype mhckpt stores and of some it does not, 0-d, zero-size and
+non-contiguous. An independent model of the naming rules says
 which trees must be refused; each tree runs with the built-in flattener and
 (when jax is installed) with jax.tree_util's.
 """
 from __future__ import annotations
 
+import enum
 import math
 import random
 import struct
@@ -36,6 +38,10 @@ INTS = [0, 1, -1, 7, 2**31, -2**63, 2**63, 2**64 + 5, -10**30]
 FLOATS = [0.0, -0.0, 1.5, -2.25, 1e308, 5e-324, float("nan"), float("inf"), float("-inf")]
 STRS = ["", "x", "é", "日本語", "\x00", "quote\"back\\slash", "line\nbreak", "\ud800", "a/b"]
 UNSUPPORTED = ["complex64", ">i4", ">f8", "U3", "datetime64[s]", "object"]
+
+
+class Color(enum.IntEnum):  # a subclass of int: JSON would give back an int
+    RED = 1
 
 
 def _array(rng: random.Random, nrng: np.random.Generator) -> np.ndarray:
@@ -64,6 +70,12 @@ def _array(rng: random.Random, nrng: np.random.Generator) -> np.ndarray:
 
 def _value(rng: random.Random) -> Any:
     kind = rng.randrange(5)
+    if rng.random() < 0.03:
+        return Color.RED
+    if rng.random() < 0.1:  # a numpy scalar: an array, not a value
+        dt = np_dtype(rng.choice(ALL_DTYPES))
+        return np.frombuffer(bytes(rng.randrange(256) for _ in range(dt.itemsize)), dt)[0] \
+            if dt != np.bool_ else np.bool_(rng.random() < 0.5)
     if kind == 0:
         return None
     if kind == 1:
@@ -125,9 +137,12 @@ def _why_refused(tree: Any) -> Optional[str]:
     names = [n for n, _ in leaves]
     if len(set(names)) != len(names):
         return "two leaves with one name"
-    arrays = [n for n, v in leaves if isinstance(v, np.ndarray)]
+    arrays = [n for n, v in leaves if isinstance(v, (np.ndarray, np.generic))]
     for n, v in leaves:
-        if isinstance(v, np.ndarray):
+        if type(v) not in (type(None), bool, int, float, str, np.ndarray) and \
+                not isinstance(v, np.generic):
+            return f"a {type(v).__name__} leaf"
+        if isinstance(v, (np.ndarray, np.generic)):
             if not _name_ok(n):
                 return f"bad array name {n!r}"
             if not v.dtype.isnative or v.dtype.name not in set(ALL_DTYPES):
@@ -145,27 +160,30 @@ def _same_float(a: float, b: float) -> bool:
     return struct.pack("<d", a) == struct.pack("<d", b) or (math.isnan(a) and math.isnan(b))
 
 
-def _diff(got: Any, want: Any, where: str) -> Optional[str]:
-    """None if ``got`` is ``want`` exactly, else where they differ."""
+def _diff(got: Any, want: Any, target: Any, where: str) -> Optional[str]:
+    """None if ``got`` is ``want`` exactly (a numpy scalar restored into a
+    None target: as a 0-d array), else where they differ."""
+    if isinstance(want, np.generic) and target is None:
+        want = np.asarray(want)
     if type(got) is not type(want):
         return f"{where}: {type(got).__name__} instead of {type(want).__name__}"
     if isinstance(want, dict):
         if set(got) != set(want):
             return f"{where}: keys {sorted(got)!r} instead of {sorted(want)!r}"
         for k in want:
-            d = _diff(got[k], want[k], f"{where}[{k!r}]")
+            d = _diff(got[k], want[k], target[k], f"{where}[{k!r}]")
             if d:
                 return d
         return None
     if isinstance(want, (list, tuple)):
         if len(got) != len(want):
             return f"{where}: {len(got)} items instead of {len(want)}"
-        for i, (g, w) in enumerate(zip(got, want)):
-            d = _diff(g, w, f"{where}[{i}]")
+        for i, (g, w, t) in enumerate(zip(got, want, target)):
+            d = _diff(g, w, t, f"{where}[{i}]")
             if d:
                 return d
         return None
-    if isinstance(want, np.ndarray):
+    if isinstance(want, (np.ndarray, np.generic)):
         if got.dtype != want.dtype or got.shape != want.shape:
             return f"{where}: {got.dtype}{got.shape} instead of {want.dtype}{want.shape}"
         if np.ascontiguousarray(got).tobytes() != np.ascontiguousarray(want).tobytes():
@@ -186,6 +204,8 @@ def _target(tree: Any, rng: random.Random) -> Any:
     if isinstance(tree, np.ndarray) and rng.random() < 0.5:
         return np.full(tree.shape, 0xA5, np.uint8).view(tree.dtype) if tree.dtype.itemsize == 1 \
             else np.zeros(tree.shape, tree.dtype)
+    if isinstance(tree, np.generic) and rng.random() < 0.5:
+        return np.zeros((), tree.dtype)[()]  # a numpy scalar: restored as one
     return None
 
 
@@ -222,9 +242,10 @@ def test_random_trees_round_trip_or_are_refused_at_save(comm, root, flattener):
             mgr.wait_until_finished()
             target = _target(tree, rng)
             if target is None:  # a lone leaf: None would ask for everything, by name
-                target = np.zeros(tree.shape, tree.dtype) if isinstance(tree, np.ndarray) else 0
+                target = np.zeros(tree.shape, tree.dtype) if isinstance(tree, np.ndarray) else \
+                    np.zeros((), tree.dtype)[()] if isinstance(tree, np.generic) else 0
             got = mgr.restore(step, target)
-            d = _diff(got, tree, "tree")
+            d = _diff(got, tree, target, "tree")
             all_ok(comm, d is None, f"tree {i}: {d}\n{tree!r}")
             counts["round-trip"] += 1
             step += 1
