@@ -51,7 +51,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from . import _leaves
-from ._errors import InvalidArgumentError, NotFoundError
+from ._errors import InvalidArgumentError, IoError, NotFoundError
 from ._manager import CheckpointManager
 from ._shard import Shard
 
@@ -514,53 +514,74 @@ def _read_and_save(src: Source, mgr: CheckpointManager, owner: Dict[str, int], m
 
 def to_safetensors(root: str, step: Optional[int], dst: str, comm) -> Tuple[int, List[str]]:
     """Writes step ``step`` (None: the latest) of the mhckpt root ``root`` as
-    safetensors at ``dst``; returns (this rank's bytes, the files written)."""
-    from safetensors.torch import save_file
+    safetensors at ``dst``; returns (this rank's bytes, the files written).
 
+    Collective. Each rank's own work (reading the catalogue, building its
+    targets, making ``dst``, writing its file, rank 0's index) is agreed
+    through the manager before the next collective step: an error on any
+    rank is raised, the same, on every rank, and no rank waits for one that
+    failed."""
     with CheckpointManager(root, comm, own_root=False) as mgr:
-        step = _mhckpt_step(mgr, step)
-        desc = mgr.describe(step)
-        arrays = {n: (tuple(a["shape"]), a["dtype"]) for n, a in desc["arrays"].items()}
-        owner = deal(arrays, comm.size)
+        err: Optional[BaseException] = None
         target: Dict[str, Any] = {}
-        for n, (shape, dtype) in arrays.items():
-            dt = _leaves.numpy_dtype(dtype)
-            if shape == ():
-                target[n] = np.empty((), dt)
-            elif owner[n] == comm.rank:
-                target[n] = Shard(_leaves.new_array(shape, dt), (0,) * len(shape), shape)
-            else:
-                target[n] = Shard(np.empty((0,) + shape[1:], dt), (0,) * len(shape), shape)
+        arrays: Dict[str, Tuple[Tuple[int, ...], str]] = {}
+        owner: Dict[str, int] = {}
+        desc: Dict[str, Any] = {}
+        try:
+            from safetensors.torch import save_file
+
+            if dst.endswith(".safetensors") and comm.size != 1:
+                raise InvalidArgumentError(
+                    f"{dst}: one .safetensors file is written by one process; give a directory")
+            step = _mhckpt_step(mgr, step)
+            desc = mgr.describe(step)
+            arrays = {n: (tuple(a["shape"]), a["dtype"]) for n, a in desc["arrays"].items()}
+            owner = deal(arrays, comm.size)
+            for n, (shape, dtype) in arrays.items():
+                dt = _leaves.numpy_dtype(dtype)
+                if shape == ():
+                    target[n] = np.empty((), dt)
+                elif owner[n] == comm.rank:
+                    target[n] = Shard(_leaves.new_array(shape, dt), (0,) * len(shape), shape)
+                else:
+                    target[n] = Shard(np.empty((0,) + shape[1:], dt), (0,) * len(shape), shape)
+        except Exception as e:  # agreed next: every rank raises
+            err = e
+        mgr._agree(err)
         got = mgr.restore(step, target, strict=True)
-    mine = {n: (got[n].local if isinstance(got[n], Shard) else got[n])
-            for n in arrays if owner[n] == comm.rank}
-    meta = {_VALUES_META: json.dumps(desc["values"], sort_keys=True)} if desc["values"] else {}
-    if dst.endswith(".safetensors"):
-        if comm.size != 1:
-            raise InvalidArgumentError(
-                f"{dst}: one .safetensors file is written by one process; give a directory")
-        files = [dst]
-    else:
-        if comm.rank == 0:
-            os.makedirs(dst, exist_ok=True)
-        comm.Barrier()
-        if comm.size == 1:
+        mine = {n: (got[n].local if isinstance(got[n], Shard) else got[n])
+                for n in arrays if owner[n] == comm.rank}
+        meta = {_VALUES_META: json.dumps(desc["values"], sort_keys=True)} if desc["values"] else {}
+        if dst.endswith(".safetensors"):
+            files = [dst]
+        elif comm.size == 1:
             files = [os.path.join(dst, "model.safetensors")]
         else:
             files = [os.path.join(dst, f"model-{r + 1:05d}-of-{comm.size:05d}.safetensors")
                      for r in range(comm.size)]
-    path = files[comm.rank]
-    save_file({n: _numpy_to_torch(a) for n, a in mine.items()}, path, metadata=meta or None)
-    if comm.size > 1:
-        comm.Barrier()
-        if comm.rank == 0:
-            total = sum(int(np.prod(s, dtype=np.int64)) * _leaves.numpy_dtype(d).itemsize
-                        for s, d in arrays.values())
-            index = {"metadata": {"total_size": total},
-                     "weight_map": {n: os.path.basename(files[owner[n]]) for n in sorted(arrays)}}
-            with open(os.path.join(dst, _INDEX), "w") as f:
-                json.dump(index, f, indent=2)
-    comm.Barrier()
+        if not dst.endswith(".safetensors"):
+            try:
+                if comm.rank == 0:
+                    os.makedirs(dst, exist_ok=True)
+            except Exception as e:
+                err = e
+            mgr._agree(err)  # also: the directory exists before any rank writes into it
+        try:
+            tensors = {n: _numpy_to_torch(a) for n, a in mine.items()}
+            try:
+                save_file(tensors, files[comm.rank], metadata=meta or None)
+            except Exception as e:  # safetensors' own error type: an I/O error here
+                raise IoError(f"{files[comm.rank]}: {e}") from e
+            if comm.size > 1 and comm.rank == 0:
+                total = sum(int(np.prod(s, dtype=np.int64)) * _leaves.numpy_dtype(d).itemsize
+                            for s, d in arrays.values())
+                index = {"metadata": {"total_size": total},
+                         "weight_map": {n: os.path.basename(files[owner[n]]) for n in sorted(arrays)}}
+                with open(os.path.join(dst, _INDEX), "w") as f:
+                    json.dump(index, f, indent=2)
+        except Exception as e:
+            err = e
+        mgr._agree(err)  # every file is written before any rank returns
     return sum(a.nbytes for a in mine.values()), files
 
 

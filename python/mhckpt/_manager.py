@@ -8,7 +8,7 @@ import weakref
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from . import _core, _leaves, _pytree
-from ._errors import DataLossError, Error, InvalidArgumentError, NotFoundError, from_code
+from ._errors import DataLossError, Error, InvalidArgumentError, IoError, NotFoundError, from_code
 
 # Keys of the commit marker's user metadata that this package owns.
 _VALUES_KEY = "mhckpt.python.values"
@@ -57,6 +57,8 @@ def _as_error(e: BaseException, rank: int) -> Error:
         return type(e)(f"rank {rank}: {e.message}")
     if isinstance(e, (ValueError, TypeError, KeyError)):
         return InvalidArgumentError(f"rank {rank}: {e}")
+    if isinstance(e, OSError):
+        return IoError(f"rank {rank}: {type(e).__name__}: {e}")
     return from_code("INTERNAL", f"rank {rank}: {type(e).__name__}: {e}")
 
 
@@ -655,6 +657,13 @@ class CheckpointManager:
 
     def __repr__(self) -> str:
         return f"CheckpointManager(root={self._root!r}, rank={self._rank}, world_size={self._size})"
+
+    def _agree(self, err: Optional[BaseException]) -> None:
+        """Collective: returns on every rank if ``err`` is None on every
+        rank, else raises the lowest failing rank's error (as an mhckpt
+        Error naming that rank) on every rank. For code that finds errors of
+        its own between collective calls (``python -m mhckpt convert``)."""
+        self._call_agreed(err, self._impl.agree)
 
     def _call_agreed(self, err: Optional[BaseException], call, *args) -> Any:
         """Runs the collective ``call`` with this rank's error ``err`` (or

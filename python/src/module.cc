@@ -427,6 +427,15 @@ class PyManager {
     Blocking([&](CheckpointManager& mgr) { return mgr.Reserve(bytes); });
   }
 
+  // Collective: raises the lowest failing rank's error on every rank, or
+  // returns on every rank if `py_error` is empty everywhere
+  // (CheckpointManager::Agree), for Python code that must not enter a
+  // collective alone.
+  void Agree(const PyError& py_error) {
+    Status local = Convert(py_error, [] {});
+    Blocking([&](CheckpointManager& mgr) { return mgr.Agree(local); });
+  }
+
   void Wait() {
     Blocking([](CheckpointManager& mgr) { return mgr.WaitUntilFinished(); });
   }
@@ -701,6 +710,7 @@ NB_MODULE(_core, m) {
            nb::arg("tier"), nb::arg("lazy"), nb::arg("protect_host"), nb::arg("check").none(),
            nb::arg("py_error"))
       .def("reserve", &PyManager::Reserve)
+      .def("agree", &PyManager::Agree, nb::arg("py_error"))
       .def("wait", &PyManager::Wait)
       .def("restore", &PyManager::Restore)
       .def("restore_latest", &PyManager::RestoreLatest)

@@ -249,3 +249,34 @@ def test_safetensors_in_and_out(comm, root):
     for name, fn in files.items():
         with safetensors.safe_open(os.path.join(out, fn), framework="pt") as f:
             all_equal_bytes(comm, _convert._torch_to_numpy(f.get_tensor(name)), arrays[name], f"out: {name}")
+
+
+def test_safetensors_out_fails_on_every_rank_when_one_rank_fails(comm, root):
+    """A rank that cannot write its file makes every rank raise the same
+    error, naming that rank, instead of leaving the others waiting for it;
+    and a failure before the restore (no step to convert) likewise."""
+    pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    from support import raises_everywhere
+
+    src, out = os.path.join(root, "mh"), os.path.join(root, "st")
+    mhckpt.CheckpointManager(src).close()
+    raises_everywhere(comm, mhckpt.NotFoundError,
+                      lambda: _convert.to_safetensors(src, None, out, comm),
+                      contains=("no committed step",))
+    with mhckpt.CheckpointManager(src) as m:
+        m.save(3, {"a": pattern("cvf/a", (8 * comm.size, 3), "float32"),
+                   "b": pattern("cvf/b", (5,), "int32"), "v": 7})
+    bad = comm.size - 1
+    name = ("model.safetensors" if comm.size == 1
+            else f"model-{bad + 1:05d}-of-{comm.size:05d}.safetensors")
+    if comm.rank == 0:
+        os.makedirs(os.path.join(out, name))  # the failing rank's file is a directory
+    comm.Barrier()
+    raises_everywhere(comm, mhckpt.IoError, lambda: _convert.to_safetensors(src, 3, out, comm),
+                      contains=(f"rank {bad}: ", name))
+    # The same conversion into a fresh directory works at this world size.
+    fresh = os.path.join(root, "st2")
+    nbytes, files = _convert.to_safetensors(src, 3, fresh, comm)
+    all_ok(comm, comm.allreduce(nbytes) == 8 * comm.size * 3 * 4 + 5 * 4, "bytes written")
+    all_ok(comm, all(os.path.isfile(f) for f in files), "every file is there")
