@@ -125,6 +125,8 @@ class Gen:
                 "local_copies": r.choice([1, 1, 2]),
                 "max_to_keep": r.choice([0, 0, 2, 3]),
                 "persistent_deadline_seconds": r.choice([0.0, 3.0]),
+                # XOR parity instead of copies, in runs of this many nodes.
+                "local_parity_group": r.choice([0, 0, 0, 2, 3]),
             },
         }
         self.drain = self.config["options"]["persistent_deadline_seconds"] > 0
@@ -284,6 +286,7 @@ class Model:
         self.K = o["local_max_to_keep"]
         self.M = o["max_to_keep"]
         self.copies = o["local_copies"]
+        self.parity = o.get("local_parity_group", 0)
         self.rpn = config["ranks_per_node"]
         self.steps = {}
         self.np = config["np"]
@@ -297,6 +300,13 @@ class Model:
     def placement(self, rec):
         n = nodes_of(rec.np, rec.rpn)
         out = {}
+        if self.parity:
+            # Each node holds its own ranks' files (and parity blocks, which
+            # the model does not follow: what a lost node leaves is settled
+            # by the listing, and every listed step must restore bit-exactly).
+            for w in range(rec.np):
+                out.setdefault(w // rec.rpn, set()).add(w)
+            return out
         for w in range(rec.np):
             home = w // rec.rpn
             for j in range(0, min(self.copies, n - 1) + 1):
@@ -304,11 +314,17 @@ class Model:
         return out
 
     def whole(self, rec, nodes):
+        """True if every writer file has a copy on nodes 0..nodes-1; with
+        parity, None (unknown: rebuilt or not) where some are missing."""
         held = set()
         for n, ws in rec.holdings.items():
             if n < nodes:
                 held |= ws
-        return all(w in held for w in range(rec.np))
+        if all(w in held for w in range(rec.np)):
+            return True
+        if self.parity and held:
+            return None
+        return False
 
     def drop_local(self, rec, nodes):
         for n in list(rec.holdings):
@@ -358,11 +374,11 @@ class Model:
         sure = possible = 0
         for rec in cands:
             w = self.whole(rec, nodes)
-            if not w or sure >= self.K:
+            if w is False or sure >= self.K:
                 rec.local = "no"
                 self.drop_local(rec, nodes)
                 continue
-            unsure = rec.uncertain or rec.local == "maybe" or possible >= self.K
+            unsure = w is None or rec.uncertain or rec.local == "maybe" or possible >= self.K
             rec.local = "maybe" if unsure else "yes"
             sure += rec.local == "yes"
             possible += 1
@@ -400,6 +416,8 @@ class Model:
                     setattr(rec, tier, "yes" if got else "no")
                     if tier == "local" and not got:
                         self.drop_local(rec, self.job_nodes())
+                    if tier == "local" and got and self.parity:
+                        rec.holdings = self.placement(rec)  # rebuilt at Open
                 elif (want == "yes") != got:
                     problems.append("step %d: %s tier %s, model says %s" %
                                     (s, tier, "listed" if got else "not listed", want))
