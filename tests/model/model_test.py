@@ -1175,16 +1175,17 @@ def main():
     # A known library bug: a save started while a lazy save's copy has not
     # yet taken its staging memory can take it first; the lazy copy then
     # waits for memory that the later save holds until the I/O thread, which
-    # is joining the lazy copy, runs it: a deadlock (replay:
-    # save 10 local lazy, save 11 local blocking, wait). --lazy-waits puts a
-    # wait after every lazy save, so that no save follows one in flight.
+    # is joining the lazy copy, runs it: a deadlock (--replay
+    # tests/model/replays/lazy_then_blocking_deadlock.json). --lazy-waits puts
+    # a wait after every lazy save, so that no save follows one in flight.
     ap.add_argument("--lazy-waits", action="store_true",
                     help="a wait after every lazy save (works around the known deadlock)")
     # A known library bug: a drain held past its deadline and abandoned by
     # WaitUntilFinished (an agreed IoError: "abandoned") still puts its
     # marker in the shared root once it goes on, if it was held at
-    # before_marker (replay: save 3 persistent gate=before_marker on rank 0,
-    # wait, release, wait: step 3 is listed in the shared root).
+    # before_marker (--replay tests/model/replays/abandoned_drain_commits.json:
+    # save 3 persistent held at before_marker on rank 0, wait, release, wait:
+    # step 3 is listed in the shared root).
     # --no-abandon never waits while a drain is held.
     ap.add_argument("--no-abandon", action="store_true",
                     help="no wait while a drain is held (works around the known bug)")
