@@ -149,8 +149,11 @@ Result<int64_t> ManagerImpl::RestoreLatest(std::span<const ArrayToRestore> array
     }
     // 4.
     if (skipped.empty()) {
-      return NotFound(fmt::format("no committed step in '{}'{}", root_,
-                                  local_ ? " nor in the local tier" : ""));
+      const bool shared_tried = options.source != RestoreSource::kLocal;
+      const bool local_tried = local_ && options.source != RestoreSource::kPersistent;
+      return NotFound(fmt::format(
+          "no committed step{}{}{}", shared_tried ? fmt::format(" in '{}'", root_) : "",
+          shared_tried && local_tried ? " nor" : "", local_tried ? " in the local tier" : ""));
     }
     return NotFound(fmt::format("no committed step restores intact: {}", fmt::join(skipped, "; ")));
   });
