@@ -283,7 +283,12 @@ class LocalTier {
 /// each piece of a stored box that a rank asks for is served by the rank
 /// itself if its node holds the writer's file, otherwise by a holder of it,
 /// which checks the chunks it reads against the marker and sends the piece.
-/// Errors as CheckpointManager::Restore, on every rank.
+/// A piece its server cannot serve whole (a chunk whose checksum differs, the
+/// file missing, short or unreadable there) is served again, by the same
+/// choice on every rank, from a holder on a node not tried yet, else from the
+/// writer's file rebuilt from parity; DataLoss naming the array, the box and
+/// every source tried only when none is left. Errors as
+/// CheckpointManager::Restore, on every rank.
 Status RestoreLocal(const Comm& comm, const LocalTier& tier, const LocalStep& s,
                     std::span<const ArrayToRestore> arrays, const RestoreOptions& options);
 
