@@ -101,7 +101,7 @@ struct PyBuffer {
 
 template <typename Array>
 PyBuffer Buffer(nb::handle obj, const std::vector<int64_t>& count, DType dtype,
-                const std::string& what, Array* view = nullptr) {
+                const std::string& what) {
   Array a;
   if (!nb::try_cast(obj, a)) {
     throw LocalError{what + ": " + nb::type_name(obj.type()).c_str() +
@@ -131,12 +131,9 @@ PyBuffer Buffer(nb::handle obj, const std::vector<int64_t>& count, DType dtype,
                        "device type " + std::to_string(a.device_type()) + ")"};
   }
   // The caller's Python objects (in `specs`) keep the memory alive for the
-  // call; `view`, if given, gets the view itself (which holds the exporter's
-  // buffer or DLPack tensor), for a caller that needs the memory longer.
-  PyBuffer b{const_cast<void*>(static_cast<const void*>(a.data())), memory,
-             memory == Memory::kCuda ? static_cast<int>(a.device_id()) : -1};
-  if (view != nullptr) *view = std::move(a);
-  return b;
+  // call (and a lazy save's HeldBuffers until its copy ends).
+  return {const_cast<void*>(static_cast<const void*>(a.data())), memory,
+          memory == Memory::kCuda ? static_cast<int>(a.device_id()) : -1};
 }
 
 std::string BoxWhat(const std::string& name, const std::vector<int64_t>& start,
@@ -180,11 +177,15 @@ ParsedShard ParseShard(const ShardSpec& spec, const std::string& name) {
 }
 
 // The buffers of a lazy save, held from Save until its copy has ended: the
-// Python objects that Save took pointers into and nanobind's views of them
-// (which hold the exporter's buffer or DLPack tensor). A temporary the Python
-// layer made for the call (a contiguous copy of a strided array) would
-// otherwise be freed when Save returns, under the copy. Release drops them,
-// with the GIL; once the interpreter has gone, it leaks them instead.
+// Python objects that Save took pointers into, each of which owns its memory
+// (a numpy array its data, a tensor its storage, a jax.Array its device
+// buffer). A temporary the Python layer made for the call (a contiguous copy
+// of a strided array) would otherwise be freed when Save returns, under the
+// copy. Not nanobind's views: a DLPack view of a jax.Array is an external
+// reference, which would make XLA refuse to donate the array during the copy
+// instead of the save failing, as documented (the Python layer's check).
+// Release drops them, with the GIL; once the interpreter has gone, it leaks
+// them instead.
 class HeldBuffers {
  public:
   HeldBuffers() = default;
@@ -193,35 +194,30 @@ class HeldBuffers {
   ~HeldBuffers() { Release(); }
 
   // With the GIL.
-  void Add(nb::handle obj, nb::ndarray<nb::ro> view) {
+  void Add(nb::handle obj) {
     std::lock_guard<std::mutex> lock(mu_);
     objects_.push_back(nb::borrow(obj));
-    views_.push_back(std::move(view));
   }
 
   // Any thread, with or without the GIL; once (later calls do nothing).
   void Release() {
     std::vector<nb::object> objects;
-    std::vector<nb::ndarray<nb::ro>> views;
     {
       std::lock_guard<std::mutex> lock(mu_);
       objects.swap(objects_);
-      views.swap(views_);
     }
-    if (objects.empty() && views.empty()) return;
+    if (objects.empty()) return;
     if (Py_IsInitialized() == 0) {
       for (nb::object& o : objects) (void)o.release();  // leaked
-      return;  // the views: nanobind frees nothing once the interpreter is gone
+      return;
     }
     nb::gil_scoped_acquire gil;
-    views.clear();
     objects.clear();
   }
 
  private:
   std::mutex mu_;
   std::vector<nb::object> objects_;
-  std::vector<nb::ndarray<nb::ro>> views_;
 };
 
 // `held`, if given, gets every buffer (a lazy save's, HeldBuffers).
@@ -232,11 +228,9 @@ std::vector<ArrayToSave> ToSave(const std::vector<SaveSpec>& specs, HeldBuffers*
     ArrayToSave a{name, ParseDType(dtype, name), shape, {}};
     for (const ShardSpec& spec : shards) {
       ParsedShard p = ParseShard(spec, name);
-      nb::ndarray<nb::ro> view;
       PyBuffer b = Buffer<nb::ndarray<nb::ro>>(p.obj, p.box.count, a.dtype,
-                                               BoxWhat(name, p.box.start, p.box.count),
-                                               held != nullptr ? &view : nullptr);
-      if (held != nullptr) held->Add(p.obj, std::move(view));
+                                               BoxWhat(name, p.box.start, p.box.count));
+      if (held != nullptr) held->Add(p.obj);
       a.shards.push_back(
           Shard{p.box, b.data, b.memory, b.device, b.memory == Memory::kCuda ? p.stream : nullptr});
     }
