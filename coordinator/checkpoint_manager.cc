@@ -309,9 +309,9 @@ void ManagerImpl::SubmitSave(std::shared_ptr<SaveJob> job, std::string where) {
       drain_->Submit([this, job, where] {
         Status d = Guarded(where, [&] { return job->drain(); });
         job->drain = nullptr;  // frees the save's state (its hold on the local step)
-        const bool retain = d.ok() && comm_.rank() == 0 && options_.max_to_keep > 0;
-        EndDrain(job->step, d, job->timings, retain);
-        if (retain) RunRetention(job->step);
+        const bool retain_shared = d.ok() && comm_.rank() == 0 && options_.max_to_keep > 0;
+        EndDrain(job->step, d, job->timings, retain_shared);
+        if (retain_shared) RunRetention(job->step);
       });
     }
   };
