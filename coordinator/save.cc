@@ -757,6 +757,12 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
     // (found by tests/crashstate, docs/RELIABILITY.md "Crash states").
     if (s.ok()) s = impl_.store_->SyncStep(job_.step);
     if (s.ok()) s = fault::Hit("before_marker");
+    // Again, last: in drain mode the part may have been abandoned while the
+    // step synced (a stuck file system); an abandoned step gets no marker.
+    if (s.ok() && impl_.IsAbandoned(job_.step)) {
+      s = IoError(
+          fmt::format("step {}: the shared root's write was abandoned; no marker", job_.step));
+    }
     if (s.ok()) {
       plan_.created_unix_ms = NowUnixMs();
       const std::string text = io::MarkerToJson(plan_);

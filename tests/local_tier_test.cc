@@ -692,6 +692,50 @@ TEST(TwoTiersDrain, EachDrainHasItsDeadlineFromItsStart) {
   }
 }
 
+// A drain held just before its marker (rank 0, `before_marker`) past the
+// deadline is abandoned; once it goes on it puts no marker.
+TEST(TwoTiersDrain, AnAbandonedDrainHeldBeforeItsMarkerPutsNone) {
+  const std::string dir = FreshDir();
+  const std::string gate = dir + "/release";
+  ASSERT_TRUE(
+      fault::Configure(fmt::format("rank=0,point=before_marker,action=wait,file={},step=1", gate))
+          .ok());
+  Options o = TwoTierOptions(dir, Rank(), Size());
+  o.persistent_every = 1;
+  o.persistent_deadline_seconds = 2;
+  auto opened = CheckpointManager::Open(MPI_COMM_WORLD, dir + "/shared", o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  auto m = std::move(opened).value();
+  if (!m->async()) {
+    fault::Configure("").IgnoreError();
+    GTEST_SKIP() << "needs MPI_THREAD_MULTIPLE";
+  }
+  Step s0(0, Rank(), Size()), s1(1, Rank(), Size());
+  ASSERT_TRUE(m->Save(0, s0.arrays).ok());
+  ASSERT_TRUE(m->WaitUntilFinished().ok());
+  ASSERT_TRUE(m->Save(1, s1.arrays).ok());
+  Status late = m->WaitUntilFinished();
+  EXPECT_EQ(late.code(), StatusCode::kIoError) << late.ToString();
+  EXPECT_NE(late.message().find("abandoned"), std::string::npos) << late.ToString();
+  EXPECT_TRUE(SameOnAllRanks(late));
+  if (Rank() == 0) {
+    ASSERT_TRUE(WaitForFile(gate + ".reached"));
+    std::ofstream(gate) << "go";
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  // Closing the manager waits for the part to end (its outcome, abandoned,
+  // is not reported again).
+  m.reset();
+  fault::Configure("").IgnoreError();
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto again = CheckpointManager::Open(MPI_COMM_WORLD, dir + "/shared", o);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  const auto tiers = Tiers(**again);
+  EXPECT_EQ(tiers.first, (std::vector<int64_t>{0}));
+  EXPECT_EQ(tiers.second, (std::vector<int64_t>{0, 1}));
+  EXPECT_TRUE(RestoreAndCheck(**again, 1, Size(), Rank(), RestoreSource::kLocal).ok());
+}
+
 // A save whose local commit failed is not drained from its staging buffer:
 // the buffer goes back at once, so the next Save (default staging budget:
 // one save's worth) does not wait for a stuck shared file system.
