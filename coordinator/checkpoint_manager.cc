@@ -301,7 +301,8 @@ void ManagerImpl::SubmitSave(std::shared_ptr<SaveJob> job, std::string where) {
     // Retention runs on one thread: in drain mode the drain thread, the only
     // one that commits to the shared root then (a save there that stays
     // local changes nothing retention looks at).
-    const bool retain = s.ok() && comm_.rank() == 0 && options_.max_to_keep > 0 && !DrainMode();
+    const bool retain = (s.ok() || job->committed_shared) && comm_.rank() == 0 &&
+                        options_.max_to_keep > 0 && !DrainMode();
     RecordSave(s, job->timings, retain);
     if (retain) RunRetention(job->step);
     if (drains) {

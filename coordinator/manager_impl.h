@@ -42,6 +42,9 @@ struct SaveJob {
   SaveTimings timings;
   /// Also to the shared root (always, without a local tier).
   bool persistent = true;
+  /// Set by the save (I/O thread): the shared root committed the step here
+  /// (so retention follows, even if the local tier failed).
+  bool committed_shared = false;
   /// In drain mode (Options::persistent_deadline_seconds): the shared root's
   /// part of the save, run on the drain thread after the local commit.
   std::function<Status()> drain;

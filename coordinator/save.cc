@@ -330,8 +330,10 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
     if (!job_.persistent) return local_tier;
     if (impl_.DrainMode()) return HandOff(local_tier);
     Status s = Persistent();
+    job_.committed_shared = s.ok();
     // A save to both tiers reports the local tier's failure too (the step
-    // may then be committed in the shared root only: Steps says).
+    // may then be committed in the shared root only: Steps says; retention
+    // follows that commit all the same).
     return s.ok() ? local_tier : s;
   }
 

@@ -736,6 +736,30 @@ TEST(TwoTiersDrain, AnAbandonedDrainHeldBeforeItsMarkerPutsNone) {
   EXPECT_TRUE(RestoreAndCheck(**again, 1, Size(), Rank(), RestoreSource::kLocal).ok());
 }
 
+// Without a drain, a save to both tiers whose local commit failed but whose
+// shared root commit succeeded is followed by the shared root's retention.
+TEST(TwoTiers, RetentionFollowsASharedCommitAfterALocalFailure) {
+  const std::string dir = FreshDir();
+  Options o = TwoTierOptions(dir, Rank(), Size());
+  o.max_to_keep = 1;
+  auto opened = CheckpointManager::Open(MPI_COMM_WORLD, dir + "/shared", o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  auto m = std::move(opened).value();
+  Step s0(0, Rank(), Size()), s1(1, Rank(), Size());
+  ASSERT_TRUE(m->Save(0, s0.arrays, {}, kBothTiers).ok());
+  ASSERT_TRUE(m->WaitUntilFinished().ok());
+  ASSERT_TRUE(
+      fault::Configure(fmt::format("rank={},point=local_write,action=eio,step=1", Size() - 1))
+          .ok());
+  (void)m->Save(1, s1.arrays, {}, kBothTiers);
+  Status failed = m->WaitUntilFinished();
+  fault::Configure("").IgnoreError();
+  EXPECT_EQ(failed.code(), StatusCode::kIoError) << failed.ToString();
+  EXPECT_TRUE(SameOnAllRanks(failed));
+  EXPECT_EQ(Tiers(*m), (std::pair<std::vector<int64_t>, std::vector<int64_t>>{{1}, {0}}));
+  EXPECT_TRUE(RestoreAndCheck(*m, 1, Size(), Rank(), RestoreSource::kPersistent).ok());
+}
+
 // A save whose local commit failed is not drained from its staging buffer:
 // the buffer goes back at once, so the next Save (default staging budget:
 // one save's worth) does not wait for a stuck shared file system.
