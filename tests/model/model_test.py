@@ -780,6 +780,7 @@ class Runner:
         # Steps of the previous job left unknown are settled now.
         model.compare_steps("open (np %d)" % model.np, opened["ranks"])
         self.job_saves = 0
+        self.gated = set()  # steps whose drain was held at a gate in this job
         for j, jop in enumerate(job_ops):
             line = by_i.get(j)
             if line is None:
@@ -797,6 +798,7 @@ class Runner:
         self.release_held(model)  # the job released every gate before its last wait
         self.check_wait("end of job", end["ranks"], model)
         self.after_abandon_release = False
+        self.gated = set()
 
     def release_held(self, model):
         """A held drain goes on: if it was abandoned, saves may skip the shared
@@ -932,16 +934,26 @@ class Runner:
                 self.finish(rec, model, loc, per_state)
             else:
                 self.finish(rec, model, loc, per)
-        model.trim("persistent", model.M, definite=True)
-        model.trim("local", model.K, definite=True, held=self.drained(inflight, model))
+        # Retention runs after a commit: only a wait that settled saves
+        # trims (a step kept by a hold stays until the next commit).
+        held = self.drained(inflight, model)
+        if any(r.expect[1] is not False for r in inflight):
+            model.trim("persistent", model.M, definite=True)
+        if any(r.expect[0] for r in inflight):
+            model.trim("local", model.K, definite=True, held=held)
         model.compare_steps(where, ranks)
 
     def drained(self, inflight, model):
-        """Steps of `inflight` whose drain (drain mode) holds their local files
-        while it runs: local retention leaves them alone until it ends."""
+        """Steps whose drain (drain mode) may still hold their local files:
+        those of `inflight`, and a drain held at a gate (abandoned or not,
+        until the job ends: an abandoned write goes on after its release).
+        Local retention leaves them alone while held."""
         if model.cfg["options"]["persistent_deadline_seconds"] <= 0:
             return set()
-        return {r.step for r in inflight if r.expect[1] is not False}
+        out = {r.step for r in inflight if r.expect[1] is not False}
+        if self.held is not None:
+            self.gated.add(self.held[1])
+        return out | self.gated
 
     def finish(self, rec, model, loc, per, definite_p=True, still_flying=False):
         rec.inflight = False
