@@ -728,11 +728,22 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
     }
   }
   so.guarded = true;
+  // The staging memory is taken here, on the caller's thread, in the order of
+  // the saves: a later save (blocking or lazy) can then never take the memory
+  // this copy needs while the I/O thread, joining this copier before it runs
+  // that later save, waits for it (a deadlock). Like a blocking save, this
+  // waits while the pool's budget is held by an earlier save.
+  Status staged = Guarded(where, [&] { return AcquireStaging(so, impl_->pool(), &job->snapshot); });
+  if (!staged.ok()) {
+    copies.clear();  // no memory to copy into: the copier copies nothing
+    if (job->local.ok()) job->local = staged;
+    local = job->local;
+  }
   // The copier owns what it needs; the job is joined by the I/O thread
   // (SubmitSave) before the plan round.
   auto copy = [job_ptr = job.get(), copies = std::move(copies), so, state, watch, mark,
                check = save_options.check_after_copy, on_copied = save_options.on_copied,
-               pool = &impl_->pool(), where](bool own_thread) {
+               where](bool own_thread) {
     // On a thread of its own, the lowest priority (its copy threads inherit
     // it): on busy cores the copy yields to the caller's compute; a caller
     // waiting on the fence leaves it the core. Never on the caller's thread,
@@ -742,14 +753,14 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
     auto start = std::chrono::steady_clock::now();
     Status s = Guarded(where, [&] {
       MHCKPT_RETURN_IF_ERROR(fault::Hit("lazy_copy"));
-      return FillSnapshot(copies, so, OkStatus(), *pool, &job_ptr->snapshot, mark.get());
+      return CopyIntoSnapshot(copies, so, OkStatus(), &job_ptr->snapshot, mark.get());
     });
     mark->Reset();  // the events, once the copies that waited on them have ended
     watch->Release();
+    // The budget was waited for in Save, before this copy started.
     job_ptr->timings.budget_wait = job_ptr->snapshot.budget_wait_seconds;
     job_ptr->timings.snapshot =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() -
-        job_ptr->timings.budget_wait;
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (s.ok() && check) s = Guarded(where, check);
     if (job_ptr->local.ok()) job_ptr->local = s;
     if (on_copied) (void)Guarded(where, [&] { on_copied(s); });

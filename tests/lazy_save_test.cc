@@ -9,9 +9,14 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <memory>
+#include <thread>
 
+#include <fmt/format.h>
+
+#include "base/fault.h"
 #include "coordinator/checkpoint_manager.h"
 #include "tests/test_util.h"
 #include "worker/copy.h"
@@ -103,6 +108,47 @@ TEST(LazySave, RestoresTheBytesOfTheFenceAfterTheBuffersAreOverwritten) {
     std::vector<std::byte> got = RestoreLocal(*m, step, buf, "w", &s);
     ASSERT_TRUE(s.ok()) << s.ToString();
     EXPECT_TRUE(got == saved[step]) << "step " << step;
+  }
+}
+
+// A blocking save right after a lazy one, while the lazy copy has not
+// started (held at a gate), with the default budget of one save: the lazy
+// save took its staging when Save was called, so the blocking save waits for
+// it instead of taking it first and leaving the lazy copy waiting for memory
+// that only the I/O thread, itself waiting for that copy, would give back.
+TEST(LazySave, ABlockingSaveAfterALazyOneWaitsForItsStagingInsteadOfTakingIt) {
+  const std::string dir = FreshDir();
+  auto m = OpenForTest(dir);
+  ASSERT_TRUE(m);
+  Buffer buf(300);
+  const std::string gate = fmt::format("{}/gate.{}", dir, Rank());
+  ASSERT_TRUE(fault::Configure(fmt::format("point=lazy_copy,action=wait,file={}", gate)).ok());
+  std::vector<std::byte> first = buf.Set(7);
+  SaveFence fence;
+  ASSERT_TRUE(m->Save(1, buf.Arrays("w"), {}, Lazy(), &fence).ok());
+  // Opens the gate once the copier is held there and a moment has passed in
+  // which the blocking save below would have taken the memory.
+  std::thread opener([&gate] {
+    while (access((gate + ".reached").c_str(), F_OK) != 0) usleep(1000);
+    usleep(200 * 1000);
+    if (FILE* f = std::fopen(gate.c_str(), "w")) std::fclose(f);
+  });
+  // The lazy save's buffer stays as it was until its fence; the blocking
+  // save's bytes are the same, so its buffer is a copy.
+  std::vector<std::byte> second(buf.data(), buf.data() + buf.bytes());
+  std::vector<ArrayToSave> a{
+      {"w", DType::kFloat32, buf.Shape(), {Shard{buf.LocalBox(), second.data()}}}};
+  Status saved = m->Save(2, a);
+  opener.join();
+  ASSERT_TRUE(saved.ok()) << saved.ToString();
+  ASSERT_TRUE(fence.Wait().ok());
+  Status s = m->WaitUntilFinished();
+  ASSERT_TRUE(fault::Configure("").ok());
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  for (int step : {1, 2}) {
+    std::vector<std::byte> got = RestoreLocal(*m, step, buf, "w", &s);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_TRUE(got == first) << "step " << step;
   }
 }
 

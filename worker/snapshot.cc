@@ -203,25 +203,34 @@ Status MarkDeviceCopies(std::vector<SnapshotCopy>* copies, const Snapshot& out,
   return OkStatus();
 }
 
-Status FillSnapshot(const std::vector<SnapshotCopy>& copies, const SnapshotOptions& options,
-                    Status error, StagingPool& pool, Snapshot* out, const CallerStreamMark* mark) {
-  const int rank = options.rank;
-  auto with_rank = [rank](const Status& s) {
-    return Status(s.code(), fmt::format("rank {}: {}", rank, s.message()));
-  };
+Status AcquireStaging(const SnapshotOptions& options, StagingPool& pool, Snapshot* out) {
   // 2. Staging memory from the pool (reused between saves; may wait for budget).
   Result<StagingBuffer> buffer = pool.Acquire(out->total_bytes, &out->budget_wait_seconds);
   if (!buffer.ok()) {
     for (StagedArray& a : out->arrays) a.boxes.clear();
     out->total_bytes = 0;
-    return error.ok() ? with_rank(buffer.status()) : error;
+    return Status(buffer.status().code(),
+                  fmt::format("rank {}: {}", options.rank, buffer.status().message()));
   }
   out->buffer = std::move(buffer).value();
+  return OkStatus();
+}
 
+Status CopyIntoSnapshot(const std::vector<SnapshotCopy>& copies, const SnapshotOptions& options,
+                        Status error, Snapshot* out, const CallerStreamMark* mark) {
   // 3. Copy.
   Status copied = CopyBoxes(copies, *out, options, mark);
-  if (error.ok() && !copied.ok()) error = with_rank(copied);
+  if (error.ok() && !copied.ok()) {
+    error = Status(copied.code(), fmt::format("rank {}: {}", options.rank, copied.message()));
+  }
   return error;
+}
+
+Status FillSnapshot(const std::vector<SnapshotCopy>& copies, const SnapshotOptions& options,
+                    Status error, StagingPool& pool, Snapshot* out, const CallerStreamMark* mark) {
+  Status staged = AcquireStaging(options, pool, out);
+  if (!staged.ok()) return error.ok() ? staged : error;  // nothing to copy into
+  return CopyIntoSnapshot(copies, options, std::move(error), out, mark);
 }
 
 Status TakeSnapshot(std::span<const ArrayToSave> arrays, const SnapshotOptions& options,

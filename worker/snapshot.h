@@ -94,4 +94,15 @@ Status FillSnapshot(const std::vector<SnapshotCopy>& copies, const SnapshotOptio
                     Status error, StagingPool& pool, Snapshot* out,
                     const CallerStreamMark* mark = nullptr);
 
+/// FillSnapshot in its two steps, for a lazy save, whose staging is taken on
+/// the caller's thread when Save is called (saves take the pool's budget in
+/// the order they were made, so a later save can never take the memory an
+/// earlier lazy copy is waiting for) and whose copy runs later on the
+/// copier's thread. AcquireStaging returns the pool's IoError, naming the
+/// rank (then `out` describes no boxes and nothing may be copied);
+/// CopyIntoSnapshot returns `error` or the copy's own.
+Status AcquireStaging(const SnapshotOptions& options, StagingPool& pool, Snapshot* out);
+Status CopyIntoSnapshot(const std::vector<SnapshotCopy>& copies, const SnapshotOptions& options,
+                        Status error, Snapshot* out, const CallerStreamMark* mark = nullptr);
+
 }  // namespace mhckpt::internal
