@@ -283,7 +283,9 @@ enum class CopyMode : uint8_t {
   kBlocking,
   /// Save checks its input and returns; the copies run on mhckpt's threads
   /// (at the lowest priority) while the caller computes, and the SaveFence
-  /// completes when every box is copied.
+  /// completes when every box is copied. Save takes the staging memory
+  /// itself before it returns (like a blocking save, it waits while an
+  /// earlier save holds the budget, Options::staging_budget_bytes).
   ///
   /// Ownership: mhckpt takes no ownership of any Shard::data buffer; it keeps
   /// only the pointer. From the call to Save until the copy has ended -- the
