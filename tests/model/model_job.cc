@@ -163,7 +163,9 @@ std::vector<Box> RestoreBoxes(const ArraySpec& s, int p, int r, uint64_t op_seed
 }
 
 SaveTier TierOf(const std::string& t) {
-  return t == "local" ? SaveTier::kLocal : t == "persistent" ? SaveTier::kPersistent : SaveTier::kAuto;
+  return t == "local"        ? SaveTier::kLocal
+         : t == "persistent" ? SaveTier::kPersistent
+                             : SaveTier::kAuto;
 }
 
 RestoreSource SourceOf(const std::string& s) {
@@ -253,7 +255,8 @@ class Job {
     MPI_Gather(&n, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
     std::vector<int> displs(static_cast<size_t>(p_), 0);
     int total = 0;
-    for (int k = 0; k < p_; ++k) displs[static_cast<size_t>(k)] = total, total += sizes[static_cast<size_t>(k)];
+    for (int k = 0; k < p_; ++k)
+      displs[static_cast<size_t>(k)] = total, total += sizes[static_cast<size_t>(k)];
     std::string all(static_cast<size_t>(r_ == 0 ? total : 0), '\0');
     MPI_Gatherv(text.data(), n, MPI_CHAR, all.data(), sizes.data(), displs.data(), MPI_CHAR, 0,
                 MPI_COMM_WORLD);
@@ -301,8 +304,8 @@ class Job {
     }
     if (kind == "gate" || kind == "hold") {
       const std::string reached = op.at("file").get<std::string>() + ".reached";
-      const auto until =
-          std::chrono::steady_clock::now() + std::chrono::duration<double>(op.value("timeout", 30.0));
+      const auto until = std::chrono::steady_clock::now() +
+                         std::chrono::duration<double>(op.value("timeout", 30.0));
       bool ok = true;
       while (!fs::exists(reached)) {
         if (std::chrono::steady_clock::now() > until) {
