@@ -482,31 +482,13 @@ class CheckpointManager:
         step = int(step)
         err: Optional[BaseException] = None
         plans: List[Any] = []
-        leaves: List[Any] = []
+        names: List[Optional[str]] = []
+        values: Dict[str, Any] = {}
         treedef = None
         try:
             desc = self.describe(step)
-            if target is None:
-                target = _default_target(desc)
-            flat, treedef = _pytree.flatten(target, _leaves.is_leaf)
-            wanted = set()
-            for path, leaf in flat:
-                name = _pytree.path_name(path)
-                stored = desc["arrays"].get(name)
-                if stored is None:
-                    if name not in desc["values"]:
-                        raise _leaves.not_found(name, step)
-                    leaves.append(desc["values"][name])
-                    plans.append(None)
-                    continue
-                wanted.add(name)
-                plans.append(_leaves.restore_array(name, leaf, stored))
-                leaves.append(None)
-            if strict and wanted != set(desc["arrays"]):
-                missing = sorted(set(desc["arrays"]) - wanted)
-                raise InvalidArgumentError(
-                    f"strict restore of step {step}: the target leaves out {missing}"
-                )
+            treedef, plans, names = _plan_restore(desc, target, strict, step)
+            values = desc["values"]
         except Exception as e:  # agreed by the C++ core, raised on every rank
             err, plans = e, []
         specs = [p.spec() for p in plans if p is not None]
@@ -522,7 +504,7 @@ class CheckpointManager:
             bool(direct_reads),
             str(source),
         )
-        out = [p.finish() if p is not None else v for p, v in zip(plans, leaves)]
+        out = [p.finish() if p is not None else values[n] for p, n in zip(plans, names)]
         return _pytree.unflatten(treedef, out)
 
     def restore_latest(
@@ -564,7 +546,6 @@ class CheckpointManager:
         """
         err: Optional[BaseException] = None
         plans: List[Any] = []
-        leaves: List[Any] = []
         names: List[Optional[str]] = []
         treedef = None
         try:
@@ -577,27 +558,7 @@ class CheckpointManager:
                     continue
             if desc is None:
                 raise NotFoundError(f"no committed step in '{self._root}' can be described")
-            if target is None:
-                target = _default_target(desc)
-            flat, treedef = _pytree.flatten(target, _leaves.is_leaf)
-            wanted = set()
-            for path, leaf in flat:
-                name = _pytree.path_name(path)
-                stored = desc["arrays"].get(name)
-                if stored is None:
-                    if name not in desc["values"]:
-                        raise _leaves.not_found(name, desc["step"])
-                    names.append(name)
-                    plans.append(None)
-                    continue
-                wanted.add(name)
-                plans.append(_leaves.restore_array(name, leaf, stored))
-                names.append(None)
-            if strict and wanted != set(desc["arrays"]):
-                missing = sorted(set(desc["arrays"]) - wanted)
-                raise InvalidArgumentError(
-                    f"strict restore of step {desc['step']}: the target leaves out {missing}"
-                )
+            treedef, plans, names = _plan_restore(desc, target, strict, desc["step"])
         except Exception as e:  # agreed by the C++ core, raised on every rank
             err, plans = e, []
         specs = [p.spec() for p in plans if p is not None]
@@ -762,6 +723,42 @@ def _json(what: str, v: Any) -> str:
         return json.dumps(v, ensure_ascii=True, allow_nan=True, sort_keys=True)
     except (TypeError, ValueError) as e:
         raise InvalidArgumentError(f"{what}: not JSON-serializable ({e})") from None
+
+
+def _plan_restore(
+    desc: Dict[str, Any], target: Any, strict: bool, step: int
+) -> Tuple[Any, List[Any], List[Optional[str]]]:
+    """Plans a restore of ``target`` (None: every array and value of
+    ``desc``) from the step ``desc`` describes. Returns ``(treedef, plans,
+    names)``, one entry per leaf: an array leaf has its restore plan and name
+    None, a non-array leaf plan None and the name of its value in
+    ``desc["values"]``. Raises NotFoundError for a leaf the step lacks and,
+    when ``strict``, InvalidArgumentError for a target that leaves out an
+    array; ``step`` names the step in both."""
+    if target is None:
+        target = _default_target(desc)
+    flat, treedef = _pytree.flatten(target, _leaves.is_leaf)
+    plans: List[Any] = []
+    names: List[Optional[str]] = []
+    wanted = set()
+    for path, leaf in flat:
+        name = _pytree.path_name(path)
+        stored = desc["arrays"].get(name)
+        if stored is None:
+            if name not in desc["values"]:
+                raise _leaves.not_found(name, step)
+            plans.append(None)
+            names.append(name)
+            continue
+        wanted.add(name)
+        plans.append(_leaves.restore_array(name, leaf, stored))
+        names.append(None)
+    if strict and wanted != set(desc["arrays"]):
+        missing = sorted(set(desc["arrays"]) - wanted)
+        raise InvalidArgumentError(
+            f"strict restore of step {step}: the target leaves out {missing}"
+        )
+    return treedef, plans, names
 
 
 def _default_target(desc: Dict[str, Any]) -> Dict[str, Any]:
