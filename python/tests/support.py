@@ -18,6 +18,8 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Type
 
 import numpy as np
 
+import mhckpt
+
 ALL_DTYPES = (
     "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 bfloat16 float32 "
     "float64 float8_e4m3fn float8_e5m2"
@@ -174,3 +176,20 @@ def flip_byte_of(path: str, data: bytes) -> int:
         f.flush()
         os.fsync(f.fileno())
     return at
+
+
+def open_node_local(root: str, comm, **kw) -> "mhckpt.CheckpointManager":
+    """A manager of ROOT/shared with a local tier: each rank is its own node
+    (node_id = rank) with its own local dir, ROOT/node<rank>."""
+    return mhckpt.CheckpointManager(
+        os.path.join(root, "shared"), local_dir=os.path.join(root, f"node{comm.rank}"),
+        node_id=comm.rank, collective_timeout_seconds=120, **kw)
+
+
+def tier_state(step: int, comm) -> dict:
+    """The state saved at ``step`` by the local-tier tests: a (24, 3) array
+    sharded by rows, a replicated int64 array and the step as a value."""
+    w = pattern(f"w{step}", (24, 3))
+    start, count = block(24, comm.rank, comm.size)
+    return {"w": mhckpt.Shard(w[start:start + count], offset=(start, 0), global_shape=w.shape),
+            "b": pattern(f"b{step}", (5,), "int64"), "step": step}

@@ -10,20 +10,8 @@ import numpy as np
 import pytest
 
 import mhckpt
-from support import all_equal_bytes, block, pattern, raises_everywhere
-
-
-def _open(root: str, comm, **kw) -> mhckpt.CheckpointManager:
-    return mhckpt.CheckpointManager(
-        os.path.join(root, "shared"), local_dir=os.path.join(root, f"node{comm.rank}"),
-        node_id=comm.rank, collective_timeout_seconds=120, **kw)
-
-
-def _state(step: int, comm) -> dict:
-    w = pattern(f"w{step}", (24, 3))
-    start, count = block(24, comm.rank, comm.size)
-    return {"w": mhckpt.Shard(w[start:start + count], offset=(start, 0), global_shape=w.shape),
-            "b": pattern(f"b{step}", (5,), "int64"), "step": step}
+from support import (all_equal_bytes, block, open_node_local, pattern, raises_everywhere,
+                     tier_state)
 
 
 def _damage(root: str, comm, step: int, writer: int = 0) -> None:
@@ -46,11 +34,11 @@ def _damage(root: str, comm, step: int, writer: int = 0) -> None:
 
 def test_restore_latest_skips_a_damaged_step(comm, root):
     # Shared root: 0; local tier: 1, 2.
-    with _open(root, comm, persistent_every=3) as m:
+    with open_node_local(root, comm, persistent_every=3) as m:
         for step in range(3):
-            m.save(step, _state(step, comm))
+            m.save(step, tier_state(step, comm))
     _damage(root, comm, 2)
-    with _open(root, comm, persistent_every=3) as m:
+    with open_node_local(root, comm, persistent_every=3) as m:
         assert m.latest_step() == 2  # committed, not verified
         step, out = m.restore_latest()
         assert step == 1, step
@@ -66,7 +54,7 @@ def test_restore_latest_skips_a_damaged_step(comm, root):
         assert step == 1 and out["step"] == 1
         assert np.array_equal(mine, pattern("w1", (24, 3))[start:start + count])
     _damage(root, comm, 1)
-    with _open(root, comm, persistent_every=3) as m:
+    with open_node_local(root, comm, persistent_every=3) as m:
         step, out = m.restore_latest()
         assert step == 0, step
         all_equal_bytes(comm, out["w"], pattern("w0", (24, 3)), "w of step 0")
@@ -78,9 +66,9 @@ def test_restore_latest_skips_a_damaged_step(comm, root):
 def test_restore_latest_serves_a_damaged_file_from_its_copy(comm, root):
     if comm.size < 2:
         pytest.skip("needs two nodes")
-    with _open(root, comm, persistent_every=3) as m:
+    with open_node_local(root, comm, persistent_every=3) as m:
         for step in range(2):
-            m.save(step, _state(step, comm))
+            m.save(step, tier_state(step, comm))
     comm.Barrier()
     if comm.rank == 0:  # node 0's own file only; node 1 keeps a copy
         path = os.path.join(root, "node0", "step_%010d" % 1, "w0.bin")
@@ -90,12 +78,12 @@ def test_restore_latest_serves_a_damaged_file_from_its_copy(comm, root):
             f.seek(3)
             f.write(bytes([c ^ 0x41]))
     comm.Barrier()
-    with _open(root, comm, persistent_every=3) as m:
+    with open_node_local(root, comm, persistent_every=3) as m:
         step, out = m.restore_latest()
         assert step == 1, step
         all_equal_bytes(comm, out["w"], pattern("w1", (24, 3)), "w served from the copy")
 
 
 def test_restore_latest_with_nothing_saved_raises_not_found(comm, root):
-    with _open(root, comm) as m:
+    with open_node_local(root, comm) as m:
         raises_everywhere(comm, mhckpt.NotFoundError, lambda: m.restore_latest())

@@ -12,27 +12,14 @@ import numpy as np
 import pytest
 
 import mhckpt
-from support import all_equal_bytes, block, pattern, raises_everywhere
-
-
-def _open(root: str, comm, **kw) -> mhckpt.CheckpointManager:
-    return mhckpt.CheckpointManager(
-        os.path.join(root, "shared"), local_dir=os.path.join(root, f"node{comm.rank}"),
-        node_id=comm.rank, collective_timeout_seconds=120, **kw)
-
-
-def _state(step: int, comm) -> dict:
-    w = pattern(f"w{step}", (24, 3))
-    start, count = block(24, comm.rank, comm.size)
-    return {"w": mhckpt.Shard(w[start:start + count], offset=(start, 0), global_shape=w.shape),
-            "b": pattern(f"b{step}", (5,), "int64"), "step": step}
+from support import all_equal_bytes, open_node_local, pattern, raises_everywhere, tier_state
 
 
 def test_tiers_and_sources(comm, root):
-    with _open(root, comm, persistent_every=2) as m:
+    with open_node_local(root, comm, persistent_every=2) as m:
         for step in range(4):
-            m.save(step, _state(step, comm))
-        m.save(4, _state(4, comm), tier="local")
+            m.save(step, tier_state(step, comm))
+        m.save(4, tier_state(4, comm), tier="local")
         m.wait_until_finished()
         tiers = m.step_tiers()
         assert tiers == {0: {"persistent": True, "local": False},
@@ -48,16 +35,16 @@ def test_tiers_and_sources(comm, root):
         raises_everywhere(comm, mhckpt.NotFoundError, lambda: m.restore(2, source="local"),
                           contains=["not in the local tier"])
         raises_everywhere(comm, mhckpt.InvalidArgumentError,
-                          lambda: m.save(5, _state(5, comm), tier="somewhere"),
+                          lambda: m.save(5, tier_state(5, comm), tier="somewhere"),
                           contains=["somewhere"])
 
 
 def test_subfiles_with_the_local_tier(comm, root):
     # Both tiers, and a shared root with a subfile per rank: the local tier's
     # steps have none (a reused plan must not carry them there).
-    with _open(root, comm, persistent_every=1, files=1) as m:
+    with open_node_local(root, comm, persistent_every=1, files=1) as m:
         for step in range(3):
-            m.save(step, _state(step, comm))
+            m.save(step, tier_state(step, comm))
         m.wait_until_finished()
         assert m.step_tiers()[2] == {"persistent": True, "local": True}
         step_dir = os.path.join(root, "shared", "step_%010d" % 2)
@@ -71,14 +58,14 @@ def test_subfiles_with_the_local_tier(comm, root):
 
 
 def test_node_loss_restores_from_copies(comm, root):
-    with _open(root, comm, persistent_every=10) as m:
-        m.save(0, _state(0, comm))
-        m.save(1, _state(1, comm))
+    with open_node_local(root, comm, persistent_every=10) as m:
+        m.save(0, tier_state(0, comm))
+        m.save(1, tier_state(1, comm))
     comm.Barrier()
     if comm.rank == 0:  # the last node is lost; its replacement starts empty
         shutil.rmtree(os.path.join(root, f"node{comm.size - 1}"))
     comm.Barrier()
-    with _open(root, comm, persistent_every=10) as m:
+    with open_node_local(root, comm, persistent_every=10) as m:
         want = 1 if comm.size > 1 else 0  # one node: nothing else held a copy
         assert m.latest_step() == want
         out = m.restore(want)
@@ -88,25 +75,25 @@ def test_node_loss_restores_from_copies(comm, root):
 
 def test_bad_local_options_raise_everywhere(comm, root):
     raises_everywhere(comm, mhckpt.InvalidArgumentError,
-                      lambda: _open(root, comm, local_max_to_keep=0),
+                      lambda: open_node_local(root, comm, local_max_to_keep=0),
                       contains=["local_max_to_keep"])
     if comm.size > 1:
         raises_everywhere(comm, mhckpt.InvalidArgumentError,
-                          lambda: _open(root, comm, persistent_every=1 + comm.rank % 2),
+                          lambda: open_node_local(root, comm, persistent_every=1 + comm.rank % 2),
                           contains=["persistent_every differs"])
 
 
 def test_parity_rebuilds_a_lost_node(comm, root):
     if comm.size < 3:
         pytest.skip("a parity group of three nodes or more")
-    with _open(root, comm, persistent_every=10, local_parity_group=comm.size) as m:
-        m.save(0, _state(0, comm))
-        m.save(1, _state(1, comm))
+    with open_node_local(root, comm, persistent_every=10, local_parity_group=comm.size) as m:
+        m.save(0, tier_state(0, comm))
+        m.save(1, tier_state(1, comm))
     comm.Barrier()
     if comm.rank == 0:
         shutil.rmtree(os.path.join(root, "node1"))
     comm.Barrier()
-    with _open(root, comm, persistent_every=10, local_parity_group=comm.size) as m:
+    with open_node_local(root, comm, persistent_every=10, local_parity_group=comm.size) as m:
         assert m.step_tiers()[1] == {"persistent": False, "local": True}
         out = m.restore(1, source="local")
         all_equal_bytes(comm, out["w"], pattern("w1", (24, 3)), "w rebuilt from parity")
