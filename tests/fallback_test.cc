@@ -21,40 +21,21 @@
 #include "io/layout.h"
 #include "io/marker.h"
 #include "tests/test_util.h"
+#include "tests/tiers_test_util.h"
 
 namespace mhckpt {
 namespace {
 
 using testing::Fill;
 using testing::FreshDir;
+using testing::kShape;
+using testing::NodeCount;
+using testing::NodeOf;
 using testing::Rank;
+using testing::Rows;
 using testing::SameOnAllRanks;
 using testing::Size;
-
-int RanksPerNode() { return Size() == 4 ? 2 : 1; }
-int NodeOf(int rank) { return rank / RanksPerNode(); }
-int NodeCount() { return (Size() + RanksPerNode() - 1) / RanksPerNode(); }
-
-const std::vector<int64_t> kShape{37, 5};
-
-Box Rows(int parts, int part) {
-  auto [b, e] = SplitRange(kShape[0], parts, part);
-  return Box{{b, 0}, {e - b, kShape[1]}};
-}
-
-// What each rank saves at `step`: its rows of "w" and all of "r" (written by
-// rank 0, into w0.bin of a local step).
-struct Step {
-  std::vector<std::byte> w, r;
-  std::vector<ArrayToSave> arrays;
-  Step(int64_t step, int rank, int size) {
-    const auto seed = static_cast<uint64_t>(step);
-    w = Fill(DType::kFloat32, kShape, Rows(size, rank), seed);
-    r = Fill(DType::kInt64, {11}, FullBox({11}), seed + 100);
-    arrays.push_back({"w", DType::kFloat32, kShape, {Shard{Rows(size, rank), w.data()}}});
-    arrays.push_back({"r", DType::kInt64, {11}, {Shard{FullBox({11}), r.data()}}});
-  }
-};
+using testing::Step;
 
 // This rank's rows out of `parts` of "w", and all of "r", to restore into.
 struct Target {
@@ -76,8 +57,8 @@ struct Target {
 
 Options TwoTierOptions(const std::string& dir, int persistent_every, int parity = 0) {
   Options o;
-  o.local_dir = dir + "/node" + std::to_string(NodeOf(Rank()));
-  o.node_id = NodeOf(Rank());
+  o.local_dir = dir + "/node" + std::to_string(NodeOf(Rank(), Size()));
+  o.node_id = NodeOf(Rank(), Size());
   o.persistent_every = persistent_every;
   o.local_parity_group = parity;
   return o;
@@ -88,6 +69,13 @@ std::unique_ptr<CheckpointManager> Open(const std::string& dir, int persistent_e
   auto m = testing::OpenAgreed(dir + "/shared", TwoTierOptions(dir, persistent_every, parity));
   EXPECT_TRUE(m.ok()) << m.status().ToString();
   return m.ok() ? std::move(m).value() : nullptr;
+}
+
+// Restores `step` from the local tier only, into `t`.
+Status RestoreLocal(CheckpointManager& m, int64_t step, Target& t) {
+  RestoreOptions ro;
+  ro.source = RestoreSource::kLocal;
+  return m.Restore(step, t.arrays, ro);
 }
 
 // Saves steps 0..count-1 and closes the manager; every node's lowest rank
@@ -123,7 +111,7 @@ int DamageLocal(const std::string& dir, int64_t step, int writer, std::vector<in
   int damaged = 0;
   if (Rank() == 0) {
     if (nodes.empty()) {
-      for (int n = 0; n < NodeCount(); ++n) nodes.push_back(n);
+      for (int n = 0; n < NodeCount(Size()); ++n) nodes.push_back(n);
     }
     for (int n : nodes) {
       const std::string path =
@@ -169,7 +157,7 @@ int64_t RestoreLatest(CheckpointManager& m, Status* status = nullptr, int parts 
 }
 
 #define REQUIRE_NODES() \
-  if (NodeCount() < 2) GTEST_SKIP() << "needs two nodes or more"
+  if (NodeCount(Size()) < 2) GTEST_SKIP() << "needs two nodes or more"
 
 // (a) Two flipped bytes in node 0's own file of the newest local step: the
 // restore of that step is served from node 1's copy, bit for bit, at the
@@ -202,9 +190,7 @@ TEST(Fallback, EveryCopyDamagedIsAnAgreedDataLossNamingWhatWasTried) {
   auto m = Open(dir, 2);
   ASSERT_TRUE(m);
   Target t(Size(), Rank());
-  RestoreOptions ro;
-  ro.source = RestoreSource::kLocal;
-  Status s = m->Restore(1, t.arrays, ro);
+  Status s = RestoreLocal(*m, 1, t);
   EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
   EXPECT_TRUE(SameOnAllRanks(s));
   const std::string& msg = s.message();
@@ -341,15 +327,13 @@ TEST(Fallback, RequestErrorsAreReturnedNotSkipped) {
 TEST(FallbackParity, ADamagedPieceIsRebuiltFromParity) {
   REQUIRE_NODES();
   const std::string dir = FreshDir();
-  SaveSteps(Open(dir, 2, NodeCount()), 2);  // 0: both tiers; 1: local only
-  ASSERT_EQ(DamageLocal(dir, 1, 0), 1);     // no copies: node 0's own file only
-  auto m = Open(dir, 2, NodeCount());
+  SaveSteps(Open(dir, 2, NodeCount(Size())), 2);  // 0: both tiers; 1: local only
+  ASSERT_EQ(DamageLocal(dir, 1, 0), 1);           // no copies: node 0's own file only
+  auto m = Open(dir, 2, NodeCount(Size()));
   ASSERT_TRUE(m);
   for (int parts : {Size(), 1}) {
     Target t(parts, parts == 1 ? 0 : Rank());
-    RestoreOptions ro;
-    ro.source = RestoreSource::kLocal;
-    Status s = m->Restore(1, t.arrays, ro);
+    Status s = RestoreLocal(*m, 1, t);
     EXPECT_TRUE(s.ok()) << s.ToString();
     EXPECT_TRUE(SameOnAllRanks(s));
     EXPECT_TRUE(t.Holds(1)) << "at " << parts << " parts";
@@ -359,7 +343,7 @@ TEST(FallbackParity, ADamagedPieceIsRebuiltFromParity) {
   // Every parity block of rank 0's group damaged as well: no source is left.
   MPI_Barrier(MPI_COMM_WORLD);
   if (Rank() == 0) {
-    for (int n = 0; n < NodeCount(); ++n) {
+    for (int n = 0; n < NodeCount(Size()); ++n) {
       for (const auto& e : std::filesystem::directory_iterator(
                fmt::format("{}/node{}/{}", dir, n, io::StepDirName(1)))) {
         const std::string name = e.path().filename().string();
@@ -372,9 +356,7 @@ TEST(FallbackParity, ADamagedPieceIsRebuiltFromParity) {
   }
   MPI_Barrier(MPI_COMM_WORLD);
   Target t(Size(), Rank());
-  RestoreOptions ro;
-  ro.source = RestoreSource::kLocal;
-  Status s = m->Restore(1, t.arrays, ro);
+  Status s = RestoreLocal(*m, 1, t);
   EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
   EXPECT_TRUE(SameOnAllRanks(s));
   EXPECT_NE(s.message().find("parity"), std::string::npos) << s.ToString();
