@@ -24,19 +24,22 @@
 #include "coordinator/checkpoint_manager.h"
 #include "io/layout.h"
 #include "tests/test_util.h"
+#include "tests/tiers_test_util.h"
 
 namespace mhckpt {
 namespace {
 
 using testing::Fill;
 using testing::FreshDir;
+using testing::kShape;
+using testing::NodeCount;
+using testing::NodeOf;
 using testing::Rank;
+using testing::RanksPerNode;
+using testing::Rows;
 using testing::SameOnAllRanks;
 using testing::Size;
-
-int RanksPerNode(int size) { return size == 4 ? 2 : 1; }
-int NodeOf(int rank, int size) { return rank / RanksPerNode(size); }
-int NodeCount(int size) { return (size + RanksPerNode(size) - 1) / RanksPerNode(size); }
+using testing::Step;
 
 Options TwoTierOptions(const std::string& dir, int rank, int size) {
   Options o;
@@ -45,27 +48,6 @@ Options TwoTierOptions(const std::string& dir, int rank, int size) {
   o.persistent_every = 2;
   return o;
 }
-
-const std::vector<int64_t> kShape{37, 5};
-
-// Rows of kShape for `part` of `parts`.
-Box Rows(int parts, int part) {
-  auto [b, e] = SplitRange(kShape[0], parts, part);
-  return Box{{b, 0}, {e - b, kShape[1]}};
-}
-
-// What each rank saves at `step`: its rows of "w" and all of "r".
-struct Step {
-  std::vector<std::byte> w, r;
-  std::vector<ArrayToSave> arrays;
-  Step(int64_t step, int rank, int size) {
-    const auto seed = static_cast<uint64_t>(step);
-    w = Fill(DType::kFloat32, kShape, Rows(size, rank), seed);
-    r = Fill(DType::kInt64, {11}, FullBox({11}), seed + 100);
-    arrays.push_back({"w", DType::kFloat32, kShape, {Shard{Rows(size, rank), w.data()}}});
-    arrays.push_back({"r", DType::kInt64, {11}, {Shard{FullBox({11}), r.data()}}});
-  }
-};
 
 // Restores `step` with this rank's rows out of `parts` (of "w") and all of "r", and
 // checks every byte.
@@ -93,6 +75,26 @@ std::unique_ptr<CheckpointManager> OpenTwoTier(const std::string& dir,
   auto m = CheckpointManager::Open(comm, dir + "/shared", TwoTierOptions(dir, rank, world));
   EXPECT_TRUE(m.ok()) << m.status().ToString();
   return m.ok() ? std::move(m).value() : nullptr;
+}
+
+// Sets the fault `gates` (fault::Configure), then opens a two-tier manager of
+// dir/shared with `o`. Returns null after a failure, or after skipping the
+// test (with the gates cleared) when the manager has no drain thread: the
+// gates hold the drain, which needs MPI_THREAD_MULTIPLE.
+std::unique_ptr<CheckpointManager> OpenGated(const std::string& dir, const Options& o,
+                                             const std::string& gates) {
+  const Status set = fault::Configure(gates);
+  EXPECT_TRUE(set.ok()) << set.ToString();
+  if (!set.ok()) return nullptr;
+  auto m = CheckpointManager::Open(MPI_COMM_WORLD, dir + "/shared", o);
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  if (!m.ok()) return nullptr;
+  if (!(*m)->async()) {
+    fault::Configure("").IgnoreError();
+    [] { GTEST_SKIP() << "needs MPI_THREAD_MULTIPLE"; }();
+    return nullptr;
+  }
+  return std::move(m).value();
 }
 
 // Every step 0..4: the shared root gets 0, 2, 4; the local tier keeps 3, 4.
@@ -345,19 +347,12 @@ TEST(TwoTiersParity, TwoLostNodesOfAGroupFallBack) {
 TEST(TwoTiersDeadline, AStuckSharedRootIsAbandonedAndTrainingGoesOn) {
   const std::string dir = FreshDir();
   const std::string gate = dir + "/release";
-  ASSERT_TRUE(fault::Configure(fmt::format("rank={},point=mid_write,action=wait,file={},step=1",
-                                           Size() - 1, gate))
-                  .ok());
   Options o = TwoTierOptions(dir, Rank(), Size());
   o.persistent_every = 1;
   o.persistent_deadline_seconds = 2;
-  auto opened = CheckpointManager::Open(MPI_COMM_WORLD, dir + "/shared", o);
-  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  auto m = std::move(opened).value();
-  if (!m->async()) {
-    fault::Configure("").IgnoreError();
-    GTEST_SKIP() << "needs MPI_THREAD_MULTIPLE";
-  }
+  auto m = OpenGated(
+      dir, o, fmt::format("rank={},point=mid_write,action=wait,file={},step=1", Size() - 1, gate));
+  if (!m) return;  // failed, or skipped without a drain thread
   Step s0(0, Rank(), Size()), s1(1, Rank(), Size()), s2(2, Rank(), Size());
   ASSERT_TRUE(m->Save(0, s0.arrays).ok());
   ASSERT_TRUE(m->WaitUntilFinished().ok());
@@ -500,19 +495,12 @@ const SaveOptions kBothTiers{.tier = SaveTier::kPersistent};
 TEST(TwoTiersDrain, AHeldStepIsNeitherRecycledNorDropped) {
   const std::string dir = FreshDir();
   const std::string gate = dir + "/release";
-  ASSERT_TRUE(fault::Configure(fmt::format("rank={},point=mid_write,action=wait,file={},step=1",
-                                           Size() - 1, gate))
-                  .ok());
   Options o = TwoTierOptions(dir, Rank(), Size());
   o.persistent_deadline_seconds = 300;  // never reached here
   o.local_max_to_keep = 2;
-  auto opened = CheckpointManager::Open(MPI_COMM_WORLD, dir + "/shared", o);
-  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  auto m = std::move(opened).value();
-  if (!m->async()) {
-    fault::Configure("").IgnoreError();
-    GTEST_SKIP() << "needs MPI_THREAD_MULTIPLE";
-  }
+  auto m = OpenGated(
+      dir, o, fmt::format("rank={},point=mid_write,action=wait,file={},step=1", Size() - 1, gate));
+  if (!m) return;  // failed, or skipped without a drain thread
   std::vector<std::unique_ptr<TwoBoxStep>> steps;
   for (int64_t step = 0; step < 6; ++step) {
     steps.push_back(std::make_unique<TwoBoxStep>(step, Rank(), Size()));
@@ -602,19 +590,12 @@ TEST(TwoTiersDrain, RetentionRunsOnOneThread) {
     ASSERT_TRUE((*first)->WaitUntilFinished().ok());
   }
   MPI_Barrier(MPI_COMM_WORLD);
-  ASSERT_TRUE(
-      fault::Configure(fmt::format("rank=0,point=retention,action=wait,file={},step=2", gate))
-          .ok());
   Options o = TwoTierOptions(dir, Rank(), Size());
   o.max_to_keep = 1;
   o.persistent_deadline_seconds = 2;
-  auto opened = CheckpointManager::Open(MPI_COMM_WORLD, dir + "/shared", o);
-  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  auto m = std::move(opened).value();
-  if (!m->async()) {
-    fault::Configure("").IgnoreError();
-    GTEST_SKIP() << "needs MPI_THREAD_MULTIPLE";
-  }
+  auto m =
+      OpenGated(dir, o, fmt::format("rank=0,point=retention,action=wait,file={},step=2", gate));
+  if (!m) return;  // failed, or skipped without a drain thread
   Step s2(2, Rank(), Size()), s3(3, Rank(), Size());
   ASSERT_TRUE(m->Save(2, s2.arrays, {}, kBothTiers).ok());
   if (Rank() == 0) ASSERT_TRUE(WaitForFile(gate + ".reached"));
@@ -652,20 +633,14 @@ TEST(TwoTiersDrain, EachDrainHasItsDeadlineFromItsStart) {
   const std::string dir = FreshDir();
   const std::string g0 = dir + "/g0", g1 = dir + "/g1";
   const int last = Size() - 1;
-  ASSERT_TRUE(fault::Configure(fmt::format("rank={0},point=mid_write,action=wait,file={1},step=0;"
-                                           "rank={0},point=mid_write,action=wait,file={2},step=1",
-                                           last, g0, g1))
-                  .ok());
   Options o = TwoTierOptions(dir, Rank(), Size());
   o.persistent_every = 1;
   o.persistent_deadline_seconds = 4;
-  auto opened = CheckpointManager::Open(MPI_COMM_WORLD, dir + "/shared", o);
-  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  auto m = std::move(opened).value();
-  if (!m->async()) {
-    fault::Configure("").IgnoreError();
-    GTEST_SKIP() << "needs MPI_THREAD_MULTIPLE";
-  }
+  auto m = OpenGated(dir, o,
+                     fmt::format("rank={0},point=mid_write,action=wait,file={1},step=0;"
+                                 "rank={0},point=mid_write,action=wait,file={2},step=1",
+                                 last, g0, g1));
+  if (!m) return;  // failed, or skipped without a drain thread
   std::thread opener;
   if (Rank() == last) {
     // Each gate opens 2.5 s after its drain reached it.
@@ -697,19 +672,12 @@ TEST(TwoTiersDrain, EachDrainHasItsDeadlineFromItsStart) {
 TEST(TwoTiersDrain, AnAbandonedDrainHeldBeforeItsMarkerPutsNone) {
   const std::string dir = FreshDir();
   const std::string gate = dir + "/release";
-  ASSERT_TRUE(
-      fault::Configure(fmt::format("rank=0,point=before_marker,action=wait,file={},step=1", gate))
-          .ok());
   Options o = TwoTierOptions(dir, Rank(), Size());
   o.persistent_every = 1;
   o.persistent_deadline_seconds = 2;
-  auto opened = CheckpointManager::Open(MPI_COMM_WORLD, dir + "/shared", o);
-  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  auto m = std::move(opened).value();
-  if (!m->async()) {
-    fault::Configure("").IgnoreError();
-    GTEST_SKIP() << "needs MPI_THREAD_MULTIPLE";
-  }
+  auto m =
+      OpenGated(dir, o, fmt::format("rank=0,point=before_marker,action=wait,file={},step=1", gate));
+  if (!m) return;  // failed, or skipped without a drain thread
   Step s0(0, Rank(), Size()), s1(1, Rank(), Size());
   ASSERT_TRUE(m->Save(0, s0.arrays).ok());
   ASSERT_TRUE(m->WaitUntilFinished().ok());
@@ -767,20 +735,14 @@ TEST(TwoTiersDrain, AFailedLocalCommitGivesItsStagingBack) {
   const std::string dir = FreshDir();
   const std::string gate = dir + "/release";
   const int last = Size() - 1;
-  ASSERT_TRUE(fault::Configure(fmt::format("rank={0},point=local_write,action=eio,step=1;"
-                                           "rank={0},point=mid_write,action=wait,file={1},step=1",
-                                           last, gate))
-                  .ok());
   Options o = TwoTierOptions(dir, Rank(), Size());
   o.persistent_every = 1;
   o.persistent_deadline_seconds = 60;
-  auto opened = CheckpointManager::Open(MPI_COMM_WORLD, dir + "/shared", o);
-  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  auto m = std::move(opened).value();
-  if (!m->async()) {
-    fault::Configure("").IgnoreError();
-    GTEST_SKIP() << "needs MPI_THREAD_MULTIPLE";
-  }
+  auto m = OpenGated(dir, o,
+                     fmt::format("rank={0},point=local_write,action=eio,step=1;"
+                                 "rank={0},point=mid_write,action=wait,file={1},step=1",
+                                 last, gate));
+  if (!m) return;  // failed, or skipped without a drain thread
   Step s0(0, Rank(), Size()), s1(1, Rank(), Size()), s2(2, Rank(), Size());
   ASSERT_TRUE(m->Save(0, s0.arrays).ok());
   ASSERT_TRUE(m->WaitUntilFinished().ok());
