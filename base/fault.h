@@ -82,7 +82,7 @@ int64_t Fired();
 /// This process's rank, for matching `rank=`.
 void SetRank(int rank);
 /// The step the calling thread is working on, for matching `step=` (per thread:
-/// Save's caller and the I/O thread each set their own).
+/// Save's caller, a lazy save's copier and the I/O thread each set their own).
 void SetStep(int64_t step);
 
 /// At a named point: dies, or returns the injected error, or OK.

@@ -750,6 +750,7 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
     // whose priority is the caller's (and, unprivileged, could not be
     // raised back).
     if (own_thread) (void)setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 19);
+    fault::SetStep(job_ptr->step);  // per thread: a test's fault at lazy_copy names its save
     auto start = std::chrono::steady_clock::now();
     Status s = Guarded(where, [&] {
       MHCKPT_RETURN_IF_ERROR(fault::Hit("lazy_copy"));

@@ -556,10 +556,7 @@ class Runner:
                 step = op["step"]
                 if "fault" in op:
                     f = op["fault"]
-                    if f["point"] == "lazy_copy":
-                        spec = "rank=%d,point=lazy_copy,action=eio,times=1" % f["rank"]
-                    else:
-                        spec = "rank=%d,point=%s,action=eio,step=%d" % (f["rank"], f["point"], step)
+                    spec = "rank=%d,point=%s,action=eio,step=%d" % (f["rank"], f["point"], step)
                     extra = [{"op": "wait"}]
                 elif "gate" in op:
                     g = op["gate"]
