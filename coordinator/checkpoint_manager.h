@@ -574,7 +574,8 @@ class CheckpointManager {
   /// abandoned (IoError below) and never get a marker. The retention after a
   /// part (rank 0) runs on the drain too, within the same bound from its own
   /// start; a late retention is no error, but the parts queued behind it are
-  /// abandoned. A part that started less than persistent_deadline_seconds
+  /// abandoned, and until it ends a step it retires may still be listed by
+  /// some ranks and not by others. A part that started less than persistent_deadline_seconds
   /// ago, with nothing late ahead of it, is never abandoned. Errors:
   /// InvalidArgument (inconsistent input, naming array, rank and box),
   /// AlreadyExists (step committed before), DataLoss (with verify_replicas:
