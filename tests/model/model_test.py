@@ -54,6 +54,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from hang_report import backtraces, children_of  # noqa: E402  (tests/)
+
 DTYPES = ["float32", "bfloat16", "float64", "int64", "uint8", "bool", "float16", "int32",
           "float8_e4m3fn", "uint16"]
 SAVE_SHARDINGS = ["rows", "cols", "rep", "dp2", "one", "blocks"]
@@ -1070,43 +1073,6 @@ def last_op(lines, job_ops, seg, owner):
             return "op %d (%s: %s)" % (j, job_ops[j]["op"],
                                       describe(seg[owner[j]]) if owner[j] >= 0 else "check")
     return "its last operation"
-
-
-def children_of(pid):
-    """Every live descendant of `pid` (mpirun's ranks), from /proc."""
-    parent = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open("/proc/%s/stat" % name) as f:
-                    stat = f.read()
-                parent[int(name)] = int(stat[stat.rindex(")") + 2:].split()[1])
-            except (OSError, ValueError, IndexError):
-                pass
-    out, frontier = [], [pid]
-    while frontier:
-        p = frontier.pop()
-        kids = [c for c, pp in parent.items() if pp == p]
-        out += kids
-        frontier += kids
-    return out
-
-
-def backtraces(pids):
-    """All-thread backtraces of `pids` (gdb), for the report of a hang."""
-    if not shutil.which("gdb"):
-        return "(no gdb for backtraces)"
-    text = []
-    for pid in pids:
-        try:
-            p = subprocess.run(
-                ["gdb", "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt"],
-                capture_output=True, text=True, timeout=60)
-            text.append("--- pid %d ---\n%s" % (pid, "\n".join(
-                l for l in p.stdout.splitlines() if l.startswith(("#", "Thread")))))
-        except (OSError, subprocess.SubprocessError) as e:
-            text.append("--- pid %d: gdb failed: %s" % (pid, e))
-    return "\n".join(text)
 
 
 def describe(op):
