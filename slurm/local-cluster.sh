@@ -80,25 +80,33 @@ EOF
 
 # ---- helpers ---------------------------------------------------------------
 
-# True if $1 is a live process of this cluster: it exists, is not a zombie
-# (nothing may reap daemons whose parent exited), and carries the marker (a
-# recycled PID does not).
-pid_alive() {
+# True if process $1 exists and is not a zombie (nothing may reap daemons
+# whose parent exited).
+pid_running() {
   [ -n "${1:-}" ] && [ -r "/proc/$1/stat" ] || return 1
   local state
   state=$(sed 's/^.*) \(.\).*$/\1/' "/proc/$1/stat" 2>/dev/null) || return 1
-  [ "$state" != Z ] && [ "$state" != X ] && grep -qzxF "$OWNER" "/proc/$1/environ" 2>/dev/null
+  [ "$state" != Z ] && [ "$state" != X ]
+}
+
+# True if $1 is a live process of this cluster: running, and it carries the
+# marker in its environment (a recycled PID does not).
+pid_alive() {
+  pid_running "${1:-}" && grep -qzxF "$OWNER" "/proc/$1/environ" 2>/dev/null
 }
 
 recorded_pid() { cat "$PIDS/$1.pid" 2>/dev/null || true; }
 
 # Waits up to $1 seconds for the command "$3 ..." to succeed, and gives up at
-# once if the daemon whose PID file is $PIDS/$2.pid died ("" for none).
+# once if the daemon whose PID file is $PIDS/$2.pid died ("" for none). The
+# daemon was started moments ago, so its PID is not yet reused; and until
+# `env` has exec'd the next program, /proc/PID/environ does not show OWNER
+# yet: only "still running" is checked here.
 wait_for() {
   local limit=$1 daemon=$2 t0=$SECONDS
   shift 2
   until "$@" >/dev/null 2>&1; do
-    if [ -n "$daemon" ] && ! pid_alive "$(recorded_pid "$daemon")"; then
+    if [ -n "$daemon" ] && ! pid_running "$(recorded_pid "$daemon")"; then
       echo "local-cluster: $daemon exited" >&2
       return 1
     fi

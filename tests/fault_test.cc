@@ -24,6 +24,7 @@
 namespace mhckpt {
 namespace {
 
+using ::testing::EndsWith;
 using testing::Fill;
 using testing::FreshDir;
 using ::testing::HasSubstr;
@@ -31,6 +32,7 @@ using testing::OpenForTest;
 using testing::Rank;
 using testing::SameOnAllRanks;
 using testing::Size;
+using ::testing::StartsWith;
 using testing::SumOverRanks;
 
 class Faults : public ::testing::Test {
@@ -86,12 +88,14 @@ class Faults : public ::testing::Test {
   // configured for its duration only. Every rank reads the array itself
   // (read_once off: otherwise one rank would read it for all), so that a
   // fault armed on any rank is met.
-  Status RestoreWithFault(int64_t step, const std::string& spec, int64_t rows = 64) {
+  Status RestoreWithFault(int64_t step, const std::string& spec, int64_t rows = 64,
+                          bool direct_reads = true) {
     std::vector<int64_t> shape{rows, 1024};
     std::vector<std::byte> out(static_cast<size_t>(rows) * 1024 * 4);
     EXPECT_TRUE(fault::Configure(spec).ok());
     RestoreOptions options;
     options.read_once = false;
+    options.direct_reads = direct_reads;
     Status s = mgr_->Restore(
         step, std::vector<ArrayToRestore>{{"w", DType::kFloat32, {{FullBox(shape), out.data()}}}},
         options);
@@ -264,12 +268,20 @@ TEST_F(Faults, EioOnRead) {
                                     io::MarkerPath(dir_, 1), std::strerror(EIO))));
   EXPECT_TRUE(SameOnAllRanks(s)) << s.ToString();
   const int64_t offset = io::ReadMarker(io::MarkerPath(dir_, 1)).value().Find("w")->offset;
-  s = RestoreWithFault(1, fmt::format("rank={},point=pread,action=eio", Last()));
+  const std::string pread_eio = fmt::format("rank={},point=pread,action=eio", Last());
+  const std::string where = fmt::format("rank {}: step 1: array 'w' box {}: pread '{}' at byte ",
+                                        Last(), FirstStoredBox(), io::DataPath(dir_, 1));
+  s = RestoreWithFault(1, pread_eio, 64, /*direct_reads=*/false);
   EXPECT_EQ(
-      s, Status(StatusCode::kIoError,
-                fmt::format("rank {}: step 1: array 'w' box {}: pread '{}' at byte {}: {}", Last(),
-                            FirstStoredBox(), io::DataPath(dir_, 1), offset, std::strerror(EIO))))
+      s, Status(StatusCode::kIoError, fmt::format("{}{}: {}", where, offset, std::strerror(EIO))))
       << s.ToString();
+  EXPECT_TRUE(SameOnAllRanks(s)) << s.ToString();
+  // With direct reads (the default) a file system that takes O_DIRECT reads
+  // the aligned span around the array, and the message says so.
+  s = RestoreWithFault(1, pread_eio);
+  EXPECT_EQ(s.code(), StatusCode::kIoError) << s.ToString();
+  EXPECT_THAT(s.message(), StartsWith(where)) << s.ToString();
+  EXPECT_THAT(s.message(), EndsWith(fmt::format(": {}", std::strerror(EIO)))) << s.ToString();
   EXPECT_TRUE(SameOnAllRanks(s)) << s.ToString();
   ExpectRestores(1);
   ASSERT_TRUE(testing::ForgetOffsets(dir_, 1));  // now read through HDF5
