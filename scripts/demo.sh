@@ -31,7 +31,7 @@ fail() {
 
 echo "== bootstrap: packages and build into $BUILD_DIR/ (log: $LOGS/bootstrap.log)"
 mkdir -p "$LOGS"
-if ! BUILD_DIR=$BUILD_DIR scripts/bootstrap.sh >"$LOGS/bootstrap.log" 2>&1; then
+if ! BUILD_DIR=$BUILD_DIR scripts/bootstrap.sh demo >"$LOGS/bootstrap.log" 2>&1; then
   tail -n 30 "$LOGS/bootstrap.log" >&2
   fail "scripts/bootstrap.sh (full log: $LOGS/bootstrap.log)"
 fi
