@@ -283,8 +283,8 @@ def build_targets(ix, rep):
 
     rep.p("**Save to commit, side by side**. Commit = `Save` start until `WaitUntilFinished` "
           "returns (data fsync'd, marker committed, and the retention of `max_to_keep = 2`, which "
-          "`WaitUntilFinished` also waits for: since `a305cce` it retires the old step and frees "
-          "its files in the background, before that it deleted them); *no ret.* = the same without "
+          "`WaitUntilFinished` also waits for: it retires the old step and frees its files in the "
+          "background); *no ret.* = the same without "
           "the retention "
           "(`commit_s − gc_s` per rep). dd writes the same random bytes from tmpfs with `conv=fsync`, "
           "buffered and with `oflag=direct`. Each figure: median (min–max) of the reps. Ratios: other "
