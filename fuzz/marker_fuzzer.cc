@@ -16,7 +16,7 @@
 // Known, reported library bugs can be tolerated while they are open, so that a
 // fuzz run still finds new ones: MHCKPT_FUZZ_KNOWN_BUGS="lossless" skips the
 // lossless property (and fuzz/known_bugs.supp holds UBSan suppressions; both
-// are empty now, see fuzz/run.sh and docs/RELIABILITY.md).
+// are empty now, see fuzz/run.sh and docs/TESTING.md).
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>

@@ -58,7 +58,7 @@ random: `crash_job loop` at a random world size in 2..4, SIGKILL of a random
   more (also when a node outside the loop's job kept an older save of that
   step number, made by an earlier job: the newest save is the step).
 
-  Long run (docs/RELIABILITY.md):
+  Long run (docs/TESTING.md):
     crash_test.py random --trials 300 --seed 4 --job build/bin/crash_job \
         --work /tmp/crash-long --mpiexec "mpiexec --oversubscribe --mca mpi_yield_when_idle 1 \
         --mca btl_vader_single_copy_mechanism none"

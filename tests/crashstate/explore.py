@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Crash states, not only crashes (docs/RELIABILITY.md "Crash states").
+"""Crash states, not only crashes (docs/TESTING.md "Crash states").
 
 Records the file-system operations of a real save at NP ranks (record_fs, an
 LD_PRELOAD shim), builds the states a power loss could leave on disk

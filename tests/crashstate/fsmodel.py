@@ -2,7 +2,7 @@
 trace (record_fs.c) becomes a list of operations, and a crash state is the
 result of applying, in order, the operations a power loss may have kept.
 
-The persistence model (docs/RELIABILITY.md "Crash states"):
+The persistence model (docs/TESTING.md "Crash states"):
 
 * Operations are ordered by the time they returned (CLOCK_MONOTONIC, one clock
   for every rank on one machine). A crash cuts that order after some
