@@ -346,7 +346,7 @@ def build_python(ix, rep):
           "Target: the Python layer's share of the stall — `save()` minus the C++ `Save`'s own time, "
           "measured in the same process — ≤ 5% of the C++ stall. The end-to-end ratios (Python / C++) "
           "compare runs made minutes apart on a noisy disk; `bench/run_python_overhead.py` interleaves "
-          "them (docs/PERFORMANCE.md, "Save, commit and restore").")
+          "them (docs/PERFORMANCE.md, 'Save, commit and restore').")
     rows = []
     for (sysname, np_, mib), r in sorted(ix.py.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0])):
         c, cr = ix.save.get((np_, mib)), ix.restore.get((np_, mib))
