@@ -8,8 +8,8 @@ launch does a warm-up save and then --reps timed saves, and the restores of
 both read the same checkpoint (the C++ one: the bytes are the same model),
 page cache dropped before each rep when root. Medians over all the samples of
 a system, and the per-round ratios Python / C++ beside them, because the disk
-here is noisy and other work shares the cores (docs/PERFORMANCE.md, "From
-Python").
+here is noisy and other work shares the cores (docs/PERFORMANCE.md, "Save,
+commit and restore").
 
     bench/run_python_overhead.py                       # np 1 2 x 256 1024 MiB, 4 rounds x 3 reps
     bench/run_python_overhead.py --nps 1 --sizes 256 --rounds 2 --reps 2 --out /tmp/x.json

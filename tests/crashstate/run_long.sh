@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The long form of the crash-state explorer (docs/RELIABILITY.md "Crash
+# The long form of the crash-state explorer (docs/TESTING.md "Crash
 # states"): recorded saves of the shared root (np 2 independent, np 3
 # collective with retention, np 4 with writes kept whole, np 4 with subfiles)
 # and of the local tier (4 nodes with copies, recycling a step; 3 nodes with
