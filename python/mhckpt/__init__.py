@@ -26,7 +26,7 @@ from ._errors import (
     NotFoundError,
     UnsupportedError,
 )
-from ._leaves import new_array as empty
+from ._arrays import new_array as empty
 from ._manager import CheckpointManager, SaveFence
 from ._shard import Shard
 

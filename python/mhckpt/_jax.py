@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from ._errors import InvalidArgumentError
-from ._leaves import (
+from ._arrays import (
     RestoreArray,
     SaveArray,
     box_of_slices,

@@ -22,7 +22,7 @@ from typing import Any, List, Tuple
 import torch
 
 from ._errors import InvalidArgumentError
-from ._leaves import DTYPES, RestoreArray, SaveArray, check_target
+from ._arrays import DTYPES, RestoreArray, SaveArray, check_target
 
 
 def dtype_name(name: str, dtype: torch.dtype) -> str:
