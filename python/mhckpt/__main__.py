@@ -35,9 +35,9 @@ def _exit(rc: int) -> None:
     of the modules (torch's and jax's take most of a second; everything the
     command wrote is durable by now)."""
     try:
-        from ._manager import _open_managers
+        from ._mpi import open_managers
 
-        for mgr in list(_open_managers):
+        for mgr in list(open_managers):
             mgr.close()
         if "mpi4py.MPI" in sys.modules:
             from mpi4py import MPI

@@ -94,3 +94,14 @@ def from_code(code: str, message: str) -> Error:
 
 
 _core._set_error_factory(from_code)
+
+
+def rank_error(e: BaseException, rank: int) -> Error:
+    """This rank's error ``e`` as an mhckpt Error whose message names the rank."""
+    if isinstance(e, Error):
+        return type(e)(f"rank {rank}: {e.message}")
+    if isinstance(e, (ValueError, TypeError, KeyError)):
+        return InvalidArgumentError(f"rank {rank}: {e}")
+    if isinstance(e, OSError):
+        return IoError(f"rank {rank}: {type(e).__name__}: {e}")
+    return from_code("INTERNAL", f"rank {rank}: {type(e).__name__}: {e}")

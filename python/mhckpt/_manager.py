@@ -1,65 +1,18 @@
 """``mhckpt.CheckpointManager``: save and restore pytrees of training state."""
 from __future__ import annotations
 
-import atexit
-import json
-import threading
-import weakref
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from . import _core, _leaves, _pytree
-from ._errors import DataLossError, Error, InvalidArgumentError, IoError, NotFoundError, from_code
-
-# Keys of the commit marker's user metadata that this package owns.
-_VALUES_KEY = "mhckpt.python.values"
-_RESERVED_PREFIX = "mhckpt."
-
-_open_managers: "weakref.WeakSet[CheckpointManager]" = weakref.WeakSet()
-_mpi_owned = False  # this package called MPI_Init_thread, so it calls MPI_Finalize
-_exit_hook = threading.Lock()
-_exit_hook_registered = False
-
-
-def _at_exit() -> None:
-    # Close what the program left open while MPI still runs, then finalize
-    # MPI if this package initialised it. Registered after mpi4py's own hook
-    # (at the first manager), so it runs before mpi4py finalizes.
-    for mgr in list(_open_managers):
-        mgr.close()
-    if _mpi_owned:
-        _core.finalize_mpi()
-
-
-def _ensure_mpi() -> None:
-    global _mpi_owned, _exit_hook_registered
-    with _exit_hook:
-        if _core.init_mpi():
-            _mpi_owned = True
-        if not _exit_hook_registered:
-            atexit.register(_at_exit)
-            _exit_hook_registered = True
-
-
-def _comm_handle(comm: Any) -> Optional[int]:
-    if comm is None:
-        return None
-    handle = getattr(comm, "handle", None)
-    if not isinstance(handle, int):
-        raise TypeError(
-            f"comm must be an mpi4py communicator or None, not {type(comm).__qualname__}"
-        )
-    return handle
-
-
-def _as_error(e: BaseException, rank: int) -> Error:
-    """This rank's error as an mhckpt Error whose message names the rank."""
-    if isinstance(e, Error):
-        return type(e)(f"rank {rank}: {e.message}")
-    if isinstance(e, (ValueError, TypeError, KeyError)):
-        return InvalidArgumentError(f"rank {rank}: {e}")
-    if isinstance(e, OSError):
-        return IoError(f"rank {rank}: {type(e).__name__}: {e}")
-    return from_code("INTERNAL", f"rank {rank}: {type(e).__name__}: {e}")
+from ._errors import DataLossError, Error, InvalidArgumentError, NotFoundError, rank_error
+from ._mpi import comm_handle, ensure_mpi, open_managers
+from ._plan import (
+    check_no_array_is_a_group,
+    decode_description,
+    donation_check,
+    encode_metadata,
+    plan_restore,
+)
 
 
 class CheckpointManager:
@@ -179,8 +132,8 @@ class CheckpointManager:
         reserve: Any = None,
         carry_staging_over: bool = False,
     ):
-        handle = _comm_handle(comm)
-        _ensure_mpi()
+        handle = comm_handle(comm)
+        ensure_mpi()
         o = _core.Options()
         o.max_to_keep = max_to_keep
         o.keep_period = keep_period
@@ -218,7 +171,7 @@ class CheckpointManager:
         self._rank, self._size = _core.rank_and_size(handle)
         self._root = str(root)
         self._impl = _core.Manager(handle, self._root, o)
-        _open_managers.add(self)
+        open_managers.add(self)
         if reserve is not None:
             self.reserve(reserve)
 
@@ -365,11 +318,11 @@ class CheckpointManager:
                 if lazy and _leaves.is_jax_array(leaf):
                     jax_arrays.append((name, leaf))
                 specs.append(a.spec())
-            _check_no_array_is_a_group([spec[0] for spec in specs])
-            meta = _encode_metadata(metadata, values)
+            check_no_array_is_a_group([spec[0] for spec in specs])
+            meta = encode_metadata(metadata, values)
         except Exception as e:  # agreed by the C++ core, raised on every rank
             err, specs = e, []
-        check = _donation_check(keep, jax_arrays) if lazy else None
+        check = donation_check(keep, jax_arrays) if lazy else None
         core = self._call_agreed(err, self._impl.save, step_i, specs, meta, tier or "",
                                  bool(lazy), bool(protect_host), check)
         return SaveFence(core)
@@ -410,19 +363,7 @@ class CheckpointManager:
         ``metadata`` argument of ``save``). Raises NotFoundError if the step
         is not committed, DataLossError if its marker is damaged.
         """
-        d = self._impl.describe(int(step))
-        user = dict(d.pop("user_metadata"))
-        values = json.loads(user.pop(_VALUES_KEY, "{}"))
-        metadata = {}
-        for k, v in user.items():
-            try:
-                metadata[k] = json.loads(v)
-            except ValueError:  # written by the C++ API: plain text
-                metadata[k] = v
-        d["arrays"] = {a.pop("name"): a for a in d["arrays"]}
-        d["values"] = values
-        d["metadata"] = metadata
-        return d
+        return decode_description(self._impl.describe(int(step)))
 
     # -------------------------------------------------------------- restoring
 
@@ -487,7 +428,7 @@ class CheckpointManager:
         treedef = None
         try:
             desc = self.describe(step)
-            treedef, plans, names = _plan_restore(desc, target, strict, step)
+            treedef, plans, names = plan_restore(desc, target, strict, step)
             values = desc["values"]
         except Exception as e:  # agreed by the C++ core, raised on every rank
             err, plans = e, []
@@ -558,7 +499,7 @@ class CheckpointManager:
                     continue
             if desc is None:
                 raise NotFoundError(f"no committed step in '{self._root}' can be described")
-            treedef, plans, names = _plan_restore(desc, target, strict, desc["step"])
+            treedef, plans, names = plan_restore(desc, target, strict, desc["step"])
         except Exception as e:  # agreed by the C++ core, raised on every rank
             err, plans = e, []
         specs = [p.spec() for p in plans if p is not None]
@@ -604,7 +545,7 @@ class CheckpointManager:
         :meth:`wait_until_finished` first to see them."""
         if getattr(self, "_impl", None) is not None and not self._impl.closed():
             self._impl.close()
-        _open_managers.discard(self)
+        open_managers.discard(self)
 
     def __enter__(self) -> "CheckpointManager":
         return self
@@ -630,7 +571,7 @@ class CheckpointManager:
         """Runs the collective ``call`` with this rank's error ``err`` (or
         None): the C++ side agrees on it first, so the lowest failing rank's
         error is raised on every rank and no rank enters the call alone."""
-        local = _as_error(err, self._rank) if err is not None else None
+        local = rank_error(err, self._rank) if err is not None else None
         try:
             return call(*args, (local.code, local.message) if local else ("", ""))
         except Error as agreed:
@@ -656,118 +597,3 @@ class SaveFence:
     def done(self) -> bool:
         """Whether the copy has ended (does not block)."""
         return self._core.done()
-
-
-def _donation_check(keep: List[Any], jax_arrays: List[Any]):
-    """What a lazy save calls on mhckpt's copying thread once it has copied:
-    a jax.Array deleted by then (donated to a computation, or deleted) may
-    have been overwritten during the copy, so the save must fail. ``keep``
-    holds every saved leaf and every buffer object made from one (the
-    temporaries of ``_leaves.save_array``) until then, so that none is freed
-    under the copy; it is emptied here, when the copy has ended. (A copy that
-    failed does not call the check: ``keep`` then goes with the check itself,
-    which the copying thread drops once the copy has ended; the binding holds
-    the buffers it took until then too.)"""
-
-    def check() -> Optional[str]:
-        try:
-            for name, leaf in jax_arrays:
-                if leaf.is_deleted():
-                    return (f"array '{name}': the jax.Array was donated or deleted before the "
-                            "lazy save had copied it (call .wait() on the save's fence before "
-                            "the step that donates it)")
-            return None
-        finally:
-            keep.clear()
-            jax_arrays.clear()
-
-    return check
-
-
-def _check_no_array_is_a_group(names: List[str]) -> None:
-    """An array named like a path prefix of another (keys "a" and "a/b", or
-    "a" beside {"a": {"b": ...}} one level up) would be both a dataset and a
-    group of the checkpoint file: refused here, at save, rather than by the
-    core's plan once the save has started."""
-    groups: Dict[str, str] = {}
-    for name in names:
-        parts = name.split("/")
-        for i in range(1, len(parts)):
-            groups.setdefault("/".join(parts[:i]), name)
-    for name in names:
-        if name in groups:
-            raise InvalidArgumentError(
-                f"array '{name}': another array, '{groups[name]}', is named below it; "
-                "a name cannot be both an array and a group of arrays"
-            )
-
-
-def _encode_metadata(metadata: Optional[Mapping[str, Any]], values: Dict[str, Any]) -> Dict[str, str]:
-    out: Dict[str, str] = {}
-    for k, v in (metadata or {}).items():
-        if not isinstance(k, str) or k.startswith(_RESERVED_PREFIX):
-            raise InvalidArgumentError(
-                f"metadata key {k!r}: keys are strings not starting with '{_RESERVED_PREFIX}'"
-            )
-        if not _leaves.is_utf8(k):
-            raise InvalidArgumentError(f"metadata key {k!r}: not encodable as UTF-8")
-        out[k] = _json(f"metadata '{k}'", v)
-    if values:
-        out[_VALUES_KEY] = _json("non-array leaves", values)
-    return out
-
-
-def _json(what: str, v: Any) -> str:
-    try:
-        # ASCII only: the marker stays valid UTF-8 whatever the strings hold.
-        return json.dumps(v, ensure_ascii=True, allow_nan=True, sort_keys=True)
-    except (TypeError, ValueError) as e:
-        raise InvalidArgumentError(f"{what}: not JSON-serializable ({e})") from None
-
-
-def _plan_restore(
-    desc: Dict[str, Any], target: Any, strict: bool, step: int
-) -> Tuple[Any, List[Any], List[Optional[str]]]:
-    """Plans a restore of ``target`` (None: every array and value of
-    ``desc``) from the step ``desc`` describes. Returns ``(treedef, plans,
-    names)``, one entry per leaf: an array leaf has its restore plan and name
-    None, a non-array leaf plan None and the name of its value in
-    ``desc["values"]``. Raises NotFoundError for a leaf the step lacks and,
-    when ``strict``, InvalidArgumentError for a target that leaves out an
-    array; ``step`` names the step in both."""
-    if target is None:
-        target = _default_target(desc)
-    flat, treedef = _pytree.flatten(target, _leaves.is_leaf)
-    plans: List[Any] = []
-    names: List[Optional[str]] = []
-    wanted = set()
-    for path, leaf in flat:
-        name = _pytree.path_name(path)
-        stored = desc["arrays"].get(name)
-        if stored is None:
-            if name not in desc["values"]:
-                raise _leaves.not_found(name, step)
-            plans.append(None)
-            names.append(name)
-            continue
-        wanted.add(name)
-        plans.append(_leaves.restore_array(name, leaf, stored))
-        names.append(None)
-    if strict and wanted != set(desc["arrays"]):
-        missing = sorted(set(desc["arrays"]) - wanted)
-        raise InvalidArgumentError(
-            f"strict restore of step {step}: the target leaves out {missing}"
-        )
-    return treedef, plans, names
-
-
-def _default_target(desc: Dict[str, Any]) -> Dict[str, Any]:
-    """Nested dicts of None leaves for every array and value of a step."""
-    root: Dict[str, Any] = {}
-    for name in list(desc["arrays"]) + list(desc["values"]):
-        parts = name.split("/")
-        node = root
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = None
-    return root

@@ -98,3 +98,17 @@ def unflatten(treedef, leaves: List[Any]) -> Any:
 def path_name(path: Path) -> str:
     """``("params", "w")`` -> ``"params/w"``; the root leaf is ``"value"``."""
     return "/".join(path) if path else "value"
+
+
+def tree_of_names(names) -> dict:
+    """Nested dicts with a None leaf at each '/'-separated name
+    (``["a/b", "c"]`` -> ``{"a": {"b": None}, "c": None}``): the target
+    that restores every named leaf."""
+    root: dict = {}
+    for name in names:
+        parts = name.split("/")
+        node = root
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = None
+    return root

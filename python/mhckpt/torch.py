@@ -36,9 +36,9 @@ from typing import Any, Dict, List, Tuple
 
 import torch
 
-from . import _core
+from . import _core, _mpi
 from ._errors import FailedPreconditionError, InvalidArgumentError, NotFoundError, UnsupportedError
-from ._manager import CheckpointManager, _ensure_mpi
+from ._manager import CheckpointManager
 
 __all__ = ["async_save", "load", "save"]
 
@@ -58,7 +58,7 @@ def _root(checkpoint_id: Any) -> str:
 def _comm(process_group: Any, no_dist: bool) -> Any:
     """The MPI communicator of the ranks of ``process_group`` (None: MPI's
     world), checked against torch.distributed's ranks."""
-    _ensure_mpi()
+    _mpi.ensure_mpi()
     rank, size = _core.rank_and_size(None)
     if no_dist:
         from mpi4py import MPI
