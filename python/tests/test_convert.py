@@ -24,12 +24,12 @@ import mhckpt
 from support import pattern
 from test_examples import MPIRUN, _mpirun_env, _unpin
 
-from mhckpt import _convert
+from mhckpt import _convert, _sources
 from support import all_equal_bytes, all_ok
 
 
 def np_to_torch(a):
-    return _convert._numpy_to_torch(np.asarray(a))
+    return _sources.numpy_to_torch(np.asarray(a))
 
 
 def convert(nproc: int, *args: str) -> str:
@@ -248,7 +248,7 @@ def test_safetensors_in_and_out(comm, root):
     assert sorted(files) == sorted(arrays)
     for name, fn in files.items():
         with safetensors.safe_open(os.path.join(out, fn), framework="pt") as f:
-            all_equal_bytes(comm, _convert._torch_to_numpy(f.get_tensor(name)), arrays[name], f"out: {name}")
+            all_equal_bytes(comm, _sources.torch_to_numpy(f.get_tensor(name)), arrays[name], f"out: {name}")
 
 
 def test_safetensors_out_fails_on_every_rank_when_one_rank_fails(comm, root):

@@ -1,0 +1,324 @@
+"""Orbax's ``CheckpointManager`` on an mhckpt checkpoint root."""
+from __future__ import annotations
+
+import os
+import pathlib
+from collections.abc import Mapping
+from typing import Any, Dict, List, Optional, Sequence
+
+from .._errors import NotFoundError
+from .._manager import CheckpointManager as _Manager
+from ._checkpointer import Checkpointer
+from ._common import DEFAULT_ITEM_NAME, unsupported
+from ._handlers import kind_of
+from ._options import check_options
+from ._store import METRICS_KEY, Store
+from .args import Composite
+
+
+class StepAlreadyExistsError(ValueError):
+    """``save`` of a step that is already committed (Orbax's error)."""
+
+
+class CheckpointManager:
+    """Orbax's ``CheckpointManager`` on an mhckpt checkpoint root.
+
+    Args:
+      directory: the checkpoint root, on a file system every process sees.
+      checkpointers: the older style: one ``Checkpointer``/``AsyncCheckpointer``
+        (one item), or a dict of them by item name. An AsyncCheckpointer (or
+        ``options.enable_async_checkpointing``) commits in the background.
+      options: a :class:`CheckpointManagerOptions` (ours or Orbax's).
+      item_names: the names of the items a step holds (then ``save`` takes
+        ``args.Composite``).
+      comm: an mpi4py communicator (default: MPI's world); not in Orbax.
+
+    ``metadata``, ``item_handlers``, ``logger`` and ``handler_registry``
+    raise UnsupportedError when given.
+    """
+
+    def __init__(self, directory: Any, checkpointers: Any = None, options: Any = None, metadata: Any = None,
+                 item_names: Optional[Sequence[str]] = None, item_handlers: Any = None, logger: Any = None,
+                 handler_registry: Any = None, *, comm: Any = None):
+        for arg, v in (("metadata", metadata), ("item_handlers", item_handlers), ("logger", logger),
+                       ("handler_registry", handler_registry)):
+            if v is not None:
+                raise unsupported(f"CheckpointManager({arg}=...)")
+        self._options = o = check_options(options)
+        self._directory = pathlib.Path(os.fspath(directory))
+        if not o.create and not self._directory.exists():
+            raise FileNotFoundError(
+                f"{self._directory} does not exist (CheckpointManagerOptions(create=False))")
+        self._legacy: Optional[Dict[str, Checkpointer]] = None
+        self._single: Optional[bool] = None
+        async_save = bool(o.enable_async_checkpointing)
+        if checkpointers is not None:
+            if isinstance(checkpointers, Mapping):
+                self._legacy = dict(checkpointers)
+                self._single = False
+            else:
+                self._legacy = {DEFAULT_ITEM_NAME: checkpointers}
+                self._single = True
+            for c in self._legacy.values():
+                kind_of(c)
+            async_save = any(getattr(c, "is_async", type(c).__name__ == "AsyncCheckpointer")
+                             for c in self._legacy.values())
+        if item_names is not None:
+            if self._legacy is not None:
+                raise ValueError("give either checkpointers or item_names, not both")
+            self._single = False
+            self._item_names = tuple(item_names)
+        else:
+            self._item_names = None
+        timeout = o.async_options.timeout_secs if o.async_options is not None else 3600.0
+        self._mgr = _Manager(
+            str(self._directory), comm, max_to_keep=o.max_to_keep or 0, keep_period=o.keep_period or 0,
+            async_save=async_save, own_root=not o.read_only, collective_timeout_seconds=float(timeout),
+        )
+        self._store = Store(self._mgr)
+        self._pending: Optional[int] = None  # the last step saved, until it is seen committed
+
+    # --------------------------------------------------------------- catalogue
+
+    @property
+    def directory(self) -> pathlib.Path:
+        return self._directory
+
+    def all_steps(self, read: bool = False) -> List[int]:
+        """The committed steps, and the one being saved in the background."""
+        steps = self._mgr.all_steps()
+        if self._pending is not None and self._pending not in steps:
+            steps = sorted(steps + [self._pending])
+        return steps
+
+    def latest_step(self) -> Optional[int]:
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def reload(self) -> None:
+        """Nothing to do: the steps are read from the directory at each call."""
+
+    def should_save(self, step: int) -> bool:
+        """True if ``step`` is newer than the latest step and the options'
+        interval (``save_interval_steps``, ``save_on_steps``,
+        ``should_save_fn``) asks for it, or no step was saved yet."""
+        o = self._options
+        if o.read_only:
+            return False
+        last = self.latest_step()
+        if last is not None and last >= step:
+            return False
+        if o.should_save_fn is not None:
+            return bool(o.should_save_fn(step, last))
+        if last is None:
+            return True
+        if o.save_interval_steps and step % o.save_interval_steps == 0:
+            return True
+        return o.save_on_steps is not None and step in set(o.save_on_steps)
+
+    # ------------------------------------------------------------------ saving
+
+    def save(self, step: int, items: Any = None, save_kwargs: Any = None, metrics: Any = None,
+             force: Optional[bool] = False, args: Any = None, custom_metadata: Any = None) -> bool:
+        """Saves ``args`` (or the older ``items`` with ``save_kwargs``) as
+        step ``step`` if :meth:`should_save` (or ``force``) says so; returns
+        whether it did. Returns once every local buffer is copied: arrays may
+        be donated or deleted at once. Raises StepAlreadyExistsError for a
+        committed step."""
+        if custom_metadata is not None:
+            raise unsupported("CheckpointManager.save(custom_metadata=...)",
+                              "save it as a JSON item (args.Composite(..., meta=args.JsonSave(...)))")
+        step = int(step)
+        if self._options.read_only:
+            return False
+        if not force and not self.should_save(step):
+            return False
+        if step in self.all_steps():
+            raise StepAlreadyExistsError(f"Checkpoint for step {step} already exists.")
+        request, single = self._save_request(items, save_kwargs, args)
+        if self._options.prevent_write_metrics:
+            metrics = None
+        self._store.save(step, request, single, metrics)
+        self._pending = step
+        return True
+
+    def _set_mode(self, single: bool) -> None:
+        if self._single is None:
+            self._single = single
+        elif self._single != single:
+            raise ValueError(
+                "this manager saves " + ("one item (no args.Composite)" if self._single else "named items "
+                                         "(args.Composite)") + "; a step of the other form cannot be mixed in"
+            )
+
+    def _save_request(self, items: Any, save_kwargs: Any, a: Any):
+        if a is not None:
+            if items is not None or save_kwargs is not None:
+                raise ValueError("give either args or items/save_kwargs, not both")
+            if isinstance(a, Mapping) and type(a).__name__ in ("Composite", "CompositeArgs"):
+                self._set_mode(False)
+                parts = dict(a.items())
+            else:
+                self._set_mode(True)
+                parts = {DEFAULT_ITEM_NAME: a}
+            if self._item_names is not None and not set(parts) <= set(self._item_names):
+                raise ValueError(f"items {sorted(set(parts) - set(self._item_names))} are not in item_names")
+            request = {n: (kind_of(x), x.item, getattr(x, "save_args", None)) for n, x in parts.items()}
+            return request, self._single
+        if items is None:
+            raise ValueError("save needs args= (or the older items=)")
+        if self._legacy is None:
+            raise unsupported(
+                "save(step, items) without checkpointers",
+                "pass args=ocp.args.StandardSave(items), or CheckpointManager(dir, checkpointer)")
+        if self._single:
+            items, save_kwargs = {DEFAULT_ITEM_NAME: items}, {DEFAULT_ITEM_NAME: save_kwargs or {}}
+        save_kwargs = save_kwargs or {}
+        out = {}
+        for name, item in items.items():
+            if name not in self._legacy:
+                raise ValueError(f"item {name!r} has no checkpointer (checkpointers: {sorted(self._legacy)})")
+            kw = dict(save_kwargs.get(name) or {})
+            sa = kw.pop("save_args", None)
+            if kw:
+                raise unsupported(f"save_kwargs {sorted(kw)} (item '{name}')")
+            out[name] = (kind_of(self._legacy[name]), item, sa)
+        return out, self._single
+
+    def wait_until_finished(self) -> None:
+        """Waits for the background save; raises its failure (mhckpt.Error)."""
+        try:
+            self._mgr.wait_until_finished()
+        finally:
+            self._pending = None
+
+    def check_for_errors(self) -> None:
+        """As :meth:`wait_until_finished` (mhckpt reports a save's outcome once it is committed)."""
+        self.wait_until_finished()
+
+    # --------------------------------------------------------------- restoring
+
+    def restore(self, step: Optional[int], items: Any = None, restore_kwargs: Any = None,
+                directory: Any = None, args: Any = None) -> Any:
+        """Restores step ``step`` (None: the latest) into ``args`` (or the
+        older ``items`` with ``restore_kwargs``). Returns the item, or a
+        :class:`Composite` of the items."""
+        if directory is not None:
+            raise unsupported("restore(directory=...)", "open a CheckpointManager on that directory")
+        if step is None:
+            step = self._mgr.latest_step()
+            if step is None:
+                raise NotFoundError(f"no committed step in {self._directory}{_orbax_hint(self._directory)}")
+        step = int(step)
+        if step == self._pending:
+            self.wait_until_finished()
+        if step not in self._mgr.all_steps() and (self._directory / str(step)).is_dir():
+            raise NotFoundError(
+                f"step {step} is not committed in {self._directory}{_orbax_hint(self._directory)}")
+        _, saved, single = self._store.layout(step)
+        requests, single_out = self._restore_request(saved, single, items, restore_kwargs, args)
+        got = self._store.restore(step, requests)
+        if single_out:
+            return got[next(iter(requests))]
+        return Composite(**got)
+
+    def _restore_request(self, saved: Dict[str, str], single: bool, items: Any, restore_kwargs: Any, a: Any):
+        whole = "" in saved  # a plain mhckpt step
+        default = "" if whole else DEFAULT_ITEM_NAME
+        if a is not None:
+            if items is not None or restore_kwargs is not None:
+                raise ValueError("give either args or items/restore_kwargs, not both")
+            if isinstance(a, Mapping) and type(a).__name__ in ("Composite", "CompositeArgs"):
+                if single and not whole:
+                    raise ValueError("the step holds one item, saved without args.Composite; restore it "
+                                     "with StandardRestore")
+                parts, single_out = dict(a.items()), False
+            else:
+                if not single:
+                    raise ValueError(f"the step holds the items {sorted(saved)}: restore with args.Composite")
+                parts, single_out = {default: a}, True
+            return {n: _restore_item(saved, n, x) for n, x in parts.items()}, single_out
+        if items is None and restore_kwargs is None:
+            if single:
+                return {default: (None, None, False)}, True
+            return {n: (None, None, False) for n in saved}, False
+        if single:
+            items = {default: items}
+            restore_kwargs = {default: restore_kwargs or {}}
+        items = dict(items or {})
+        restore_kwargs = dict(restore_kwargs or {})
+        for n in restore_kwargs:
+            items.setdefault(n, None)
+        out = {}
+        for n, item in items.items():
+            kw = dict(restore_kwargs.get(n) or {})
+            ra = kw.pop("restore_args", None)
+            if kw:
+                raise unsupported(f"restore_kwargs {sorted(kw)} (item '{n}')")
+            out[n] = (item, ra, False)
+        return out, single
+
+    # ----------------------------------------------------------------- details
+
+    def metrics(self, step: int) -> Any:
+        """The metrics saved with step ``step``, or None."""
+        return self._mgr.describe(int(step))["metadata"].get(METRICS_KEY)
+
+    def _unsupported_method(name: str, hint: str = ""):
+        def method(self, *a, **k):
+            raise unsupported(f"CheckpointManager.{name}", hint)
+
+        method.__name__ = name
+        return method
+
+    best_step = _unsupported_method("best_step", "keeping the best steps by a metric")
+    delete = _unsupported_method("delete", "old steps go by max_to_keep and keep_period")
+    item_metadata = _unsupported_method("item_metadata", "mhckpt.CheckpointManager.describe(step) tells it")
+    metadata = _unsupported_method("metadata")
+    reached_preemption = _unsupported_method("reached_preemption")
+    is_saving_in_progress = _unsupported_method("is_saving_in_progress")
+    del _unsupported_method
+
+    def close(self) -> None:
+        """Waits for a pending save, raising its failure as Orbax does, and
+        releases the manager (collective)."""
+        try:
+            if not self._mgr._impl.closed():
+                self.wait_until_finished()
+        finally:
+            self._mgr.close()
+            self._pending = None
+
+    def __enter__(self) -> "CheckpointManager":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:  # the block's exception, not a save's, goes on
+            self._mgr.close()
+            self._pending = None
+
+    def __repr__(self) -> str:
+        return f"mhckpt.orbax.CheckpointManager({str(self._directory)!r})"
+
+
+def _orbax_hint(directory: pathlib.Path) -> str:
+    """A hint naming Orbax's own steps in ``directory``, which mhckpt.orbax does not read."""
+    try:
+        steps = sorted(int(d.name) for d in directory.iterdir()
+                       if d.name.isdigit() and (d / "_CHECKPOINT_METADATA").is_file())
+    except OSError:
+        return ""
+    if not steps:
+        return ""
+    return (f"; it holds Orbax's own checkpoints (steps {steps[:8]}), which mhckpt.orbax does not read: "
+            f"convert them with `python -m mhckpt convert {directory} NEW_DIRECTORY`")
+
+
+def _restore_item(saved: Dict[str, str], name: str, a: Any):
+    kind = kind_of(a)
+    if name in saved and saved[name] != kind:
+        raise ValueError(f"item '{name}' was saved as a {saved[name]} item, restored as a {kind} item")
+    partial = bool(getattr(a, "partial_restore", False))
+    return getattr(a, "item", None), getattr(a, "restore_args", None), partial
