@@ -238,7 +238,8 @@ ManagerImpl::ManagerImpl(Comm comm, std::string root, const Options& options, bo
       pool_(options.staging_budget_bytes),
       watchdog_(comm_.get(), comm_.rank(), options.collective_timeout_seconds),
       engine_(io::MakeEngine(StorageFor(options))),
-      device_broadcasts_(options.collective_timeout_seconds) {
+      device_broadcasts_(options.collective_timeout_seconds),
+      drains_(options.persistent_deadline_seconds) {
   if (CudaAvailable()) {
     // Pinned once per buffer; buffers are reused, so pinning is not per save.
     pool_.SetHooks(PinHostMemory, UnpinHostMemory);
@@ -344,11 +345,11 @@ Status ManagerImpl::WaitUntilFinished() {
     // thread's current work is past its deadline, the first part not ended
     // nor abandoned is late: it (and every part after it) is abandoned below.
     while (drain_) {
-      const bool drains_left = FirstUnabandonedLocked() >= 0;
+      const bool drains_left = drains_.FirstUnabandoned() >= 0;
       if (!drains_left && retentions_pending_ == 0) break;
-      const auto due = DrainDueLocked();
+      const auto due = drains_.Due(retentions_pending_ > 0);
       if (due && std::chrono::steady_clock::now() >= *due) {
-        late = FirstUnabandonedLocked();  // -1: only a late retention, not waited for
+        late = drains_.FirstUnabandoned();  // -1: only a late retention, not waited for
         break;
       }
       if (due) {
@@ -386,33 +387,26 @@ void ManagerImpl::StartDrain(Comm comm) {
 
 void ManagerImpl::BeginDrain(int64_t step) {
   std::lock_guard<std::mutex> lock(mu_);
-  drains_.push_back(step);
+  drains_.HandOff(step);
 }
 
 void ManagerImpl::MarkDrainStarted(int64_t step) {
   std::lock_guard<std::mutex> lock(mu_);
-  draining_step_ = step;
-  drain_started_ = std::chrono::steady_clock::now();
+  drains_.Started(step, std::chrono::steady_clock::now());
   saves_cv_.notify_all();  // WaitUntilFinished: a new deadline
 }
 
 void ManagerImpl::EndDrain(int64_t step, const Status& s, const SaveTimings& t,
                            bool retention_follows) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (auto it = std::find(drains_.begin(), drains_.end(), step); it != drains_.end()) {
-    drains_.erase(it);
-  }
-  draining_step_ = -1;
-  if (retention_follows) {
-    ++retentions_pending_;
-    drain_started_ = std::chrono::steady_clock::now();  // the retention's deadline
-  }
+  if (retention_follows) ++retentions_pending_;
+  const bool abandoned = drains_.Ended(step, retention_follows, std::chrono::steady_clock::now());
   // LastSaveTimings: the shared root's part of the latest drained save.
   last_timings_.write = t.write;
   last_timings_.flush = t.flush;
   last_timings_.commit = t.commit;
   last_timings_.written_bytes = t.written_bytes;
-  if (abandoned_.count(step)) {
+  if (abandoned) {
     Logger()->warn("mhckpt: step {}: the shared root's write ended after it was abandoned: {}",
                    step, s.ok() ? "OK" : s.ToString());
   } else if (!s.ok() && first_error_.ok()) {
@@ -421,46 +415,17 @@ void ManagerImpl::EndDrain(int64_t step, const Status& s, const SaveTimings& t,
   saves_cv_.notify_all();
 }
 
-std::optional<std::chrono::steady_clock::time_point> ManagerImpl::DrainDueLocked() const {
-  // The drain thread runs one thing at a time: a part, or the retention
-  // after one (rank 0); each has the deadline from its own start.
-  if (draining_step_ < 0 && retentions_pending_ == 0) return std::nullopt;
-  return drain_started_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                              std::chrono::duration<double>(options_.persistent_deadline_seconds));
-}
-
-int64_t ManagerImpl::FirstUnabandonedLocked() const {
-  for (int64_t step : drains_) {
-    if (!abandoned_.count(step)) return step;
-  }
-  return -1;
-}
-
 std::pair<bool, int64_t> ManagerImpl::DrainState() const {
   std::lock_guard<std::mutex> lock(mu_);
-  const auto due = DrainDueLocked();
-  if (!due || std::chrono::steady_clock::now() < *due) return {false, -1};
-  return {true, FirstUnabandonedLocked()};
+  if (!drains_.Late(retentions_pending_ > 0, std::chrono::steady_clock::now())) return {false, -1};
+  return {true, drains_.FirstUnabandoned()};
 }
 
 Status ManagerImpl::Abandon(int64_t step, int rank) {
   std::lock_guard<std::mutex> lock(mu_);
-  const bool first = abandoned_.insert(step).second;
-  // The parts queued behind it would wait for it: abandoned with it (each
-  // skips the shared root when its turn comes; SaveRun::Drain).
-  std::vector<int64_t> behind;
-  for (int64_t s : drains_) {
-    if (s > step && abandoned_.insert(s).second) behind.push_back(s);
-  }
-  Status s = IoError(fmt::format(
-      "step {}: the shared root's write did not end within {} s of its start (on rank {}): "
-      "abandoned{}; the step stays in the local tier and training goes on",
-      step, options_.persistent_deadline_seconds, rank,
-      behind.empty() ? std::string()
-                     : fmt::format(", with the writes of step(s) {} queued behind it",
-                                   fmt::join(behind, ","))));
-  if (first && comm_.rank() == 0) Logger()->error("mhckpt: {}", s.ToString());
-  return first ? s : OkStatus();
+  Status s = drains_.Abandon(step, rank);
+  if (!s.ok() && comm_.rank() == 0) Logger()->error("mhckpt: {}", s.ToString());
+  return s;
 }
 
 void ManagerImpl::RecordError(const Status& s) {
@@ -470,7 +435,7 @@ void ManagerImpl::RecordError(const Status& s) {
 
 bool ManagerImpl::IsAbandoned(int64_t step) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return abandoned_.count(step) > 0;
+  return drains_.IsAbandoned(step);
 }
 
 void ManagerImpl::WaitForRetention() {
@@ -479,9 +444,10 @@ void ManagerImpl::WaitForRetention() {
     if (retentions_pending_ == 0) return;
     // Drain mode: a retention stuck on the shared root past the deadline is
     // not waited for (the listing is then the store's, as it is).
-    const auto due = drain_ ? DrainDueLocked() : std::nullopt;
-    if (due && draining_step_ < 0 && std::chrono::steady_clock::now() >= *due) return;
-    if (due && draining_step_ < 0) {
+    const auto due = drain_ ? drains_.Due(true) : std::nullopt;
+    const bool part_running = drains_.PartRunning();
+    if (due && !part_running && std::chrono::steady_clock::now() >= *due) return;
+    if (due && !part_running) {
       saves_cv_.wait_until(lock, *due);
     } else {
       saves_cv_.wait(lock);

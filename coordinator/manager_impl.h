@@ -7,12 +7,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <span>
 #include <string>
 #include <thread>
@@ -21,6 +19,7 @@
 
 #include "base/comm.h"
 #include "coordinator/checkpoint_manager.h"
+#include "coordinator/drain_queue.h"
 #include "coordinator/io_thread.h"
 #include "coordinator/local_tier.h"
 #include "coordinator/read_once.h"
@@ -205,22 +204,12 @@ class ManagerImpl {
   int64_t saves_ = 0;  // caller thread: Save calls so far
 
   // Drain mode: the shared root's parts, their communicator, and (under mu_)
-  // the steps handed off and not yet ended (in order; the first runs or is
-  // next), which step's part runs, since when the drain thread's current work
-  // (that part, or the retention after one) runs, which were abandoned.
+  // their queue, deadlines and abandon state (coordinator/drain_queue.h).
   void BeginDrain(int64_t step);
   // The part of `step` ended; `retention_follows` as for RecordSave.
   void EndDrain(int64_t step, const Status& s, const SaveTimings& t, bool retention_follows);
-  // Under mu_: the deadline of the drain thread's current work, or nullopt
-  // if it runs none.
-  [[nodiscard]] std::optional<std::chrono::steady_clock::time_point> DrainDueLocked() const;
-  // Under mu_: the first step of drains_ not abandoned, or -1.
-  [[nodiscard]] int64_t FirstUnabandonedLocked() const;
   Comm drain_comm_;
-  std::deque<int64_t> drains_;
-  int64_t draining_step_ = -1;
-  std::chrono::steady_clock::time_point drain_started_;
-  std::set<int64_t> abandoned_;
+  DrainQueue drains_;
 
   // Rank 0 with Options::own_root: the root's lock and lease, released after
   // the I/O thread (declared after it) has finished every job.
