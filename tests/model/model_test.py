@@ -393,10 +393,18 @@ class Model:
 
     # -- checks
 
+    def may_be_retired(self, s):
+        """True if a save in flight, newer than step s, may commit and drop s
+        by retention (local_max_to_keep, max_to_keep) at any moment."""
+        return any(r.inflight and r.step > s and keep > 0 and r.expect[k] is not False
+                   for r in self.steps.values() for k, keep in ((0, self.K), (1, self.M)))
+
     def compare_steps(self, where, ranks):
         # Steps() is local: while a save is in flight (its marker put now or
-        # in a moment) ranks may list it differently; settled steps never.
-        flying = {s for s, r in self.steps.items() if r.inflight}
+        # in a moment) ranks may list it differently, and so may they list a
+        # step that its commit's retention drops while they list (rank 0
+        # retires it between two ranks' listings); settled steps never.
+        flying = {s for s, r in self.steps.items() if r.inflight or self.may_be_retired(s)}
         lists = [json.dumps([e for e in x.get("steps") if e[0] not in flying]) for x in ranks]
         if len(set(lists)) != 1:
             raise Failure("%s: ranks list different steps: %s" % (where, lists))
