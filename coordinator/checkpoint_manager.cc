@@ -1,7 +1,5 @@
 #include "coordinator/checkpoint_manager.h"
 
-#include <sys/resource.h>
-#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -568,46 +566,6 @@ Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(MPI_Comm comm
   return mgr;
 }
 
-namespace {
-
-// SaveOptions::protect_host: the host boxes a lazy save will copy.
-std::vector<internal::WriteWatch::Range> WatchRanges(
-    const std::vector<internal::SnapshotCopy>& copies, const internal::Snapshot& snapshot, int rank,
-    int64_t step) {
-  std::vector<internal::WriteWatch::Range> ranges;
-  for (const internal::SnapshotCopy& c : copies) {
-    if (c.memory != Memory::kHost || c.size == 0) continue;
-    ranges.push_back({c.src, c.size,
-                      fmt::format("mhckpt: rank {} wrote to array '{}', box {}, while the lazy "
-                                  "save of step {} was still copying it (wait on the save's "
-                                  "fence first; SaveOptions::protect_host); aborting\n",
-                                  rank, snapshot.arrays[c.array].name, BoxToString(c.box), step)});
-  }
-  return ranges;
-}
-
-}  // namespace
-
-void internal::FenceState::Complete(const Status& s) {
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    status = s;
-    done = true;
-  }
-  cv.notify_all();
-}
-
-Status internal::FenceState::Wait() {
-  std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [this] { return done; });
-  return status;
-}
-
-bool internal::FenceState::Done() {
-  std::lock_guard<std::mutex> lock(mu);
-  return done;
-}
-
 Status SaveFence::Wait() const { return state_ ? state_->Wait() : OkStatus(); }
 
 bool SaveFence::Done() const { return !state_ || state_->Done(); }
@@ -688,7 +646,7 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
   }
   auto watch = std::make_shared<WriteWatch>();
   if (save_options.protect_host) {
-    Status s = watch->Protect(WatchRanges(copies, job->snapshot, rank, step));
+    Status s = watch->Protect(internal::WatchRanges(copies, job->snapshot, rank, step));
     if (job->local.ok() && !s.ok()) {
       job->local = Status(s.code(), fmt::format("rank {}: {}", rank, s.message()));
     }
@@ -707,42 +665,10 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
   }
   // The copier owns what it needs; the job is joined by the I/O thread
   // (SubmitSave) before the plan round.
-  auto copy = [job_ptr = job.get(), copies = std::move(copies), so, state, watch, mark,
-               check = save_options.check_after_copy, on_copied = save_options.on_copied,
-               where](bool own_thread) {
-    // On a thread of its own, the lowest priority (its copy threads inherit
-    // it): on busy cores the copy yields to the caller's compute; a caller
-    // waiting on the fence leaves it the core. Never on the caller's thread,
-    // whose priority is the caller's (and, unprivileged, could not be
-    // raised back).
-    if (own_thread) (void)setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 19);
-    fault::SetStep(job_ptr->step);  // per thread: a test's fault at lazy_copy names its save
-    auto start = std::chrono::steady_clock::now();
-    Status s = Guarded(where, [&] {
-      MHCKPT_RETURN_IF_ERROR(fault::Hit("lazy_copy"));
-      return CopyIntoSnapshot(copies, so, OkStatus(), &job_ptr->snapshot, mark.get());
-    });
-    mark->Reset();  // the events, once the copies that waited on them have ended
-    watch->Release();
-    // The budget was waited for in Save, before this copy started.
-    job_ptr->timings.budget_wait = job_ptr->snapshot.budget_wait_seconds;
-    job_ptr->timings.snapshot =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (s.ok() && check) s = Guarded(where, check);
-    if (job_ptr->local.ok()) job_ptr->local = s;
-    if (on_copied) (void)Guarded(where, [&] { on_copied(s); });
-    state->Complete(s);
-  };
-  auto task = std::make_shared<decltype(copy)>(std::move(copy));
-  bool started = false;
-  if (fault::Hit("copier_thread").ok()) {  // a test's stand-in for a refused thread
-    try {
-      job->copier = std::thread([task] { (*task)(true); });
-      started = true;
-    } catch (const std::system_error&) {
-    }
-  }
-  if (!started) (*task)(false);  // no thread to be had: copy here, at the caller's priority
+  internal::LazyCopier::Start(std::make_shared<internal::LazyCopier>(
+      job.get(),
+      internal::LazyCopier::Parts{std::move(copies), so, state, watch, mark,
+                                  save_options.check_after_copy, save_options.on_copied, where}));
   impl_->SubmitSave(std::move(job), where);
   return local;
 }

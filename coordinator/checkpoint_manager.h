@@ -40,7 +40,7 @@ class logger;
 namespace mhckpt {
 namespace internal {
 class ManagerImpl;  // coordinator/manager_impl.h
-struct FenceState;  // coordinator/manager_impl.h
+struct FenceState;  // coordinator/lazy_copier.h
 }  // namespace internal
 
 /// Free-form key/value pairs stored in the commit marker (docs/FORMAT.md).

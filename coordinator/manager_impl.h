@@ -21,6 +21,7 @@
 #include "coordinator/checkpoint_manager.h"
 #include "coordinator/drain_queue.h"
 #include "coordinator/io_thread.h"
+#include "coordinator/lazy_copier.h"
 #include "coordinator/local_tier.h"
 #include "coordinator/read_once.h"
 #include "coordinator/watchdog.h"
@@ -47,21 +48,10 @@ struct SaveJob {
   /// In drain mode (Options::persistent_deadline_seconds): the shared root's
   /// part of the save, run on the drain thread after the local commit.
   std::function<Status()> drain;
-  /// A lazy save's copy (CopyMode::kLazy), joined by the I/O thread before
-  /// the plan round; it fills `snapshot` and merges its error into `local`.
+  /// A lazy save's copy (CopyMode::kLazy, coordinator/lazy_copier.h), joined
+  /// by the I/O thread before the plan round; it fills `snapshot` and merges
+  /// its error into `local`.
   std::thread copier;
-};
-
-/// What a SaveFence waits for: the end of a lazy save's copy.
-struct FenceState {
-  void Complete(const Status& s);
-  Status Wait();
-  bool Done();
-
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  Status status;
 };
 
 class ManagerImpl {

@@ -1,0 +1,92 @@
+#include "coordinator/lazy_copier.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <system_error>
+#include <thread>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "base/fault.h"
+#include "base/guard.h"
+#include "coordinator/manager_impl.h"
+
+namespace mhckpt::internal {
+
+void FenceState::Complete(const Status& s) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    status = s;
+    done = true;
+  }
+  cv.notify_all();
+}
+
+Status FenceState::Wait() {
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [this] { return done; });
+  return status;
+}
+
+bool FenceState::Done() {
+  std::lock_guard<std::mutex> lock(mu);
+  return done;
+}
+
+std::vector<WriteWatch::Range> WatchRanges(const std::vector<SnapshotCopy>& copies,
+                                           const Snapshot& snapshot, int rank, int64_t step) {
+  std::vector<WriteWatch::Range> ranges;
+  for (const SnapshotCopy& c : copies) {
+    if (c.memory != Memory::kHost || c.size == 0) continue;
+    ranges.push_back({c.src, c.size,
+                      fmt::format("mhckpt: rank {} wrote to array '{}', box {}, while the lazy "
+                                  "save of step {} was still copying it (wait on the save's "
+                                  "fence first; SaveOptions::protect_host); aborting\n",
+                                  rank, snapshot.arrays[c.array].name, BoxToString(c.box), step)});
+  }
+  return ranges;
+}
+
+bool LazyCopier::Start(std::shared_ptr<LazyCopier> copier) {
+  SaveJob* job = copier->job_;
+  if (fault::Hit("copier_thread").ok()) {  // a test's stand-in for a refused thread
+    try {
+      job->copier = std::thread([copier] { copier->Copy(true); });
+      return true;
+    } catch (const std::system_error&) {
+    }
+  }
+  copier->Copy(false);  // no thread to be had: copy here, at the caller's priority
+  return false;
+}
+
+void LazyCopier::Copy(bool own_thread) {
+  // On a thread of its own, the lowest priority (its copy threads inherit
+  // it): on busy cores the copy yields to the caller's compute; a caller
+  // waiting on the fence leaves it the core. Never on the caller's thread,
+  // whose priority is the caller's (and, unprivileged, could not be
+  // raised back).
+  if (own_thread) (void)setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 19);
+  fault::SetStep(job_->step);  // per thread: a test's fault at lazy_copy names its save
+  auto start = std::chrono::steady_clock::now();
+  Status s = Guarded(parts_.where, [&] {
+    MHCKPT_RETURN_IF_ERROR(fault::Hit("lazy_copy"));
+    return CopyIntoSnapshot(parts_.copies, parts_.options, OkStatus(), &job_->snapshot,
+                            parts_.mark.get());
+  });
+  parts_.mark->Reset();  // the events, once the copies that waited on them have ended
+  parts_.watch->Release();
+  // The budget was waited for in Save, before this copy started.
+  job_->timings.budget_wait = job_->snapshot.budget_wait_seconds;
+  job_->timings.snapshot =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (s.ok() && parts_.check_after_copy) s = Guarded(parts_.where, parts_.check_after_copy);
+  if (job_->local.ok()) job_->local = s;
+  if (parts_.on_copied) (void)Guarded(parts_.where, [&] { parts_.on_copied(s); });
+  parts_.fence->Complete(s);
+}
+
+}  // namespace mhckpt::internal
