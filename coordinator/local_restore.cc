@@ -21,8 +21,10 @@
 //      after one allreduce that says whether there are any), and every rank
 //      makes the same new choice for each such piece — a holder of the
 //      writer's file on a node not tried yet, else (with parity) the
-//      writer's file rebuilt in memory from its parity group on one rank —
-//      and steps 3-5 run again for those pieces only. Only when a piece has
+//      writer's file rebuilt in memory from its parity group on one rank
+//      (LocalSources, coordinator/local_sources.h, chooses; RebuildInMemory,
+//      coordinator/local_parity.h, rebuilds) — and steps 3-5 run again for
+//      those pieces only. Only when a piece has
 //      no source left does the step fail: DataLoss naming the array, the box
 //      and every source tried, on every rank. A restore that needed another
 //      source says so in one log line (rank 0).
@@ -47,17 +49,14 @@
 #include "coordinator/agree.h"
 #include "coordinator/checked_read.h"
 #include "coordinator/committed_step.h"
+#include "coordinator/local_parity.h"
+#include "coordinator/local_sources.h"
 #include "coordinator/local_tier.h"
 #include "io/mapped_file.h"
 #include "worker/copy.h"
 
 namespace mhckpt::internal {
 namespace {
-
-constexpr int kPieceTag = 7102;
-// The segments sent to a rebuild from parity (step 5); LocalTier's own tags
-// are 7101, 7103 and 7104.
-constexpr int kParityPieceTag = 7105;
 
 // One destination of one rank, as every rank learns it in step 2.
 struct Want {
@@ -79,13 +78,6 @@ struct Piece {
   uint64_t bytes = 0;
   int server = 0;
   bool rebuilt = false;
-};
-
-// What was tried for a piece that a source could not serve whole (agreed).
-struct Attempts {
-  std::set<int> bad_nodes;    // nodes whose copy of the writer's file failed it
-  bool parity_tried = false;  // the rebuild from parity failed it
-  std::vector<std::string> tried;
 };
 
 // Where `region` (inside `box`) starts in the row-major bytes of `box`, if
@@ -149,7 +141,8 @@ class LocalRestoreRun {
         arrays_(arrays),
         options_(options),
         rank_(comm.rank()),
-        files_(m_) {}
+        files_(m_),
+        sources_(tier.nodes(), s) {}
 
   Status Run() {
     // 1.
@@ -202,12 +195,8 @@ class LocalRestoreRun {
       for (size_t bi = 0; bi < a.boxes.size(); ++bi) {
         const io::MarkerBox& b = a.boxes[bi];
         if (!BoxesIntersect(b.box, w.box)) continue;
-        const std::vector<int>& holders = s_.holders.at(static_cast<size_t>(b.writer));
-        int server = w.rank;
-        if (!std::binary_search(holders.begin(), holders.end(), w.rank)) {
-          server = holders[static_cast<size_t>(w.rank) % holders.size()];
-        }
-        Piece p{&w, bi, Intersection(b.box, w.box), b.writer, 0, server, false};
+        const LocalSources::Source first = sources_.First(b.writer, w.rank);
+        Piece p{&w, bi, Intersection(b.box, w.box), b.writer, 0, first.server, first.rebuilt};
         p.bytes = BoxBytes(p.region, a.dtype);
         if (p.bytes > 0) pieces_.push_back(std::move(p));
       }
@@ -428,33 +417,6 @@ class LocalRestoreRun {
     return failed;
   }
 
-  // The parity group of writer `w` (of two or more), or null.
-  const std::vector<int>* GroupOf(int w) const {
-    for (const std::vector<int>& g : s_.parity_groups) {
-      if (g.size() >= 2 && std::find(g.begin(), g.end(), w) != g.end()) return &g;
-    }
-    return nullptr;
-  }
-
-  // The next holder of piece `p`'s file on a node not tried: the asker if
-  // its node holds one, else one of the ranks of the first such node,
-  // picked by the asker's rank. -1 if none is left.
-  int NextHolder(const Piece& p, const Attempts& a) const {
-    const Nodes& nodes = tier_.nodes();
-    const std::vector<int>& holders = s_.holders.at(static_cast<size_t>(p.writer));
-    const int asker = p.want->rank;
-    if (std::binary_search(holders.begin(), holders.end(), asker) &&
-        !a.bad_nodes.count(nodes.node_of(asker))) {
-      return asker;
-    }
-    std::map<int, std::vector<int>> by_node;
-    for (int r : holders) by_node[nodes.node_of(r)].push_back(r);
-    for (const auto& [node, ranks] : by_node) {
-      if (!a.bad_nodes.count(node)) return ranks[static_cast<size_t>(asker) % ranks.size()];
-    }
-    return -1;
-  }
-
   // 5: a new source for each failed piece (the same choice on every rank:
   // `failed` is agreed), into `pending`; DataLoss when a piece has none.
   Status ChooseOtherSources(const std::map<size_t, std::string>& failed,
@@ -462,35 +424,20 @@ class LocalRestoreRun {
     std::vector<size_t> lost;
     for (const auto& [id, why] : failed) {
       Piece& p = pieces_[id];
-      Attempts& a = attempts_[id];
-      a.tried.push_back(why);
-      if (p.rebuilt) {
-        a.parity_tried = true;
-      } else {
-        a.bad_nodes.insert(tier_.nodes().node_of(p.server));
-        bad_file_nodes_[p.writer].insert(tier_.nodes().node_of(p.server));
-      }
-      const int next = NextHolder(p, a);
-      if (next >= 0) {
-        p.server = next;
-        p.rebuilt = false;
-      } else if (!a.parity_tried && GroupOf(p.writer) != nullptr) {
-        p.rebuilt = true;
-        p.server = s_.holders.at(static_cast<size_t>(p.writer)).front();
-      } else {
+      const std::optional<LocalSources::Source> next =
+          sources_.Next(p.writer, p.want->rank, {p.server, p.rebuilt}, why, &attempts_[id]);
+      if (!next) {
         lost.push_back(id);
         continue;
       }
+      p.server = next->server;
+      p.rebuilt = next->rebuilt;
       pending->push_back(id);
     }
     if (lost.empty()) return OkStatus();
     const Piece& p = pieces_[lost.front()];
     const io::MarkerArray& a = m_.arrays[p.want->array];
-    std::string parity;
-    if (GroupOf(p.writer) == nullptr) {
-      parity = s_.parity_groups.empty() ? "; no parity is kept"
-                                        : fmt::format("; rank {} is in no parity group", p.writer);
-    }
+    const std::string parity = sources_.NoParityReason(p.writer);
     return DataLoss(fmt::format(
         "local step {}: array '{}' box {} (rank {} asked for box {}; stored box {}, in rank {}'s "
         "file): no intact copy of it in this job: tried {}{}{}",
@@ -501,24 +448,10 @@ class LocalRestoreRun {
                         : ""));
   }
 
-  // A rank whose node holds writer `m`'s file, none of it known bad if it
-  // can be.
-  int HolderOf(int m) const {
-    const std::vector<int>& holders = s_.holders.at(static_cast<size_t>(m));
-    auto bad = bad_file_nodes_.find(m);
-    for (int r : holders) {
-      if (bad == bad_file_nodes_.end() || !bad->second.count(tier_.nodes().node_of(r))) return r;
-    }
-    return holders.front();
-  }
-
   // 5, collective: the files of the writers that pieces of `pending` are now
   // to be served from parity for (the same on every rank), rebuilt in the
-  // memory of their server (as LocalTier's Rebuild does on disk): segment k
-  // of member i is the block of member BlockOf(i, k) XOR the other members'
-  // segments in that block. Each rank first says which parity blocks its
-  // node holds whole (one all-gather). A file that cannot be rebuilt serves
-  // no piece (step 5 then has no source left for them).
+  // memory of their server (RebuildInMemory). A file that cannot be rebuilt
+  // serves no piece (step 5 then has no source left for them).
   void RebuildFromParity(const std::vector<size_t>& pending) {
     std::set<int> writers;
     for (size_t id : pending) {
@@ -526,108 +459,10 @@ class LocalRestoreRun {
       if (p.rebuilt && !rebuilds_.count(p.writer)) writers.insert(p.writer);
     }
     if (writers.empty()) return;
-    // Which ranks hold which blocks whole.
-    std::set<int> blocks;
-    for (int w : writers) {
-      for (int r : *GroupOf(w)) {
-        if (r != w) blocks.insert(r);
-      }
-    }
-    std::vector<int> mine;
-    for (int b : blocks) {
-      const ParityGroup group(*GroupOf(b), files_);
-      Result<uint64_t> size = io::MappedFile::Size(tier_.ParityPath(m_.step, b));
-      if (size.ok() && *size == group.segment) mine.push_back(b);
-    }
-    std::map<int, int> block_holder;  // lowest rank
-    const std::vector<std::string> all = comm_.AllGatherBytes(nlohmann::json(mine).dump());
-    for (size_t r = all.size(); r-- > 0;) {
-      for (int b : nlohmann::json::parse(all[r]).get<std::vector<int>>()) {
-        block_holder[b] = static_cast<int>(r);
-      }
-    }
-    for (int w : writers) {
-      rebuilds_.insert(w);
-      const ParityGroup group(*GroupOf(w), files_);
-      const int li = group.IndexOf(w);
-      const int rebuilder = s_.holders.at(static_cast<size_t>(w)).front();
-      const uint64_t seg = group.segment;
-      std::vector<std::string> missing;
-      for (int r : group.members) {
-        if (r != w && !block_holder.count(r)) {
-          missing.push_back(fmt::format("rank {}'s parity block", r));
-        }
-      }
-      if (!missing.empty()) {
-        rebuild_errors_[w] =
-            DataLoss(fmt::format("no node of this job holds {} whole", fmt::join(missing, ", ")));
-        continue;
-      }
-      std::vector<std::byte>* out = nullptr;
-      if (rank_ == rebuilder) {
-        out = &rebuilt_[w];
-        out->assign(files_.bytes[static_cast<size_t>(w)], std::byte{0});
-      }
-      std::string acc, buf;
-      for (int k = 0; k + 1 < group.size(); ++k) {
-        const int bi = group.BlockOf(li, k);
-        const int block = group.members[static_cast<size_t>(bi)];
-        // (path, holder, segment): the block, then the other members' segments in it.
-        std::vector<std::tuple<std::string, int, uint64_t>> sources{
-            {tier_.ParityPath(m_.step, block), block_holder.at(block), 0}};
-        for (int i = 0; i < group.size(); ++i) {
-          if (i == li || i == bi) continue;
-          const int m = group.members[static_cast<size_t>(i)];
-          sources.emplace_back(tier_.FilePath(m_.step, m), HolderOf(m),
-                               static_cast<uint64_t>(group.SegmentIn(i, bi)));
-        }
-        if (rank_ == rebuilder) acc.assign(seg, '\0');
-        for (const auto& [path, source, segment] : sources) {
-          if (rank_ != source && rank_ != rebuilder) continue;
-          if (rank_ == source) ReadSegment(path, segment, seg, &buf);
-          if (source != rebuilder) {
-            std::vector<MPI_Request> requests;
-            if (rank_ == source) {
-              comm_.PostSend(buf.data(), seg, rebuilder, kParityPieceTag, &requests);
-            } else {
-              buf.resize(seg);
-              comm_.PostReceive(buf.data(), seg, source, kParityPieceTag, &requests);
-            }
-            Comm::WaitAll(&requests);
-          }
-          if (rank_ == rebuilder) {
-            for (uint64_t i = 0; i < seg; ++i) acc[i] = static_cast<char>(acc[i] ^ buf[i]);
-          }
-        }
-        if (out != nullptr) {
-          const uint64_t at = static_cast<uint64_t>(k) * seg;
-          if (at < out->size()) {
-            std::memcpy(out->data() + at, acc.data(), std::min<uint64_t>(seg, out->size() - at));
-          }
-        }
-      }
-    }
-  }
-
-  // Segment `k` (of `seg` bytes, zero past the file's end) of the file at
-  // `path` on this node; zeros if it cannot be read (the rebuilt chunks then
-  // fail their checks, and say so).
-  void ReadSegment(const std::string& path, uint64_t k, uint64_t seg, std::string* out) {
-    out->assign(seg, '\0');
-    auto it = parity_inputs_.find(path);
-    if (it == parity_inputs_.end()) {
-      Result<io::MappedFile> f = io::MappedFile::OpenForReading(path);
-      if (!f.ok()) {
-        Logger()->warn("mhckpt: local step {}: rank {}: parity rebuild: {}", m_.step, rank_,
-                       f.status().ToString());
-        return;
-      }
-      it = parity_inputs_.emplace(path, std::move(f).value()).first;
-    }
-    const uint64_t at = k * seg;
-    if (at < it->second.size()) {
-      std::memcpy(out->data(), it->second.data() + at, std::min(seg, it->second.size() - at));
-    }
+    RebuildInMemory(
+        comm_, tier_.paths(), s_, writers, [this](int m) { return sources_.HolderOf(m); },
+        &parity_inputs_, &rebuilt_, &rebuild_errors_);
+    rebuilds_.insert(writers.begin(), writers.end());
   }
 
   // Rank 0, after a restore that needed other sources: one line.
@@ -682,12 +517,12 @@ class LocalRestoreRun {
 
   // Step 5.
   std::vector<std::pair<size_t, std::string>> failed_;  // this round, as server
-  std::map<size_t, Attempts> attempts_;                 // agreed
-  std::map<int, std::set<int>> bad_file_nodes_;         // writer -> nodes (agreed)
+  LocalSources sources_;                                // agreed choices
+  std::map<size_t, LocalSources::Attempts> attempts_;   // agreed
   std::set<int> rebuilds_;                              // writers rebuilt (agreed)
   std::map<int, Status> rebuild_errors_;                // writer -> why not (agreed)
   std::map<int, std::vector<std::byte>> rebuilt_;       // writer -> its file, on its rebuilder
-  std::map<std::string, io::MappedFile> parity_inputs_;
+  SegmentReader parity_inputs_;
 };
 
 }  // namespace
