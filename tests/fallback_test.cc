@@ -23,19 +23,8 @@
 #include "tests/test_util.h"
 #include "tests/tiers_test_util.h"
 
-namespace mhckpt {
+namespace mhckpt::tiers_test {
 namespace {
-
-using testing::Fill;
-using testing::FreshDir;
-using testing::kShape;
-using testing::NodeCount;
-using testing::NodeOf;
-using testing::Rank;
-using testing::Rows;
-using testing::SameOnAllRanks;
-using testing::Size;
-using testing::Step;
 
 // This rank's rows out of `parts` of "w", and all of "r", to restore into.
 struct Target {
@@ -364,4 +353,4 @@ TEST(FallbackParity, ADamagedPieceIsRebuiltFromParity) {
 }
 
 }  // namespace
-}  // namespace mhckpt
+}  // namespace mhckpt::tiers_test

@@ -26,20 +26,8 @@
 #include "tests/test_util.h"
 #include "tests/tiers_test_util.h"
 
-namespace mhckpt {
+namespace mhckpt::tiers_test {
 namespace {
-
-using testing::Fill;
-using testing::FreshDir;
-using testing::kShape;
-using testing::NodeCount;
-using testing::NodeOf;
-using testing::Rank;
-using testing::RanksPerNode;
-using testing::Rows;
-using testing::SameOnAllRanks;
-using testing::Size;
-using testing::Step;
 
 Options TwoTierOptions(const std::string& dir, int rank, int size) {
   Options o;
@@ -849,4 +837,4 @@ TEST(TwoTiersWatchdog, DISABLED_AStuckLocalOpenIsAborted) {
 }
 
 }  // namespace
-}  // namespace mhckpt
+}  // namespace mhckpt::tiers_test

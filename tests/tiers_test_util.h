@@ -43,3 +43,21 @@ struct Step {
 };
 
 }  // namespace mhckpt::testing
+
+// The tests of the local tier (local_tier_test, fallback_test) live in this
+// namespace, with the helpers they share in scope.
+namespace mhckpt::tiers_test {
+
+using testing::Fill;
+using testing::FreshDir;
+using testing::kShape;
+using testing::NodeCount;
+using testing::NodeOf;
+using testing::Rank;
+using testing::RanksPerNode;
+using testing::Rows;
+using testing::SameOnAllRanks;
+using testing::Size;
+using testing::Step;
+
+}  // namespace mhckpt::tiers_test
