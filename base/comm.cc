@@ -3,7 +3,12 @@
 #include "base/gather_rounds.h"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
 #include <utility>
 
 namespace mhckpt::internal {
@@ -13,13 +18,48 @@ namespace {
 // messages): below MPI's int count limit.
 constexpr size_t kBytePiece = size_t{1} << 30;
 
+std::atomic<uint64_t> g_next_id{1};
+
 }  // namespace
+
+// Serial(): messages to self, each side posted before the other or after.
+struct Comm::SerialState {
+  struct Post {
+    int tag = 0;
+    const char* src = nullptr;  // a send's bytes
+    char* dst = nullptr;        // a receive's buffer
+    size_t bytes = 0;
+  };
+  std::mutex mu;
+  std::deque<Post> sends, receives;  // not yet met, in the order posted
+
+  // Meets `post` with the first of `other` of its tag, or keeps it in `mine`.
+  static void Meet(Post post, bool is_send, std::deque<Post>& other, std::deque<Post>& mine) {
+    for (auto it = other.begin(); it != other.end(); ++it) {
+      if (it->tag != post.tag) continue;
+      const Post& send = is_send ? post : *it;
+      const Post& receive = is_send ? *it : post;
+      std::memcpy(receive.dst, send.src, std::min(send.bytes, receive.bytes));
+      other.erase(it);
+      return;
+    }
+    mine.push_back(post);
+  }
+};
 
 Comm Comm::Duplicate(MPI_Comm comm) {
   Comm c;
   MPI_Comm_dup(comm, &c.comm_);
   MPI_Comm_rank(c.comm_, &c.rank_);
   MPI_Comm_size(c.comm_, &c.size_);
+  c.id_ = g_next_id.fetch_add(1, std::memory_order_relaxed);
+  return c;
+}
+
+Comm Comm::Serial() {
+  Comm c;
+  c.serial_ = std::make_shared<SerialState>();
+  c.id_ = g_next_id.fetch_add(1, std::memory_order_relaxed);
   return c;
 }
 
@@ -29,17 +69,21 @@ Comm& Comm::operator=(Comm&& o) noexcept {
   std::swap(comm_, o.comm_);
   std::swap(rank_, o.rank_);
   std::swap(size_, o.size_);
+  std::swap(id_, o.id_);
+  std::swap(serial_, o.serial_);
   return *this;
 }
 
 Comm::~Comm() {
+  if (comm_ == MPI_COMM_NULL) return;  // Serial() or moved from: no MPI call
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+  if (!finalized) MPI_Comm_free(&comm_);
 }
 
 std::vector<std::string> Comm::GatherBytes(const std::string& mine, int root,
                                            int64_t round_limit) const {
+  if (serial()) return {mine};
   // Sizes as 64-bit values; the bytes in rounds whose int counts and
   // displacements cannot overflow (base/gather_rounds.h).
   int64_t n = static_cast<int64_t>(mine.size());
@@ -71,12 +115,14 @@ std::vector<std::string> Comm::GatherBytes(const std::string& mine, int root,
 }
 
 int Comm::ScatterInt(const std::vector<int>& values, int root) const {
+  if (serial()) return values.at(0);
   int mine = 0;
   MPI_Scatter(values.data(), 1, MPI_INT, &mine, 1, MPI_INT, root, comm_);
   return mine;
 }
 
 std::vector<std::string> Comm::AllGatherBytes(const std::string& mine) const {
+  if (serial()) return {mine};
   std::vector<std::string> all = GatherBytes(mine, 0);
   std::vector<int64_t> sizes(static_cast<size_t>(size_));
   std::string joined;
@@ -99,14 +145,17 @@ std::vector<std::string> Comm::AllGatherBytes(const std::string& mine) const {
 }
 
 Comm Comm::Split(int color) const {
+  if (serial()) return Serial();
   Comm c;
   MPI_Comm_split(comm_, color, rank_, &c.comm_);
   MPI_Comm_rank(c.comm_, &c.rank_);
   MPI_Comm_size(c.comm_, &c.size_);
+  c.id_ = g_next_id.fetch_add(1, std::memory_order_relaxed);
   return c;
 }
 
 int Comm::SharedMemoryLeader() const {
+  if (serial()) return 0;
   MPI_Comm node = MPI_COMM_NULL;
   MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
   int leader = rank_;
@@ -116,6 +165,7 @@ int Comm::SharedMemoryLeader() const {
 }
 
 void Comm::BroadcastBytes(std::string* bytes, int root) const {
+  if (serial()) return;
   unsigned long long n = bytes->size();
   MPI_Bcast(&n, 1, MPI_UNSIGNED_LONG_LONG, root, comm_);
   bytes->resize(n);
@@ -123,6 +173,7 @@ void Comm::BroadcastBytes(std::string* bytes, int root) const {
 }
 
 void Comm::BroadcastBuffer(void* data, size_t bytes, int root) const {
+  if (serial()) return;
   auto* p = static_cast<char*>(data);
   for (size_t done = 0; done < bytes; done += kBytePiece) {
     MPI_Bcast(p + done, static_cast<int>(std::min(kBytePiece, bytes - done)), MPI_BYTE, root,
@@ -131,6 +182,7 @@ void Comm::BroadcastBuffer(void* data, size_t bytes, int root) const {
 }
 
 void Comm::BroadcastValues(std::vector<int64_t>* values, int root) const {
+  if (serial()) return;
   unsigned long long n = values->size();
   MPI_Bcast(&n, 1, MPI_UNSIGNED_LONG_LONG, root, comm_);
   values->resize(n);
@@ -152,29 +204,53 @@ void AllreduceMaxInPieces(std::vector<T>* values, MPI_Datatype type, MPI_Comm co
 }  // namespace
 
 void Comm::AllreduceMax(std::vector<int>* values) const {
+  if (serial()) return;
   AllreduceMaxInPieces(values, MPI_INT, comm_);
 }
 
 void Comm::AllreduceMax(std::vector<int64_t>* values) const {
+  if (serial()) return;
   AllreduceMaxInPieces(values, MPI_INT64_T, comm_);
 }
 
 int Comm::AllreduceMax(int value) const {
+  if (serial()) return value;
   int out = 0;
   MPI_Allreduce(&value, &out, 1, MPI_INT, MPI_MAX, comm_);
   return out;
 }
 
 int Comm::AllreduceSum(int value) const {
+  if (serial()) return value;
   int out = 0;
   MPI_Allreduce(&value, &out, 1, MPI_INT, MPI_SUM, comm_);
   return out;
 }
 
-void Comm::Barrier() const { MPI_Barrier(comm_); }
+bool Comm::AllreduceAnd(bool value) const {
+  if (serial()) return value;
+  int mine = value ? 1 : 0, all = 0;
+  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_LAND, comm_);
+  return all != 0;
+}
+
+void Comm::Barrier() const {
+  if (!serial()) MPI_Barrier(comm_);
+}
+
+void Comm::Abort(int code) const {
+  if (serial()) std::_Exit(code);
+  Abort(comm_, code);
+}
+
+void Comm::Abort(MPI_Comm comm, int code) {
+  MPI_Abort(comm, code);
+  std::_Exit(code);  // MPI_Abort does not return; should it, the process ends anyway
+}
 
 std::vector<std::vector<int64_t>> Comm::AllToAllValues(
     const std::vector<std::vector<int64_t>>& to_each) const {
+  if (serial()) return {to_each.at(0)};
   std::vector<int> send_counts(size_), recv_counts(size_), send_displs(size_), recv_displs(size_);
   std::vector<int64_t> send;
   for (int r = 0; r < size_; ++r) {
@@ -200,6 +276,12 @@ std::vector<std::vector<int64_t>> Comm::AllToAllValues(
 
 void Comm::PostSend(const void* data, size_t bytes, int peer, int tag,
                     std::vector<MPI_Request>* requests) const {
+  if (serial()) {  // to self: nothing to wait for
+    std::lock_guard<std::mutex> lock(serial_->mu);
+    SerialState::Meet({tag, static_cast<const char*>(data), nullptr, bytes}, true,
+                      serial_->receives, serial_->sends);
+    return;
+  }
   const auto* p = static_cast<const char*>(data);
   for (size_t done = 0; done < bytes; done += kBytePiece) {
     requests->emplace_back();
@@ -210,6 +292,12 @@ void Comm::PostSend(const void* data, size_t bytes, int peer, int tag,
 
 void Comm::PostReceive(void* data, size_t bytes, int peer, int tag,
                        std::vector<MPI_Request>* requests) const {
+  if (serial()) {
+    std::lock_guard<std::mutex> lock(serial_->mu);
+    SerialState::Meet({tag, nullptr, static_cast<char*>(data), bytes}, false, serial_->sends,
+                      serial_->receives);
+    return;
+  }
   auto* p = static_cast<char*>(data);
   for (size_t done = 0; done < bytes; done += kBytePiece) {
     requests->emplace_back();
@@ -219,6 +307,7 @@ void Comm::PostReceive(void* data, size_t bytes, int peer, int tag,
 }
 
 void Comm::WaitAll(std::vector<MPI_Request>* requests) {
+  if (requests->empty()) return;  // Serial() posts none
   MPI_Waitall(static_cast<int>(requests->size()), requests->data(), MPI_STATUSES_IGNORE);
   requests->clear();
 }

@@ -2,13 +2,20 @@
 // with typed helpers for the few collective patterns mhckpt uses. It lives in
 // base/ so that both io/ and coordinator/ move bytes between ranks through
 // it, never through raw MPI calls; MPI types still appear where a library
-// needs them (the MPI-IO file access of parallel HDF5 takes get()).
+// needs them: the MPI-IO file access of parallel HDF5 (H5Pset_fapl_mpio)
+// takes get(), the one accessor of the MPI handle.
+//
+// Serial(): a communicator of one process that makes no MPI call at all
+// (MPI need not be initialised), with every collective's one-rank result, so
+// that protocol code written against Comm runs in a plain unit test without
+// mpiexec.
 #pragma once
 
 #include <mpi.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,6 +28,10 @@ class Comm {
   /// Duplicates `comm` (collective), so that mhckpt traffic never matches the
   /// caller's messages and the I/O thread can run beside the training loop.
   static Comm Duplicate(MPI_Comm comm);
+  /// One process, world size 1, no MPI calls: each collective is what it
+  /// is at one rank; a message to rank 0 is this process's own (PostSend
+  /// and PostReceive of one tag meet in the order they were posted).
+  static Comm Serial();
 
   Comm() = default;
   Comm(Comm&& o) noexcept;
@@ -29,9 +40,17 @@ class Comm {
   Comm& operator=(const Comm&) = delete;
   ~Comm();  ///< MPI_Comm_free (collective in the standard; local in practice)
 
+  /// The MPI handle, for APIs that take one (HDF5's MPI-IO file access);
+  /// MPI_COMM_NULL for Serial(). Nothing else in mhckpt calls MPI with it.
   [[nodiscard]] MPI_Comm get() const { return comm_; }
   [[nodiscard]] int rank() const { return rank_; }
   [[nodiscard]] int size() const { return size_; }
+  /// Whether this is Serial().
+  [[nodiscard]] bool serial() const { return serial_ != nullptr; }
+  /// Names this communicator within the process (never reused, kept by
+  /// moves, new for each Duplicate, Split and Serial): whether a state made
+  /// for one communicator is used with another.
+  [[nodiscard]] uint64_t id() const { return id_; }
 
   /// Every rank's bytes at `root` (empty vector elsewhere), of any size: in
   /// rounds of at most `round_limit` bytes at the root (gather_rounds.h).
@@ -59,7 +78,13 @@ class Comm {
   void AllreduceMax(std::vector<int64_t>* values) const;
   [[nodiscard]] int AllreduceMax(int value) const;
   [[nodiscard]] int AllreduceSum(int value) const;
+  /// Whether `value` is true on every rank (logical and).
+  [[nodiscard]] bool AllreduceAnd(bool value) const;
   void Barrier() const;
+  /// Ends the whole job with `code` (MPI_Abort; Serial(): this process).
+  [[noreturn]] void Abort(int code) const;
+  /// Abort over a raw handle, for callers that still hold one.
+  [[noreturn]] static void Abort(MPI_Comm comm, int code);
 
   /// Personalized all-to-all: `to_each[r]` goes to rank r (to_each.size() ==
   /// size()); returns what each rank sent here, indexed by rank. One
@@ -83,9 +108,13 @@ class Comm {
   static void WaitAll(std::vector<MPI_Request>* requests);
 
  private:
+  struct SerialState;  // Serial(): the posted messages to self not yet met
+
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
+  uint64_t id_ = 0;
+  std::shared_ptr<SerialState> serial_;  // shared_ptr: complete only in comm.cc
 };
 
 }  // namespace mhckpt::internal

@@ -4,9 +4,19 @@
 
 namespace mhckpt::internal {
 
-Watchdog::Watchdog(MPI_Comm comm, int rank, double timeout_seconds)
-    : comm_(comm), rank_(rank), timeout_(timeout_seconds) {
+Watchdog::Watchdog(const Comm& comm, double timeout_seconds)
+    : comm_(&comm), rank_(comm.rank()), timeout_(timeout_seconds) {
   if (timeout_seconds > 0) thread_ = std::thread([this] { Loop(); });
+}
+
+Watchdog::Watchdog(MPI_Comm comm, int rank, double timeout_seconds)
+    : handle_(comm), rank_(rank), timeout_(timeout_seconds) {
+  if (timeout_seconds > 0) thread_ = std::thread([this] { Loop(); });
+}
+
+void Watchdog::Abort() const {
+  if (comm_ != nullptr) comm_->Abort(70);
+  Comm::Abort(handle_, 70);
 }
 
 Watchdog::~Watchdog() {
@@ -50,7 +60,7 @@ void Watchdog::Loop() {
           "mhckpt: rank {}: phase '{}' of step {} did not finish within {:.0f} s; a peer is dead "
           "or stuck; aborting the job (Options::collective_timeout_seconds)",
           rank_, phase_, step_, timeout_.count());
-      MPI_Abort(comm_, 70);
+      Abort();
     }
   }
 }

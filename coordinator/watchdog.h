@@ -3,10 +3,9 @@
 // spinning elsewhere), would otherwise leave the other ranks waiting in a
 // collective forever. Past the timeout the watchdog logs which phase of which
 // step did not finish, on which rank, and calls MPI_Abort: a loud failure
-// that a job scheduler sees, instead of a silent hang.
+// that a job scheduler sees, instead of a silent hang (Comm::Abort: on a
+// Comm::Serial(), the process exits with the same code).
 #pragma once
-
-#include <mpi.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -15,11 +14,17 @@
 #include <string>
 #include <thread>
 
+#include "base/comm.h"
+
 namespace mhckpt::internal {
 
 class Watchdog {
  public:
-  /// `timeout_seconds` <= 0 disables it (no thread is started).
+  /// `timeout_seconds` <= 0 disables it (no thread is started). `comm`
+  /// must outlive the watchdog; its job is aborted past the timeout.
+  Watchdog(const Comm& comm, double timeout_seconds);
+  /// The same over a raw handle (the job of `comm` is aborted; `rank` is
+  /// for the log).
   Watchdog(MPI_Comm comm, int rank, double timeout_seconds);
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
@@ -45,7 +50,10 @@ class Watchdog {
  private:
   void Loop();
 
-  MPI_Comm comm_;
+  [[noreturn]] void Abort() const;
+
+  const Comm* comm_ = nullptr;       // or, from the raw-handle constructor:
+  MPI_Comm handle_ = MPI_COMM_NULL;  // (never called here but through Comm::Abort)
   int rank_;
   std::chrono::duration<double> timeout_;
   std::mutex mu_;

@@ -107,14 +107,14 @@ class H5Engine final : public Engine {
   Result<std::unique_ptr<StepWriter>> Create(const std::string& root, int64_t step,
                                              const Comm& comm) override {
     std::string path = DataPath(root, step);
-    MHCKPT_ASSIGN_OR_RETURN(H5File file, H5File::Create(path, comm.get(), transfer_));
+    MHCKPT_ASSIGN_OR_RETURN(H5File file, H5File::Create(path, comm, transfer_));
     return std::unique_ptr<StepWriter>(new H5StepWriter(std::move(file), std::move(path)));
   }
 
   Result<std::unique_ptr<StepReader>> Open(const std::string& root, int64_t step, const Comm& comm,
                                            const ReadOptions& /*options*/) override {
-    MHCKPT_ASSIGN_OR_RETURN(H5File file, H5File::OpenReadOnly(DataPath(root, step), comm.get(),
-                                                              Transfer::kIndependent));
+    MHCKPT_ASSIGN_OR_RETURN(
+        H5File file, H5File::OpenReadOnly(DataPath(root, step), comm, Transfer::kIndependent));
     return std::unique_ptr<StepReader>(new H5StepReader(std::move(file), step));
   }
 

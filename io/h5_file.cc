@@ -334,11 +334,12 @@ H5File::~H5File() {
   shared_.reset();  // closes the shared handles while hold_ still holds the lock
 }
 
-Result<H5File> H5File::Create(const std::string& path, MPI_Comm comm, io::Transfer transfer) {
+Result<H5File> H5File::Create(const std::string& path, const internal::Comm& comm,
+                              io::Transfer transfer) {
   H5CollectiveHold hold = H5CollectiveHold::Acquire(comm);  // H5Fcreate is collective
   H5LocalGuard guard;
   SilenceHdf5();
-  Handle fapl(MakeCreateFapl(comm));
+  Handle fapl(MakeCreateFapl(comm.get()));  // MPI-IO takes the MPI handle
   H5File f;
   f.id_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get());
   if (f.id_ < 0) return H5Error(fmt::format("create '{}'", path));
@@ -362,11 +363,12 @@ Result<H5File> H5File::CreateLocal(const std::string& path, bool virtual_dataset
   return f;
 }
 
-Result<H5File> H5File::OpenReadOnly(const std::string& path, MPI_Comm comm, io::Transfer transfer) {
+Result<H5File> H5File::OpenReadOnly(const std::string& path, const internal::Comm& comm,
+                                    io::Transfer transfer) {
   H5CollectiveHold hold = H5CollectiveHold::Acquire(comm);  // H5Fopen is collective
   H5LocalGuard guard;
   SilenceHdf5();
-  Handle fapl(MakeFapl(comm));
+  Handle fapl(MakeFapl(comm.get()));  // MPI-IO takes the MPI handle
   H5File f;
   f.id_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get());
   if (f.id_ < 0) return H5Error(fmt::format("open '{}'", path));

@@ -9,8 +9,6 @@
 // arguments.
 #pragma once
 
-#include <mpi.h>
-
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -18,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "base/comm.h"
 #include "base/status.h"
 #include "base/types.h"
 #include "io/h5_lock.h"
@@ -87,7 +86,8 @@ class H5File {
   ~H5File();  ///< closes without flushing (an error path)
 
   /// Collective. Creates (truncates) `path` for parallel writing.
-  static Result<H5File> Create(const std::string& path, MPI_Comm comm, io::Transfer transfer);
+  static Result<H5File> Create(const std::string& path, const internal::Comm& comm,
+                               io::Transfer transfer);
   /// Creates (truncates) `path` with HDF5's POSIX driver, for this process
   /// alone: the same file format and creation properties as Create, without
   /// MPI-IO and collective metadata (the direct engine's rank 0 lays out a
@@ -96,7 +96,8 @@ class H5File {
   /// CreateVirtualDataset's.
   static Result<H5File> CreateLocal(const std::string& path, bool virtual_datasets = false);
   /// Collective. Opens `path` for parallel reading.
-  static Result<H5File> OpenReadOnly(const std::string& path, MPI_Comm comm, io::Transfer transfer);
+  static Result<H5File> OpenReadOnly(const std::string& path, const internal::Comm& comm,
+                                     io::Transfer transfer);
 
   /// Collective. Creates dataset `/name` (intermediate groups included) with
   /// the global `shape`, allocated at once, never filled.

@@ -53,7 +53,7 @@ H5LocalGuard::H5LocalGuard() {
 }
 H5LocalGuard::~H5LocalGuard() { Unlock(); }
 
-H5CollectiveHold H5CollectiveHold::Acquire(MPI_Comm comm) {
+H5CollectiveHold H5CollectiveHold::Acquire(const internal::Comm& comm) {
   H5CollectiveHold hold;
   hold.held_ = true;
   if (t_depth > 0) {  // nested: the outer hold is taken on every rank already
@@ -61,15 +61,13 @@ H5CollectiveHold H5CollectiveHold::Acquire(MPI_Comm comm) {
     return hold;
   }
   for (int attempt = 0;; ++attempt) {
-    MPI_Barrier(comm);            // 1. every rank of comm is here, none waits in a local guard
-    int got = TryLock() ? 1 : 0;  // 2. never blocks
-    int all = 0;
-    MPI_Allreduce(&got, &all, 1, MPI_INT, MPI_LAND, comm);
-    if (all == 1) {  // 3. held on every rank
+    comm.Barrier();                // 1. every rank of comm is here, none waits in a local guard
+    const bool got = TryLock();    // 2. never blocks
+    if (comm.AllreduceAnd(got)) {  // 3. held on every rank
       ++g_entries;
       return hold;
     }
-    if (got == 1) Unlock();
+    if (got) Unlock();
     g_retries.fetch_add(1, std::memory_order_relaxed);
     Backoff(attempt);
   }

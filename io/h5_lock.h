@@ -51,7 +51,7 @@
 // the I/O threads do).
 #pragma once
 
-#include <mpi.h>
+#include "base/comm.h"
 
 namespace mhckpt::io {
 
@@ -71,7 +71,7 @@ class H5LocalGuard {
 class H5CollectiveHold {
  public:
   H5CollectiveHold() = default;
-  static H5CollectiveHold Acquire(MPI_Comm comm);
+  static H5CollectiveHold Acquire(const internal::Comm& comm);
   H5CollectiveHold(H5CollectiveHold&& o) noexcept;
   H5CollectiveHold& operator=(H5CollectiveHold&& o) noexcept;
   H5CollectiveHold(const H5CollectiveHold&) = delete;

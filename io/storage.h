@@ -53,7 +53,7 @@ struct StorageOptions {
   int writer_threads = 2;  ///< with `pwrite`; at least 1
   /// With `pwrite` (the direct engine): 0, one data file for every rank;
   /// k > 0, one subfile per k consecutive ranks; kFilePerNode, one per node
-  /// (ranks sharing memory). See io/direct_engine.h, "Subfiles".
+  /// (ranks sharing memory). See io/subfile_writer.h.
   int ranks_per_file = 0;
 };
 
@@ -77,7 +77,7 @@ struct ArraySpec {
   /// For writing: the one rank that writes all of the array's bytes, or -1
   /// (several ranks, or none). A layout hint: the direct engine places each
   /// rank's arrays side by side, so that its small arrays make long runs in
-  /// the file (io/direct_engine.h).
+  /// the file (io/dataset_layout.h).
   int writer = -1;
   /// For writing into subfiles (StorageOptions::ranks_per_file): the
   /// array's stored boxes, each to be written whole by its writer.

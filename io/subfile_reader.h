@@ -1,5 +1,5 @@
 // Reads of a step whose array bytes are in subfiles (Marker::files;
-// io/direct_engine.h, "Subfiles"): each stored box is read by offset from
+// io/subfile_writer.h): each stored box is read by offset from
 // its subfile (OpenBox), through one pread reader per subfile
 // (io/pread_reader.h), opened when a box of it is first opened. A batch
 // (ReadMany) is split by subfile, and each subfile's reader sorts and joins
