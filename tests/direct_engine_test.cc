@@ -136,7 +136,7 @@ class DataPaths : public ::testing::TestWithParam<PathCase> {};
 
 // Two saves of the same arrays on one manager: the second reuses the pool's
 // threads and bounce buffers and, on the direct engine (direct and buffered
-// paths), replays rank 0's layout (io/direct_engine.h). Verify then opens
+// paths), replays rank 0's layout (io/dataset_layout.h). Verify then opens
 // every dataset of the replayed step through HDF5 and checks its dtype, shape
 // and offset against the marker, and every byte against its checksums.
 //
@@ -153,7 +153,7 @@ TEST_P(DataPaths, RestoreEqualsSaved) {
   const uint64_t replays = io::LayoutReplays();
   ASSERT_NO_FATAL_FAILURE(SaveAndRestore(*mgr, 2));
   const bool direct_engine = GetParam().path != DataPath::kHdf5;
-  const bool replays_here = Rank() == 0 && io::LayoutReplayEnabled();  // io/direct_engine.h
+  const bool replays_here = Rank() == 0 && io::LayoutReplayEnabled();  // io/dataset_layout.h
   EXPECT_EQ(io::LayoutReplays() - replays, replays_here && direct_engine ? 1u : 0u);
   uint64_t checked = 0;
   Status v = mgr->Verify(2, &checked);

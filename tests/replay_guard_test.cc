@@ -1,11 +1,11 @@
-// io/direct_engine.h: layout replay writes HDF5's private metadata bytes, so
+// io/dataset_layout.h: layout replay writes HDF5's private metadata bytes, so
 // it runs only with the HDF5 release it was written for (1.10.8).
 #include <gtest/gtest.h>
 
 #include <string>
 #include <tuple>
 
-#include "io/direct_engine.h"
+#include "io/dataset_layout.h"
 #include "io/h5_file.h"
 
 namespace mhckpt::io {
