@@ -1,7 +1,10 @@
-// Internal: the state behind CheckpointManager. Its public part is what the
-// façade (checkpoint_manager.cc) calls on the caller's thread; the protocols
-// it runs on its I/O thread — save (save.cc), restore (restore.cc), verify
-// (verify.cc) — are its private members.
+// Internal: the state behind CheckpointManager. Its public part
+// (manager_impl.cc) is what the façade (checkpoint_manager.cc) calls on the
+// caller's thread; the protocols it runs on its I/O thread — save (save.cc,
+// shared_commit.cc), restore (restore.cc), verify (verify.cc) — are its
+// private members. Its parts with one job each: the drain's queue and
+// deadlines (drain_queue.h), retention (retention.h), a lazy save's copier
+// and fence (lazy_copier.h).
 #pragma once
 
 #include <chrono>
@@ -24,6 +27,7 @@
 #include "coordinator/lazy_copier.h"
 #include "coordinator/local_tier.h"
 #include "coordinator/read_once.h"
+#include "coordinator/retention.h"
 #include "coordinator/watchdog.h"
 #include "io/marker.h"
 #include "io/root_store.h"
@@ -150,13 +154,11 @@ class ManagerImpl {
   // The outcome of a save (I/O thread); `retention_follows`: rank 0 deletes
   // old steps next (RunRetention), and listings wait for it.
   void RecordSave(const Status& s, const SaveTimings& t, bool retention_follows);
-  // Step 7 of the save protocol (save.cc), rank 0, after RecordSave (or,
-  // in drain mode, EndDrain). Runs on one thread only: the I/O thread, or in
-  // drain mode the drain thread (the only one that commits to the shared
-  // root then).
+  // Step 7 of the save protocol, rank 0, after RecordSave (or, in drain
+  // mode, EndDrain): retention_'s run, then RecordRetention. Runs on one
+  // thread only: the I/O thread, or in drain mode the drain thread (the only
+  // one that commits to the shared root then).
   void RunRetention(int64_t step);
-  // Rank 0: removes a retired step directory on deleter_.
-  void RemoveInBackground(std::string dir);
   void RecordRetention(double seconds);
 
   Comm comm_;         // the I/O thread's
@@ -205,13 +207,11 @@ class ManagerImpl {
   // the I/O thread (declared after it) has finished every job.
   std::unique_ptr<io::RootOwnership> root_lock_;
 
-  // Rank 0: removes the directories that retention has retired (RunRetention),
-  // off the I/O thread, so that freeing their blocks delays neither
-  // WaitUntilFinished nor the next job. Made on first use by the one thread
-  // that runs retention; destroyed after the I/O and drain threads (the only
-  // ones to add to it) and before the root's lock, so that the removals end
-  // while this job still owns the root.
-  std::unique_ptr<IoThread> deleter_;
+  // Rank 0 (null elsewhere): retention, and its thread that removes the
+  // directories it retired (coordinator/retention.h). Destroyed after the I/O
+  // and drain threads (the only ones that run it) and before the root's lock,
+  // so that the removals end while this job still owns the root.
+  std::unique_ptr<Retention> retention_;
 
   // Drain mode: runs the shared root's parts; joined after the I/O thread
   // (which submits to it) and before everything they use.

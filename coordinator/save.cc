@@ -37,7 +37,7 @@
 //      directory), or on failure removes the step (RemoveStep), and
 //      broadcasts the outcome; every rank returns it.
 //      (The reservation of step 3 is exact: nothing to give back.)
-//   7. Retention (ManagerImpl::RunRetention). After the outcome is recorded,
+//   7. Retention (coordinator/retention.h). After the outcome is recorded,
 //      so off the path to the commit, rank 0's I/O thread retires the steps
 //      the policy no longer keeps (marker first, then the directory renamed
 //      out of the listing: io::RootStore::RetireStep) before it runs any
@@ -59,6 +59,12 @@
 //
 // A crash anywhere before step 6 leaves a directory without a marker, which
 // is never listed and is removed by the next Open.
+//
+// Where each part lives: steps 1-2 and the local commit are phases of
+// SaveRun (this file), each given the I/O thread's communicator explicitly;
+// steps 3-6 are a SharedCommit (coordinator/shared_commit.h), made with the
+// I/O thread's communicator, or in drain mode with the drain thread's
+// (SaveRun::Drain); step 7 is Retention (coordinator/retention.h).
 #include <algorithm>
 #include <chrono>
 #include <map>
@@ -77,7 +83,7 @@
 #include "coordinator/manager_impl.h"
 #include "coordinator/plan.h"
 #include "coordinator/rank_report.h"
-#include "coordinator/retention.h"
+#include "coordinator/shared_commit.h"
 #include "io/layout.h"
 #include "io/mapped_file.h"
 #include "io/root_store.h"
@@ -130,69 +136,10 @@ Result<io::Marker> PlanOnRoot(const std::vector<std::string>& encoded, const Lay
   return plan;
 }
 
-// The staged bytes of planned box `box` of `a`: a staged box equal to it, or
-// (replica-parallel saving, plan.h) a staged box of which `box` is a run of
-// whole rows. Empty if this rank holds no such box.
-std::span<const std::byte> FindStaged(const Snapshot& snapshot, const StagedArray* a,
-                                      const Box& box) {
-  if (a == nullptr) return {};
-  for (const StagedBox& sb : a->boxes) {
-    if (sb.box == box) return {snapshot.data(sb), sb.size};
-  }
-  for (const StagedBox& sb : a->boxes) {
-    if (auto run = RowRunBytes(sb.box, box, sb.size)) {
-      return {snapshot.data(sb) + run->first, run->second};
-    }
-  }
-  return {};
-}
-
 // A rank's description may not exceed this: rank 0 gathers every rank's
 // (MPI counts are ints), and kMaxArraysPerSave / kMaxShardsPerRank keep a
 // valid one far below it.
 constexpr size_t kMaxDescriptionBytes = size_t{1} << 30;
-
-int64_t NowUnixMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-// Format 3, each rank: the index records of the boxes it wrote (`sums`, in
-// plan order), put at their places in the step's index file (records next to
-// each other in one write) and made durable; rank 0 also writes the header.
-// `sums` then hold each record's check word, for rank 0.
-Status WriteIndexRecords(const std::string& path, const io::Marker& plan, int rank,
-                         const io::StepWriter& writer, std::vector<BoxSum>* sums) {
-  if (sums->empty() && rank != 0) return OkStatus();
-  MHCKPT_ASSIGN_OR_RETURN(io::IndexLayout layout, io::IndexLayout::Of(plan, "the plan"));
-  std::vector<std::pair<uint64_t, std::string>> ranges;
-  if (rank == 0) ranges.emplace_back(0, io::IndexHeader(plan.step));
-  for (BoxSum& b : *sums) {
-    const uint64_t at = layout.offset(b.array, b.box);
-    if (ranges.empty() || ranges.back().first + ranges.back().second.size() != at) {
-      ranges.emplace_back(at, std::string());
-    }
-    std::optional<io::BoxPlace> place;
-    if (plan.files > 0) {
-      place = writer.Place(b.array, b.box);
-      if (!place) {
-        const io::MarkerArray& a = plan.arrays[b.array];
-        return Internal(fmt::format("array '{}' box {}: rank {} wrote it, but not into a subfile",
-                                    a.name, BoxToString(a.boxes[b.box].box), rank));
-      }
-    }
-    b.sum = io::AppendIndexRecord(b.array, b.box, b.sum, b.chunks, &ranges.back().second, place);
-    b.chunks = {};
-  }
-  return io::PutIndexRanges(path, ranges);
-}
-
-std::map<std::string_view, const StagedArray*> StagedByName(const Snapshot& snapshot) {
-  std::map<std::string_view, const StagedArray*> staged;
-  for (const StagedArray& a : snapshot.arrays) staged[a.name] = &a;
-  return staged;
-}
 
 // Checksums of every planned box this rank holds, written by it or not. A
 // box split into row slices (replica-parallel saving) is compared slice by
@@ -235,91 +182,32 @@ Status CompareReplicas(const io::Marker& plan, const std::vector<std::vector<Box
   return OkStatus();
 }
 
-// What this rank writes of one save, and what it learns while writing.
-struct Writes {
-  const io::Marker& plan;
-  const Snapshot& snapshot;
-  int rank;
-  bool collective;  // Transfer::kCollective: the same number of calls per array everywhere
-  uint64_t written = 0;
-  std::vector<BoxSum> sums;
-  // After a local commit: the rank's boxes from its file of the local step
-  // (the same plan, so the same boxes), instead of the snapshot.
-  const StagedBoxFn* from_local = nullptr;
-  // With from_local: `sums` already holds this rank's checksums (the local
-  // commit took them for the same plan), so nothing is hashed twice.
-  bool have_sums = false;
-};
-
-// Step 3, one array: the boxes of plan array `ai` that this rank writes.
-// Keeps making every collective call after a local error, which it returns.
-Status WriteArray(io::StepWriter& writer, size_t ai, const StagedArray* staged, Writes& w,
-                  Status local) {
-  const io::MarkerArray& a = w.plan.arrays[ai];
-  std::map<int, int> writes_per_rank;
-  for (const io::MarkerBox& b : a.boxes) ++writes_per_rank[b.writer];
-  int calls = 0, max_calls = 0;
-  for (auto [r, n] : writes_per_rank) max_calls = std::max(max_calls, n);
-  for (size_t bi = 0; bi < a.boxes.size(); ++bi) {
-    const io::MarkerBox& b = a.boxes[bi];
-    if (b.writer != w.rank) continue;
-    ++calls;
-    std::span<const std::byte> box =
-        w.from_local != nullptr ? (*w.from_local)(ai, bi) : FindStaged(w.snapshot, staged, b.box);
-    if (!local.ok() || box.data() == nullptr) {
-      if (local.ok()) {
-        local = Internal(fmt::format("array '{}' box {}: planned for rank {}, not staged there",
-                                     a.name, BoxToString(b.box), w.rank));
-      }
-      if (w.collective) writer.WriteNothing(ai).IgnoreError();
-      continue;
-    }
-    if (!w.have_sums) w.sums.push_back(BoxChecksums(a, ai, bi, box));
-    local = writer.Write(ai, b.box, box.data());
-    w.written += box.size();
-    if (local.ok()) local = fault::Hit("mid_write", w.written);
-  }
-  for (; w.collective && calls < max_calls; ++calls) {
-    Status s = writer.WriteNothing(ai);
-    if (local.ok()) local = s;
-  }
-  return local;
-}
-
-// Step 3: this rank's boxes of every array, in plan order.
-Status WriteBoxes(io::StepWriter& writer, Writes& w) {
-  const auto staged = StagedByName(w.snapshot);
-  Status local;
-  for (size_t ai = 0; ai < w.plan.arrays.size(); ++ai) {
-    auto it = staged.find(w.plan.arrays[ai].name);
-    local = WriteArray(writer, ai, it == staged.end() ? nullptr : it->second, w, local);
-  }
-  return local;
-}
-
 }  // namespace
 
 // One save on one rank: the steps of the protocol above, in order.
 class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::SaveRun> {
  public:
   SaveRun(ManagerImpl& impl, SaveJob& job)
-      : impl_(impl), comm_(&impl.comm_), job_(job), t_(job.timings), rank_(impl.comm_.rank()) {}
+      : impl_(impl), job_(job), t_(job.timings), rank_(impl.comm_.rank()) {}
 
+  // Steps 1-2 and the local commit on the I/O thread, with its communicator;
+  // then the shared root's part there too, or handed to the drain thread.
   Status Run() {
+    const Comm& comm = impl_.comm_;
     // Each phase is bounded in time (Options::collective_timeout_seconds).
     Watchdog::Guard phase(impl_.watchdog_, "plan", job_.step);
     fault::SetStep(job_.step);
     if (job_.local.ok()) job_.local = fault::Hit("plan");
     auto t0 = Clock::now();
-    MHCKPT_RETURN_IF_ERROR(Plan());
-    if (impl_.options_.verify_replicas) MHCKPT_RETURN_IF_ERROR(CheckReplicas());
+    MHCKPT_RETURN_IF_ERROR(Plan(comm));
+    if (impl_.options_.verify_replicas) MHCKPT_RETURN_IF_ERROR(CheckReplicas(comm));
     t_.plan = Since(t0);
     t_.persistent = job_.persistent;
     Status local_tier;
     if (impl_.local_) {
       impl_.watchdog_.Enter("local", job_.step);
       t0 = Clock::now();
-      local_tier = SaveLocal();
+      local_tier = SaveLocal(comm);
       t_.local = Since(t0);
       if (rank_ == 0) LogLocal(local_tier);
       // Committed locally: the shared root's write reads this rank's boxes
@@ -328,8 +216,8 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
       if (local_tier.ok() && job_.persistent) ReadFromLocalCopy();
     }
     if (!job_.persistent) return local_tier;
-    if (impl_.DrainMode()) return HandOff(local_tier);
-    Status s = Persistent();
+    if (impl_.DrainMode()) return HandOff(comm, local_tier);
+    Status s = Persistent(comm, &impl_.watchdog_);
     job_.committed_shared = s.ok();
     // A save to both tiers reports the local tier's failure too (the step
     // may then be committed in the shared root only: Steps says; retention
@@ -337,24 +225,15 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
     return s.ok() ? local_tier : s;
   }
 
-  // Steps 3-6, the shared root's part: on the I/O thread, or on the drain
-  // thread (HandOff).
-  Status Persistent() {
-    Write();
-    Flush();
-    if (!local_.ok()) {
-      local_ = Status(local_.code(), fmt::format("rank {}: {}", rank_, local_.message()));
-    }
-    Enter("commit");
-    auto t0 = Clock::now();
-    std::vector<std::string> reports = Agree();
-    // Guarded: rank 0 must reach the broadcast below whatever happens here.
-    Status s = rank_ == 0 ? Guarded("rank 0: commit", [&] { return Commit(reports); }) : OkStatus();
-    if (!s.ok() && s.code() == StatusCode::kInternal && rank_ == 0) RemoveStepDir();
-    s = BroadcastStatus(s, 0, *comm_);
-    t_.commit = Since(t0);
-    if (rank_ == 0) Log(s);
-    return s;
+  // Steps 3-6, the shared root's part (coordinator/shared_commit.h), with
+  // `comm`: the I/O thread's, watched by the watchdog; or the drain's, not
+  // watched (the deadline is the bound).
+  Status Persistent(const Comm& comm, Watchdog* watchdog) {
+    SharedRoot where{*impl_.engine_, impl_.root_, *impl_.store_,
+                     impl_.options_, watchdog,    [this] { return impl_.IsAbandoned(job_.step); }};
+    return SharedCommit(comm, std::move(where), job_, plan_, from_local_ ? &from_local_ : nullptr,
+                        std::move(local_sums_))
+        .Run();
   }
 
  private:
@@ -369,12 +248,12 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
   // this save skips the shared root too: a drain from the staging buffer
   // would keep it for as long as the shared file system makes the drain
   // last, and the next Save would wait for it. Returns the save's status.
-  Status HandOff(const Status& local_tier) {
+  Status HandOff(const Comm& comm, const Status& local_tier) {
     auto [stuck, late] = impl_.DrainState();
     const bool readable = static_cast<bool>(from_local_);
     std::vector<int64_t> v{stuck ? 1 : 0, late, late >= 0 ? rank_ : -1, readable ? 0 : 1,
                            readable ? -1 : rank_};
-    comm_->AllreduceMax(&v);
+    comm.AllreduceMax(&v);
     if (v[0] != 0) {
       if (v[1] >= 0) {
         Status abandoned = impl_.Abandon(v[1], static_cast<int>(v[2]));
@@ -405,8 +284,7 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
   // communicator, not watched by the watchdog (the deadline is the bound).
   // The local step is held until the part ends.
   Status Drain() {
-    comm_ = &impl_.drain_comm();
-    watched_ = false;
+    const Comm& comm = impl_.drain_comm();
     fault::SetStep(job_.step);
     impl_.MarkDrainStarted(job_.step);
     // Rank 0 creates the step in the shared root here, not in the plan round
@@ -423,20 +301,16 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
                                return impl_.store_->CreateStep(job_.step);
                              })
                    : OkStatus();
-    s = BroadcastStatus(s, 0, *comm_);
-    if (s.ok()) s = Persistent();
+    s = BroadcastStatus(s, 0, comm);
+    if (s.ok()) s = Persistent(comm, nullptr);
     local_copy_.Close().IgnoreError();
     hold_.Release();
     return s;
   }
 
-  void Enter(const char* phase) {
-    if (watched_) impl_.watchdog_.Enter(phase, job_.step);
-  }
-
  private:
   // 1. Plan: reuse the previous one if every rank holds what it held then.
-  Status Plan() {
+  Status Plan(const Comm& comm) {
     const uint64_t hash = job_.local.ok() ? DescriptionHash(job_.snapshot) : 0;
     int64_t changed =
         impl_.last_plan_ && job_.local.ok() && hash == impl_.last_description_hash_ ? 0 : 1;
@@ -453,7 +327,7 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
     const int64_t step = job_.local.ok() ? job_.step : 0;
     const int64_t persistent = job_.persistent ? 1 : 0;
     std::vector<int64_t> votes{changed, step, -step, persistent, -persistent};
-    comm_->AllreduceMax(&votes);
+    comm.AllreduceMax(&votes);
     if (votes[3] != -votes[4]) {
       if (rank_ == 0 && !changed) RemoveStepDir();
       return InvalidArgument(fmt::format(
@@ -465,7 +339,7 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
       plan_.step = job_.step;
     } else {
       if (rank_ == 0 && !changed) RemoveStepDir();
-      MHCKPT_RETURN_IF_ERROR(GatherPlan());
+      MHCKPT_RETURN_IF_ERROR(GatherPlan(comm));
       impl_.last_plan_ = plan_;
       impl_.last_description_hash_ = hash;
     }
@@ -477,9 +351,9 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
   // plans; its outcome and plan to every rank. Descriptions travel once per
   // distinct layout: a digest from every rank, then the bytes from the first
   // rank of each layout (coordinator/layouts.h).
-  Status GatherPlan() {
+  Status GatherPlan(const Comm& comm) {
     const std::string mine = MyDescription();
-    std::vector<std::string> digests = comm_->GatherBytes(LayoutDigest(mine), 0);
+    std::vector<std::string> digests = comm.GatherBytes(LayoutDigest(mine), 0);
     LayoutGroups groups;
     std::vector<int> send;
     if (rank_ == 0) {
@@ -487,8 +361,8 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
       send.assign(digests.size(), 0);
       for (int r : groups.first_rank) send[static_cast<size_t>(r)] = 1;
     }
-    const bool sender = comm_->ScatterInt(send, 0) != 0;
-    std::vector<std::string> encoded = comm_->GatherBytes(sender ? mine : std::string(), 0);
+    const bool sender = comm.ScatterInt(send, 0) != 0;
+    std::vector<std::string> encoded = comm.GatherBytes(sender ? mine : std::string(), 0);
     Status s;
     std::string plan_json;
     if (rank_ == 0) {
@@ -511,8 +385,8 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
       }
       if (!s.ok()) plan_json.clear();
     }
-    MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, *comm_));
-    comm_->BroadcastBytes(&plan_json, 0);
+    MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, comm));
+    comm.BroadcastBytes(&plan_json, 0);
     Status parsed;
     if (rank_ != 0) {
       Result<io::Marker> p = io::ParseMarker(plan_json, "plan", io::MarkerText::kPlan);
@@ -525,7 +399,7 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
     }
     // Why an agreement: a rank that cannot read the plan must not leave the
     // others alone in the collective calls of the write.
-    return AgreeAll(parsed, *comm_);
+    return AgreeAll(parsed, comm);
   }
 
   // 1: what this rank tells rank 0. Never throws, and never more than
@@ -546,9 +420,9 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
   }
 
   // 2. Replica check: replicas must agree before anything is written.
-  Status CheckReplicas() {
+  Status CheckReplicas(const Comm& comm) {
     std::vector<std::string> held =
-        comm_->GatherBytes(EncodeReport(OkStatus(), HoldingChecksums(plan_, job_.snapshot)), 0);
+        comm.GatherBytes(EncodeReport(OkStatus(), HoldingChecksums(plan_, job_.snapshot)), 0);
     Status s;
     if (rank_ == 0) {
       s = Guarded("rank 0: replica check", [&] {
@@ -559,23 +433,23 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
       });
       if (!s.ok()) RemoveStepDir();
     }
-    return BroadcastStatus(s, 0, *comm_);
+    return BroadcastStatus(s, 0, comm);
   }
 
   // The local tier (coordinator/local_tier.h): write and copy, then rank 0
   // fills the marker from every rank's checksums and every node puts it.
-  Status SaveLocal() {
+  Status SaveLocal(const Comm& comm) {
     const auto staged = StagedByName(job_.snapshot);
     std::vector<BoxSum> sums;
     Status mine = impl_.local_->Write(
-        *comm_, plan_,
+        comm, plan_,
         [&](size_t ai, size_t bi) {
           auto it = staged.find(plan_.arrays[ai].name);
           return FindStaged(job_.snapshot, it == staged.end() ? nullptr : it->second,
                             plan_.arrays[ai].boxes[bi].box);
         },
         &sums);
-    std::vector<std::string> reports = comm_->GatherBytes(EncodeReport(mine, sums), 0);
+    std::vector<std::string> reports = comm.GatherBytes(EncodeReport(mine, sums), 0);
     local_sums_ = std::move(sums);  // the shared root's commit reuses them
     io::Marker marker;
     std::string text;
@@ -593,9 +467,9 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
         return OkStatus();
       });
     }
-    s = BroadcastStatus(s, 0, *comm_);
+    s = BroadcastStatus(s, 0, comm);
     if (s.ok()) {
-      comm_->BroadcastBytes(&text, 0);
+      comm.BroadcastBytes(&text, 0);
       Status parsed;
       if (rank_ != 0) {
         Result<io::Marker> m = io::ParseMarker(text, "rank 0's local marker");
@@ -605,13 +479,13 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
           parsed = Internal(fmt::format("rank {}: {}", rank_, m.status().message()));
         }
       }
-      s = AgreeAll(parsed, *comm_);
+      s = AgreeAll(parsed, comm);
     }
     if (!s.ok()) {
-      impl_.local_->Abandon(*comm_, job_.step);
+      impl_.local_->Abandon(comm, job_.step);
       return s;
     }
-    return impl_.local_->Commit(*comm_, marker, text);
+    return impl_.local_->Commit(comm, marker, text);
   }
 
   // After a local commit: map this rank's file of the step, and give the
@@ -641,209 +515,19 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
     }
   }
 
-  // 3. Write: create the step's arrays, reserve their space, write this
-  // rank's boxes; then give the staging buffer back.
-  void Write() {
-    Enter("write");
-    auto t0 = Clock::now();
-    t_.written_bytes = 0;
-    Result<std::unique_ptr<io::StepWriter>> writer =
-        impl_.engine_->Create(impl_.root_, job_.step, *comm_);
-    // Why an agreement: creating the arrays is collective; a rank that could
-    // not create the step must not leave the others alone in it.
-    if (!AgreeAll(writer.status(), *comm_).ok()) {
-      local_ = writer.status();  // the failing ranks report it in step 5
-      return;
-    }
-    writer_ = std::move(writer).value();
-    std::vector<io::ArraySpec> specs;
-    specs.reserve(plan_.arrays.size());
-    for (const io::MarkerArray& a : plan_.arrays) {
-      io::ArraySpec& spec = specs.emplace_back(StoredSpec(a));
-      const bool one = !a.boxes.empty() &&
-                       std::all_of(a.boxes.begin(), a.boxes.end(), [&](const io::MarkerBox& b) {
-                         return b.writer == a.boxes.front().writer;
-                       });
-      spec.writer = one ? a.boxes.front().writer : -1;  // a layout hint
-      if (impl_.options_.files.ranks_per_file != 0) {
-        spec.boxes.reserve(a.boxes.size());
-        for (const io::MarkerBox& b : a.boxes) spec.boxes.push_back({b.box, b.writer});
-      }
-    }
-    local_ = writer_->CreateArrays(specs);
-    // With subfiles the index holds each box's place: every rank sizes the
-    // index's records so.
-    plan_.files = writer_->Files();
-    // Where each array lies in the data file, for readers that bypass the
-    // engine's per-array opens (docs/FORMAT.md); rank 0 writes the marker.
-    for (size_t i = 0; local_.ok() && rank_ == 0 && i < plan_.arrays.size(); ++i) {
-      plan_.arrays[i].offset = writer_->FileOffset(i);
-    }
-    if (ReserveEverywhere()) {
-      Writes w{plan_,
-               job_.snapshot,
-               rank_,
-               impl_.options_.transfer == Transfer::kCollective,
-               0,
-               {},
-               from_local_ ? &from_local_ : nullptr,
-               false};
-      if (from_local_) {
-        w.sums = std::move(local_sums_);
-        w.have_sums = true;
-      }
-      local_ = WriteBoxes(*writer_, w);
-      Status finished = writer_->FinishWrites();  // before the buffer goes back
-      if (local_.ok()) local_ = finished;
-      t_.written_bytes = w.written;
-      sums_ = std::move(w.sums);
-    }
-    t_.write = Since(t0);
-    // Nothing reads the staged bytes after the write phase (the replica check
-    // came before it, the checksums were taken while writing, and the engine
-    // read its last byte in FinishWrites): give the buffer back now, so a save waiting for
-    // staging memory (SaveTimings::budget_wait) need not wait for the flush
-    // and the commit too (docs/PERFORMANCE.md).
-    job_.snapshot.buffer = StagingBuffer();
-  }
-
-  // 3, before writing: rank 0 reserves the step's space on disk and all
-  // agree, so a full file system fails here, on every rank alike, and not
-  // inside a collective flush where one rank's error can strand the others.
-  // A rank whose array creation failed stops every rank here too.
-  bool ReserveEverywhere() {
-    Status reserved = local_;
-    if ((rank_ == 0 || writer_->Files() > 0) && local_.ok()) {
-      reserved = writer_->Reserve();
-      local_ = reserved;  // only rank 0 reports it
-    }
-    return AgreeAll(reserved, *comm_).ok();
-  }
-
-  // 4. Flush: make the step durable, and close it.
-  void Flush() {
-    if (writer_ == nullptr) return;
-    auto t0 = Clock::now();
-    Enter("flush");
-    Status flushed = writer_->Flush();
-    if (local_.ok()) local_ = flushed;
-    // Format 3: this rank's index records, durable before it reports.
-    if (local_.ok() && plan_.format_version >= 3) {
-      local_ =
-          WriteIndexRecords(io::IndexPath(impl_.root_, job_.step), plan_, rank_, *writer_, &sums_);
-    }
-    if (local_.ok()) local_ = fault::Hit("after_flush");
-    t_.flush = Since(t0);
-  }
-
-  // 5. Agree: rank 0 learns every rank's outcome and the checksums of the
-  // boxes each wrote (the outcome goes to everyone after step 7).
-  std::vector<std::string> Agree() { return comm_->GatherBytes(EncodeReport(local_, sums_), 0); }
-
-  // 6. Commit (rank 0): the marker if every rank succeeded, else clean up.
-  Status Commit(const std::vector<std::string>& reports) {
-    Status s;
-    if (plan_.format_version >= 3) {
-      Result<io::IndexLayout> layout = io::IndexLayout::Of(plan_, "the plan");
-      s = layout.ok() ? FillIndex(reports, *layout, &plan_) : layout.status();
-    } else {
-      s = FillChecksums(reports, &plan_);
-    }
-    if (s.ok() && impl_.IsAbandoned(job_.step)) {
-      s = IoError(
-          fmt::format("step {}: the shared root's write was abandoned; no marker", job_.step));
-    }
-    // The names of the step's files durable before the marker's can be: with
-    // only the marker's rename and the fsync after it, a file system that does
-    // not journal names in order may keep the marker and lose data.h5's name
-    // (found by tests/crashstate, docs/RELIABILITY.md "Crash states").
-    if (s.ok()) s = impl_.store_->SyncStep(job_.step);
-    if (s.ok()) s = fault::Hit("before_marker");
-    // Again, last: in drain mode the part may have been abandoned while the
-    // step synced (a stuck file system); an abandoned step gets no marker.
-    if (s.ok() && impl_.IsAbandoned(job_.step)) {
-      s = IoError(
-          fmt::format("step {}: the shared root's write was abandoned; no marker", job_.step));
-    }
-    if (s.ok()) {
-      plan_.created_unix_ms = NowUnixMs();
-      const std::string text = io::MarkerToJson(plan_);
-      // A marker larger than readers accept would commit a step that no
-      // restore can open.
-      if (text.size() > io::kMaxMarkerBytes) {
-        RemoveStepDir();
-        return InvalidArgument(fmt::format(
-            "rank 0: the commit marker of step {} would be {} bytes, more than the {} that "
-            "readers accept (too many arrays or boxes)",
-            job_.step, text.size(), io::kMaxMarkerBytes));
-      }
-      s = impl_.store_->PutMarker(plan_, text);
-      if (!s.ok()) s = Status(s.code(), fmt::format("rank 0: commit marker: {}", s.message()));
-    }
-    if (!s.ok()) RemoveStepDir();
-    return s;
-  }
-
-  void Log(const Status& s) const {
-    if (!s.ok()) {
-      Logger()->error("mhckpt: step {} failed: {}", job_.step, s.ToString());
-      return;
-    }
-    Logger()->info(
-        "mhckpt: step {} committed: {:.1f} MiB in {:.3f} s (budget wait {:.3f}, snapshot {:.3f}, "
-        "plan {:.3f}{}, write {:.3f}, flush {:.3f}, commit {:.3f})",
-        job_.step, static_cast<double>(plan_.total_bytes) / (1 << 20),
-        t_.budget_wait + t_.snapshot + t_.plan + t_.write + t_.flush + t_.commit, t_.budget_wait,
-        t_.snapshot, t_.plan, t_.plan_cached ? " cached" : "", t_.write, t_.flush, t_.commit);
-  }
-
   void RemoveStepDir() const { impl_.store_->RemoveStep(job_.step).IgnoreError(); }
 
   ManagerImpl& impl_;
-  const Comm* comm_;  // the I/O thread's, or the drain's
   SaveJob& job_;
   SaveTimings& t_;
   const int rank_;
   io::Marker plan_;
-  std::unique_ptr<io::StepWriter> writer_;  // from step 3 on, if the engine created the step
-  Status local_;                            // this rank's first error from step 3 on
-  std::vector<BoxSum> sums_;                // of the boxes this rank wrote
-  LocalTier::Hold hold_;                    // drain mode: the local step, while the drain reads it
-  io::MappedFile local_copy_;               // after a local commit: this rank's file
-  StagedBoxFn from_local_;                  // its boxes in local_copy_
-  std::vector<BoxSum> local_sums_;          // the checksums the local commit took
-  bool watched_ = true;                     // by the watchdog (not on the drain thread)
+  LocalTier::Hold hold_;            // drain mode: the local step, while the drain reads it
+  io::MappedFile local_copy_;       // after a local commit: this rank's file
+  StagedBoxFn from_local_;          // its boxes in local_copy_
+  std::vector<BoxSum> local_sums_;  // the checksums the local commit took
 };
 
 Status ManagerImpl::RunSave(SaveJob& job) { return std::make_shared<SaveRun>(*this, job)->Run(); }
-
-// 7. Retention (rank 0, I/O thread), after RecordSave: WaitUntilFinished
-// waits for this part, which only retires old steps (marker removed, then
-// the directory renamed: milliseconds); the deleter thread frees their files
-// afterwards, so the next job does not wait for that either.
-// CheckpointManager::CommittedSteps waits for this part too.
-void ManagerImpl::RunRetention(int64_t step) {
-  auto t0 = Clock::now();
-  // Guarded: RecordRetention must run whatever happens, or waiters hang.
-  Status gc = Guarded("rank 0: retention", [&] {
-    MHCKPT_ASSIGN_OR_RETURN(std::vector<int64_t> committed, store_->CommittedSteps());
-    for (int64_t old : StepsToDelete(committed, options_.max_to_keep, options_.keep_period)) {
-      MHCKPT_ASSIGN_OR_RETURN(std::string retired, store_->RetireStep(old));
-      if (!retired.empty()) RemoveInBackground(std::move(retired));
-    }
-    return OkStatus();
-  });
-  if (!gc.ok()) Logger()->warn("mhckpt: retention after step {}: {}", step, gc.ToString());
-  RecordRetention(Since(t0));
-}
-
-void ManagerImpl::RemoveInBackground(std::string dir) {
-  if (!deleter_) deleter_ = std::make_unique<IoThread>();
-  deleter_->Submit([store = store_.get(), dir = std::move(dir)] {
-    Status s = store->RemoveRetired(dir);
-    // Left behind, it is removed when the root is next opened.
-    if (!s.ok()) Logger()->warn("mhckpt: removing retired '{}': {}", dir, s.ToString());
-  });
-}
 
 }  // namespace mhckpt::internal
