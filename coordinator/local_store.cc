@@ -5,6 +5,7 @@
 
 #include "base/fault.h"
 #include "base/log.h"
+#include "coordinator/root_upkeep.h"
 #include "io/layout.h"
 #include "io/posix_file.h"
 
@@ -81,10 +82,7 @@ Result<std::vector<StoredStep>> LocalStore::Open(const Options& options) {
   MHCKPT_ASSIGN_OR_RETURN(ownership_,
                           store_->Acquire({options.root_lease_seconds, options.root_wait_seconds}));
   MHCKPT_RETURN_IF_ERROR(fault::Hit("local_open"));
-  MHCKPT_ASSIGN_OR_RETURN(std::vector<int64_t> garbage, store_->StepsWithoutMarker());
-  for (int64_t g : garbage) MHCKPT_RETURN_IF_ERROR(store_->RemoveStep(g));
-  MHCKPT_ASSIGN_OR_RETURN(std::vector<std::string> retired, store_->RetiredSteps());
-  for (const std::string& r : retired) MHCKPT_RETURN_IF_ERROR(store_->RemoveRetired(r));
+  MHCKPT_RETURN_IF_ERROR(RemoveLeftovers(*store_, /*log=*/false));
   MHCKPT_ASSIGN_OR_RETURN(std::vector<io::StepEntry> steps, store_->ListSteps());
   std::vector<StoredStep> out;
   for (const io::StepEntry& e : steps) {

@@ -14,6 +14,7 @@
 #include "coordinator/agree.h"
 #include "coordinator/local_parity.h"
 #include "coordinator/local_recovery.h"
+#include "coordinator/root_upkeep.h"
 #include "io/mapped_file.h"
 #include "io/posix_file.h"
 
@@ -90,8 +91,7 @@ Status LocalTier::Open(const Comm& comm, const Options& options) {
     });
   }
   // Why: only rank 0 decided; every rank must see its outcome.
-  MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, comm));
-  comm.BroadcastBytes(&view_text, 0);
+  MHCKPT_RETURN_IF_ERROR(ShareText(comm, 0, s, &view_text));
   const nlohmann::json view = nlohmann::json::parse(view_text);
 
   // The markers of the restorable steps, from a node that holds each, and
@@ -102,7 +102,8 @@ Status LocalTier::Open(const Comm& comm, const Options& options) {
     const auto step = v.at("step").get<int64_t>();
     const int source = v.at("source").get<int>();
     std::string text = rank == source ? texts[step] : std::string();
-    comm.BroadcastBytes(&text, source);
+    Result<io::Marker> m =
+        ShareMarker(comm, source, &text, fmt::format("local step {} (from rank {})", step, source));
     // This node holds another (older) save of the step: removed below.
     if (auto mine = texts.find(step); mine != texts.end() && mine->second != text) {
       stale.insert(step);
@@ -110,12 +111,10 @@ Status LocalTier::Open(const Comm& comm, const Options& options) {
     auto ls = std::make_shared<LocalStep>();
     ls->holders = v.at("holders").get<std::vector<std::vector<int>>>();
     ls->parity_groups = v.at("groups").get<std::vector<std::vector<int>>>();
-    Result<io::Marker> m =
-        io::ParseMarker(text, fmt::format("local step {} (from rank {})", step, source));
     if (m.ok()) {
       ls->marker = std::move(m).value();
     } else if (local.ok()) {
-      local = Status(m.status().code(), fmt::format("rank {}: {}", rank, m.status().message()));
+      local = m.status();
     }
     const auto parity_holders = v.at("parity_holders").get<std::vector<std::vector<int>>>();
     for (const auto& r : v.at("rebuild")) {
