@@ -238,13 +238,15 @@ void Comm::Barrier() const {
   if (!serial()) MPI_Barrier(comm_);
 }
 
-void Comm::Abort(int code) const {
-  if (serial()) std::_Exit(code);
-  Abort(comm_, code);
+bool Comm::ThreadMultiple() {
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&provided);
+  return provided == MPI_THREAD_MULTIPLE;
 }
 
-void Comm::Abort(MPI_Comm comm, int code) {
-  MPI_Abort(comm, code);
+void Comm::Abort(int code) const {
+  if (serial()) std::_Exit(code);
+  MPI_Abort(comm_, code);
   std::_Exit(code);  // MPI_Abort does not return; should it, the process ends anyway
 }
 

@@ -32,6 +32,9 @@ class Comm {
   /// is at one rank; a message to rank 0 is this process's own (PostSend
   /// and PostReceive of one tag meet in the order they were posted).
   static Comm Serial();
+  /// Whether MPI was initialised with MPI_THREAD_MULTIPLE (what an I/O
+  /// thread beside the caller's needs).
+  [[nodiscard]] static bool ThreadMultiple();
 
   Comm() = default;
   Comm(Comm&& o) noexcept;
@@ -83,8 +86,6 @@ class Comm {
   void Barrier() const;
   /// Ends the whole job with `code` (MPI_Abort; Serial(): this process).
   [[noreturn]] void Abort(int code) const;
-  /// Abort over a raw handle, for callers that still hold one.
-  [[noreturn]] static void Abort(MPI_Comm comm, int code);
 
   /// Personalized all-to-all: `to_each[r]` goes to rank r (to_each.size() ==
   /// size()); returns what each rank sent here, indexed by rank. One

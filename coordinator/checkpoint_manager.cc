@@ -218,9 +218,7 @@ CheckpointManager::~CheckpointManager() { impl_->Drain(); }
 
 Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(MPI_Comm comm, std::string root,
                                                                    Options options) {
-  int provided = MPI_THREAD_SINGLE;
-  MPI_Query_thread(&provided);
-  bool async = options.async && provided == MPI_THREAD_MULTIPLE;
+  bool async = options.async && Comm::ThreadMultiple();
   Comm dup = Comm::Duplicate(comm);
   fault::SetRank(dup.rank());
   // Why an agreement first: a bad option or root on any rank fails Open on

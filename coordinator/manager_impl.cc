@@ -39,7 +39,7 @@ ManagerImpl::ManagerImpl(Comm comm, std::string root, const Options& options, bo
       options_(options),
       async_(async),
       pool_(options.staging_budget_bytes),
-      watchdog_(comm_.get(), comm_.rank(), options.collective_timeout_seconds),
+      watchdog_(comm_, options.collective_timeout_seconds),
       engine_(io::MakeEngine(StorageFor(options))),
       device_broadcasts_(options.collective_timeout_seconds),
       drains_(options.persistent_deadline_seconds) {

@@ -9,15 +9,7 @@ Watchdog::Watchdog(const Comm& comm, double timeout_seconds)
   if (timeout_seconds > 0) thread_ = std::thread([this] { Loop(); });
 }
 
-Watchdog::Watchdog(MPI_Comm comm, int rank, double timeout_seconds)
-    : handle_(comm), rank_(rank), timeout_(timeout_seconds) {
-  if (timeout_seconds > 0) thread_ = std::thread([this] { Loop(); });
-}
-
-void Watchdog::Abort() const {
-  if (comm_ != nullptr) comm_->Abort(70);
-  Comm::Abort(handle_, 70);
-}
+void Watchdog::Abort() const { comm_->Abort(70); }
 
 Watchdog::~Watchdog() {
   {

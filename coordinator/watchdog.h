@@ -23,9 +23,6 @@ class Watchdog {
   /// `timeout_seconds` <= 0 disables it (no thread is started). `comm`
   /// must outlive the watchdog; its job is aborted past the timeout.
   Watchdog(const Comm& comm, double timeout_seconds);
-  /// The same over a raw handle (the job of `comm` is aborted; `rank` is
-  /// for the log).
-  Watchdog(MPI_Comm comm, int rank, double timeout_seconds);
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
@@ -52,8 +49,7 @@ class Watchdog {
 
   [[noreturn]] void Abort() const;
 
-  const Comm* comm_ = nullptr;       // or, from the raw-handle constructor:
-  MPI_Comm handle_ = MPI_COMM_NULL;  // (never called here but through Comm::Abort)
+  const Comm* comm_;
   int rank_;
   std::chrono::duration<double> timeout_;
   std::mutex mu_;
