@@ -19,6 +19,7 @@
 #include "coordinator/committed_step.h"
 #include "coordinator/input_checks.h"
 #include "coordinator/manager_impl.h"
+#include "coordinator/root_upkeep.h"
 #include "io/marker.h"
 #include "io/root_store.h"
 #include "worker/copy.h"
@@ -72,18 +73,9 @@ Status PrepareRoot(io::RootStore& store, const Options& options,
                    root, io::DescribeHolder(*before, now));
   }
   if (!options.remove_uncommitted_on_open) return OkStatus();
-  MHCKPT_ASSIGN_OR_RETURN(std::vector<int64_t> garbage, store.StepsWithoutMarker());
-  for (int64_t step : garbage) {
-    Logger()->info("mhckpt: removing uncommitted step {} in {}", step, root);
-    MHCKPT_RETURN_IF_ERROR(store.RemoveStep(step));
-  }
-  // Retired steps whose removal a previous job did not finish.
-  MHCKPT_ASSIGN_OR_RETURN(std::vector<std::string> retired, store.RetiredSteps());
-  for (const std::string& dir : retired) {
-    Logger()->info("mhckpt: removing {}, retired by a previous job", dir);
-    MHCKPT_RETURN_IF_ERROR(store.RemoveRetired(dir));
-  }
-  return OkStatus();
+  // Steps without a marker, and retired steps whose removal a previous job
+  // did not finish.
+  return internal::RemoveLeftovers(store, /*log=*/true);
 }
 
 // Why this rank does not see, in `store`, the root that rank 0 opened

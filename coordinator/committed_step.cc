@@ -6,6 +6,7 @@
 
 #include "base/checksum.h"
 #include "coordinator/agree.h"
+#include "coordinator/root_upkeep.h"
 
 namespace mhckpt::internal {
 
@@ -23,8 +24,7 @@ Result<io::Marker> ReadMarkerEverywhere(const Comm& comm, io::RootStore& store, 
                                                 step, r.status().message()));
     }
   }
-  MHCKPT_RETURN_IF_ERROR(BroadcastStatus(s, 0, comm));
-  comm.BroadcastBytes(&text, 0);
+  MHCKPT_RETURN_IF_ERROR(ShareText(comm, 0, s, &text));
   MHCKPT_ASSIGN_OR_RETURN(io::Marker m, io::ParseMarker(text, store.MarkerLocation(step)));
   MHCKPT_RETURN_IF_ERROR(CheckMarkerStep(m, store, step));
   return m;

@@ -33,6 +33,7 @@
 #include "coordinator/agree.h"
 #include "coordinator/committed_step.h"
 #include "coordinator/manager_impl.h"
+#include "coordinator/root_upkeep.h"
 
 namespace mhckpt {
 namespace internal {
@@ -87,8 +88,7 @@ Result<int64_t> ManagerImpl::RestoreLatest(std::span<const ArrayToRestore> array
       }
     }
     // Why: only rank 0 listed; every rank must try the same candidates.
-    MHCKPT_RETURN_IF_ERROR(BroadcastStatus(listed, 0, comm_));
-    comm_.BroadcastBytes(&shared, 0);
+    MHCKPT_RETURN_IF_ERROR(ShareText(comm_, 0, listed, &shared));
     std::vector<Candidate> candidates;
     for (const nlohmann::json& e : nlohmann::json::parse(shared)) {
       candidates.push_back({e.at(0).get<int64_t>(), false, e.at(1).get<std::string>()});

@@ -2,7 +2,10 @@
 // removing what a crash left in a root, and giving every rank the text that
 // one rank built or read (a marker, a plan, a view) — the "one rank builds
 // the text, broadcasts it, every rank parses it, then all agree" pattern.
-// The local tier uses it (coordinator/local_store.cc, local_tier.cc).
+// Both tiers use it: the shared root at Open (coordinator/checkpoint_manager.cc)
+// and in its marker and listing broadcasts (committed_step.cc,
+// restore_latest.cc), the local tier in coordinator/local_store.cc and
+// local_tier.cc.
 #pragma once
 
 #include <string>
