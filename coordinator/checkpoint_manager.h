@@ -202,7 +202,7 @@ struct Options {
   /// every save copies into touched memory, not only the first.
   bool carry_staging_over = false;
 
-  // ---- The local tier (docs/ARCHITECTURE.md, "Two tiers") ----
+  // ---- The local tier (docs/TIERS.md) ----
 
   /// A node-local directory (a tmpfs such as /dev/shm/NAME, or a local NVMe)
   /// that turns on the local tier: every save is committed there first, each

@@ -70,7 +70,7 @@ class CheckpointManager:
         local tier: every save commits there first, each node keeping its
         ranks' arrays and a copy of another node's, and ``root`` gets every
         ``persistent_every``-th save; a job that lost a node restores from
-        the copies that survive (docs/ARCHITECTURE.md, "Two tiers"). None:
+        the copies that survive (docs/TIERS.md). None:
         every save goes to ``root``.
       persistent_every: with ``local_dir``: saves 1, N+1, 2N+1, ... of this
         manager also go to ``root`` (1: every save).
