@@ -38,7 +38,7 @@
 #   REPL_SIZES ["256 1024"]      per-rank size of the fully replicated case (np >= 2; "" to skip)
 #   SPLIT_BYTES [16777216]       replica_parallel_min_bytes for the split variant
 #   CKPT_DIR [/var/tmp/mhckpt-bench]  where checkpoints go (a disk, not tmpfs); emptied after
-#   OUT [bench/results/bench-<UTC date>-<commit>.json.gz]  the combined results (compact
+#   OUT [bench/results/bench-<UTC date>.json.gz]  the combined results (compact
 #                                JSON, gzip'd when the name ends .gz); the Markdown tables go
 #                                beside it (.md; bench/report.py --from OUT prints them again)
 #   PLOT [none]                  a PNG plot of the figures, where one is wanted
@@ -82,7 +82,7 @@ $COLD || echo "bench/run.sh: the page cache is NOT dropped (DROP_CACHES=0, or /p
 
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD -- base worker io coordinator bench python pyproject.toml 2>/dev/null || commit="$commit+dirty"
-OUT=${OUT:-bench/results/bench-$(date -u +%Y-%m-%d)-$commit.json.gz}
+OUT=${OUT:-bench/results/bench-$(date -u +%Y-%m-%d).json.gz}
 export MHCKPT_BENCH_VERSION=$commit  # the version field of the mhckpt-py records
 mkdir -p "$CKPT_DIR"
 # Room, before anything runs: a phase holds up to four checkpoints of its size

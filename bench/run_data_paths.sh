@@ -24,7 +24,7 @@
 #   CASES                     "path:threads" items (below); hdf5 ignores writer_threads
 #   FS_DIRS ["/var/tmp/mhckpt-paths /dev/shm/mhckpt-paths"]  where checkpoints go
 #   BUILD_DIR [build]
-#   OUT [bench/results/data-paths-<UTC date>-<commit>.json]
+#   OUT [bench/results/data-paths-<UTC date>.json]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,7 +37,7 @@ FS_DIRS=${FS_DIRS:-/var/tmp/mhckpt-paths /dev/shm/mhckpt-paths}
 BUILD_DIR=${BUILD_DIR:-build}
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD -- base worker io coordinator bench 2>/dev/null || commit="$commit+dirty"
-OUT=${OUT:-bench/results/data-paths-$(date -u +%Y-%m-%d)-$commit.json}
+OUT=${OUT:-bench/results/data-paths-$(date -u +%Y-%m-%d).json}
 BIN=$BUILD_DIR/bin/mhckpt-bench
 
 # The Markdown tables of a results JSON (this script's OUT): per file system
