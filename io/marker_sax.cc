@@ -69,6 +69,10 @@ class MarkerSax final : public nlohmann::json_sax<json> {
           return true;
         }
         if (key_ == "index") {
+          // A repeated "index" replaces the earlier one whole.
+          out_->index_file = {};
+          out_->index_bytes = {};
+          out_->index_checksum = {};
           out_->index.Set(true);
           Push(Kind::kIndex);
           return true;

@@ -300,6 +300,11 @@ TEST(MarkerV3, RegularShardingIsOneGridAndEveryChecksumIsInTheIndex) {
   EXPECT_EQ(text.find("xxh3:0000000000000042"), text.rfind("xxh3:"));  // the index's only
   EXPECT_EQ(j["index"]["bytes"], 1234);
   EXPECT_EQ(j["index"]["file"], "index.bin");
+  // A repeated "index" object replaces the first whole, as in a DOM: the
+  // earlier one's checksum must not fill in for the later one's missing one.
+  std::string twice = text;
+  twice.insert(twice.rfind('}'), R"(,"index":{"bytes":1234,"file":"index.bin"})");
+  EXPECT_THAT(io::ParseMarker(twice, "x").status().message(), HasSubstr("missing field"));
   // Parsed as a plan: the same boxes and chunk sizes, no index.
   auto plan = io::ParseMarker(text, "plan", io::MarkerText::kPlan);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
