@@ -63,6 +63,10 @@ std::optional<uint64_t> ChecksumFromString(std::string_view text) {
   if (text.size() != kPrefix.size() + 16 || text.substr(0, kPrefix.size()) != kPrefix) {
     return std::nullopt;
   }
+  // Lowercase only, as ChecksumToString writes it: one spelling per value.
+  for (char c : text.substr(kPrefix.size())) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return std::nullopt;
+  }
   uint64_t v = 0;
   const char* begin = text.data() + kPrefix.size();
   auto [ptr, ec] = std::from_chars(begin, text.data() + text.size(), v, 16);

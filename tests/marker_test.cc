@@ -305,6 +305,10 @@ TEST(MarkerV3, RegularShardingIsOneGridAndEveryChecksumIsInTheIndex) {
   std::string twice = text;
   twice.insert(twice.rfind('}'), R"(,"index":{"bytes":1234,"file":"index.bin"})");
   EXPECT_THAT(io::ParseMarker(twice, "x").status().message(), HasSubstr("missing field"));
+  // One spelling per checksum: the lowercase hex the writer writes.
+  std::string upper = text;
+  upper.replace(upper.find("xxh3:0000000000000042"), 21, "xxh3:00000000000000AB");
+  EXPECT_EQ(io::ParseMarker(upper, "x").status().code(), StatusCode::kDataLoss);
   // Parsed as a plan: the same boxes and chunk sizes, no index.
   auto plan = io::ParseMarker(text, "plan", io::MarkerText::kPlan);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
