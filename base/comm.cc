@@ -234,6 +234,13 @@ bool Comm::AllreduceAnd(bool value) const {
   return all != 0;
 }
 
+void Comm::PostAllreduceMin(int64_t* values, int n, std::vector<MPI_Request>* requests) const {
+  if (serial()) return;
+  MPI_Request r = MPI_REQUEST_NULL;
+  MPI_Iallreduce(MPI_IN_PLACE, values, n, MPI_INT64_T, MPI_MIN, comm_, &r);
+  requests->push_back(r);
+}
+
 void Comm::Barrier() const {
   if (!serial()) MPI_Barrier(comm_);
 }

@@ -83,6 +83,12 @@ class Comm {
   [[nodiscard]] int AllreduceSum(int value) const;
   /// Whether `value` is true on every rank (logical and).
   [[nodiscard]] bool AllreduceAnd(bool value) const;
+  /// Posts an element-wise minimum over ranks of `values[0..n)`, in place
+  /// (MPI_Iallreduce), appending its request to `*requests`: the values are
+  /// the minimum once WaitAll has returned, and must stay put until then.
+  /// Every rank posts its rounds in the same order. Serial(): nothing posted
+  /// (the values are already the minimum).
+  void PostAllreduceMin(int64_t* values, int n, std::vector<MPI_Request>* requests) const;
   void Barrier() const;
   /// Ends the whole job with `code` (MPI_Abort; Serial(): this process).
   [[noreturn]] void Abort(int code) const;

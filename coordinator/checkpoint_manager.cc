@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <future>
 #include <iterator>
 #include <map>
@@ -153,7 +154,11 @@ Status AgreeOnSharedInputs(const std::string& root, const Options& o, const Comm
                              deadline_ms,
                              -deadline_ms,
                              o.files.ranks_per_file,
-                             -o.files.ranks_per_file};
+                             -o.files.ranks_per_file,
+                             o.save_interval_steps,
+                             -o.save_interval_steps,
+                             o.save_continuously ? 1 : 0,
+                             o.save_continuously ? -1 : 0};
   comm.AllreduceMax(&votes);  // max and -min of each
   const char* what[] = {"Options::transfer",
                         "Options::verify_replicas",
@@ -164,11 +169,32 @@ Status AgreeOnSharedInputs(const std::string& root, const Options& o, const Comm
                         "Options::local_max_to_keep",
                         "Options::local_parity_group",
                         "Options::persistent_deadline_seconds",
-                        "Options::files"};
+                        "Options::files",
+                        "Options::save_interval_steps",
+                        "Options::save_continuously"};
   for (size_t i = 0; i < std::size(what); ++i) {
     if (votes[2 * i] != -votes[2 * i + 1]) {
       return InvalidArgument(fmt::format("{} differs between ranks", what[i]));
     }
+  }
+  return OkStatus();
+}
+
+// The options of ShouldSave and the preemption handlers: counts not
+// negative, durations finite and not negative.
+Status CheckSavePolicy(const Options& o, int rank) {
+  auto bad = [&](const char* what, double v) {
+    return InvalidArgument(
+        fmt::format("rank {}: Options::{} is {}; it must be a finite number >= 0", rank, what, v));
+  };
+  if (o.save_interval_steps < 0) {
+    return bad("save_interval_steps", static_cast<double>(o.save_interval_steps));
+  }
+  if (!(o.min_save_interval_seconds >= 0) || !std::isfinite(o.min_save_interval_seconds)) {
+    return bad("min_save_interval_seconds", o.min_save_interval_seconds);
+  }
+  if (!(o.preemption.grace_seconds >= 0) || !std::isfinite(o.preemption.grace_seconds)) {
+    return bad("preemption.grace_seconds", o.preemption.grace_seconds);
   }
   return OkStatus();
 }
@@ -182,6 +208,11 @@ StepDescription DescribeMarker(const io::Marker& m) {
   d.created_unix_ms = m.created_unix_ms;
   d.total_bytes = m.total_bytes;
   d.user_metadata = m.user_metadata;
+  if (m.preemption) {
+    d.preemption = PreemptionRecord{m.preemption->notice_unix_ms,
+                                    static_cast<double>(m.preemption->grace_ms) / 1000,
+                                    static_cast<double>(m.preemption->saved_after_ms) / 1000};
+  }
   d.arrays.reserve(m.arrays.size());
   for (const io::MarkerArray& a : m.arrays) {
     StoredArray& out = d.arrays.emplace_back();
@@ -216,6 +247,7 @@ Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(MPI_Comm comm
   // Why an agreement first: a bad option or root on any rank fails Open on
   // every rank, before rank 0 touches the file system.
   Status s = CheckOptions(options, dup.rank());
+  if (s.ok()) s = CheckSavePolicy(options, dup.rank());
   if (s.ok()) s = CheckRootPath(root, dup.rank());
   if (s.ok() && options.local_dir == root) {
     s = InvalidArgument(
@@ -247,6 +279,9 @@ Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(MPI_Comm comm
   });
   MHCKPT_RETURN_IF_ERROR(AgreeAll(s, caller));
   impl->Adopt(std::move(store), std::move(lock), std::move(caller));
+  if (options.preemption.enabled) {
+    MHCKPT_RETURN_IF_ERROR(impl->Agree(impl->InstallPreemptionHandlers()));
+  }
   if (!options.local_dir.empty()) {
     MHCKPT_RETURN_IF_ERROR(impl->OpenLocalTier());
     // The shared root's part of a save on a thread of its own: its own
@@ -284,6 +319,7 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
   auto t0 = std::chrono::steady_clock::now();
   job->step = step;
   job->persistent = impl_->NextSaveIsPersistent(save_options.tier);
+  job->preemption = impl_->PreemptionRecord(step);
   SnapshotOptions so;
   so.rank = impl_->rank();
   so.threads = impl_->options().snapshot_threads > 0
@@ -440,6 +476,20 @@ Status CheckpointManager::Verify(int64_t step, uint64_t* bytes_checked) {
 }
 
 Status CheckpointManager::Agree(const Status& local) { return impl_->Agree(local); }
+
+Result<bool> CheckpointManager::ReachedPreemption(int64_t step) {
+  const internal::StepDecision& d = impl_->DecideStep(step);
+  if (!d.status.ok()) return d.status;
+  return d.preempted;
+}
+
+Result<bool> CheckpointManager::ShouldSave(int64_t step) {
+  const internal::StepDecision& d = impl_->DecideStep(step);
+  if (!d.status.ok()) return d.status;
+  const Options& o = impl_->options();
+  return d.preemption_step || (o.save_interval_steps > 0 && step % o.save_interval_steps == 0) ||
+         (o.save_continuously && d.ready);
+}
 
 SaveTimings CheckpointManager::LastSaveTimings() const { return impl_->last_timings(); }
 

@@ -18,6 +18,7 @@
 
 #include <mpi.h>
 
+#include <csignal>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -95,6 +96,26 @@ struct DataFiles {
   static DataFiles One() { return {}; }
   static DataFiles PerNode() { return {kPerNode}; }
   static DataFiles PerRanks(int k) { return {k}; }
+};
+
+/// Preemption notices (Options::preemption): a scheduler's warning that the
+/// job will be stopped soon (Slurm's `sbatch --signal=USR1@60` or
+/// `scancel --signal=USR1`, a cloud spot VM's 30 s - 2 min notice).
+/// CheckpointManager::ReachedPreemption turns a notice on any rank into the
+/// same step on every rank, at which the job saves and exits.
+struct PreemptionOptions {
+  /// At Open: install a handler for each of `signals` that records a notice
+  /// in this process (as NotifyPreemption does) and nothing else: the
+  /// process is not stopped by them. The handlers in place before are
+  /// restored when the last manager of the process that installed them is
+  /// destroyed; they are not called (nothing is chained). false: no
+  /// handler; notices come only from NotifyPreemption.
+  bool enabled = false;
+  std::vector<int> signals = {SIGTERM, SIGUSR1};
+  /// The scheduler's grace period (signal to kill), in seconds, for the
+  /// record in the preemption step's commit marker and its log line; 0:
+  /// unknown.
+  double grace_seconds = 0;
 };
 
 struct Options {
@@ -268,6 +289,20 @@ struct Options {
   /// machine: ranks with the same value are one node. -1 (the default): the
   /// node is the shared-memory domain of MPI_Comm_split_type.
   int node_id = -1;
+
+  // ---- Preemption and the save policy (ReachedPreemption, ShouldSave) ----
+
+  /// Signal handlers for preemption notices (PreemptionOptions).
+  PreemptionOptions preemption;
+  /// ShouldSave: every step that is a multiple of this (0: none by interval).
+  /// The same on every rank (Open checks).
+  int64_t save_interval_steps = 0;
+  /// ShouldSave: also save whenever the previous save has finished on every
+  /// rank and at least `min_save_interval_seconds` have passed since the
+  /// last Save call (Orbax's continuous checkpointing). The same on every
+  /// rank (Open checks).
+  bool save_continuously = false;
+  double min_save_interval_seconds = 0;
 };
 
 /// Where a save goes, overriding Options::persistent_every for one save.
@@ -463,6 +498,18 @@ struct StoredArray {
   std::vector<StoredBox> boxes;
 };
 
+/// A step saved because of a preemption notice (ReachedPreemption's step),
+/// as its commit marker records it.
+struct PreemptionRecord {
+  /// When the earliest rank got the notice (Unix time, ms, that rank's clock).
+  int64_t notice_unix_ms = 0;
+  /// PreemptionOptions::grace_seconds of rank 0 (0: unknown).
+  double grace_seconds = 0;
+  /// From the notice to the write of the commit marker (rank 0's clock
+  /// against the noticing rank's).
+  double saved_after_seconds = 0;
+};
+
 /// What a committed step holds (CheckpointManager::Describe), from its commit
 /// marker (docs/FORMAT.md).
 struct StepDescription {
@@ -474,6 +521,8 @@ struct StepDescription {
   uint64_t total_bytes = 0;         ///< bytes of array data
   std::vector<StoredArray> arrays;  ///< sorted by name
   UserMetadata user_metadata;
+  /// Set if the step was saved as the preemption step (ReachedPreemption).
+  std::optional<PreemptionRecord> preemption;
 
   /// The array called `name`, or nullptr.
   [[nodiscard]] const StoredArray* Find(std::string_view name) const;
@@ -669,6 +718,35 @@ class CheckpointManager {
   /// bytes read back over all ranks.
   Status Verify(int64_t step, uint64_t* bytes_checked = nullptr);
 
+  /// Collective, on the caller's thread; called once per training step, by
+  /// every rank with the same `step` (in the same order as every other
+  /// collective call of the caller's thread). True on every rank, at the
+  /// same step, once any rank has had a preemption notice (a signal of
+  /// PreemptionOptions::signals, or NotifyPreemption), and at every later
+  /// step; the caller then saves this step (ShouldSave says so too), waits
+  /// for it (WaitUntilFinished) and exits. A Save of the first such step
+  /// records the notice in its commit marker (StepDescription::preemption).
+  /// It does not block: each new step posts one small non-blocking
+  /// allreduce and decides from the one posted at the previous step, which
+  /// in lock-step training has completed long since (a few microseconds).
+  /// So a notice is acted on one or two steps after the step at which it
+  /// arrived (steps s+1 or s+2 for a notice during step s); the first step
+  /// after Open never reports one. A second call for the same step (e.g.
+  /// ShouldSave then ReachedPreemption) returns the first's decision.
+  /// Errors, on every rank, one step late: InvalidArgument if the ranks
+  /// called with different steps ("ranks called ReachedPreemption with
+  /// different steps: 7 .. 9"); InvalidArgument on the rank if `step` is
+  /// outside 0..kMaxStep.
+  Result<bool> ReachedPreemption(int64_t step);
+
+  /// Collective, as ReachedPreemption (which it shares a round with): whether
+  /// to save `step` under the save policy of Options: a multiple of
+  /// `save_interval_steps`, or, with `save_continuously`, when the previous
+  /// save had finished on every rank and `min_save_interval_seconds` had
+  /// passed (as of the previous call, with no Save since), and always at the
+  /// first preemption step. The same answer on every rank.
+  Result<bool> ShouldSave(int64_t step);
+
   /// Collective, on the caller's thread. OK on every rank if `local` is OK on
   /// every rank; otherwise the error of the lowest failing rank, on every
   /// rank. For layers above this API (the Python package) that find errors of
@@ -697,5 +775,15 @@ class CheckpointManager {
 /// level filters as usual. Needs the spdlog mhckpt was built with
 /// (find_package(mhckpt) finds it).
 void SetLogger(std::shared_ptr<spdlog::logger> logger);
+
+/// Local, async-signal-safe, thread-safe: records a preemption notice in this
+/// process, as the handlers of PreemptionOptions do (the earliest notice's
+/// time is kept). For a caller's own signal handler, or a thread polling a
+/// cloud metadata server. Every manager of the process sees it at its next
+/// ReachedPreemption round.
+void NotifyPreemption();
+/// Local: forgets this process's notice (a test, or a job that chose to go
+/// on). A manager that has already agreed on a preemption step keeps it.
+void ClearPreemptionNotice();
 
 }  // namespace mhckpt

@@ -294,12 +294,50 @@ Status ManagerImpl::OpenLocalTier() {
 
 bool ManagerImpl::NextSaveIsPersistent(SaveTier tier) {
   const int64_t n = saves_++;
+  last_save_call_ = std::chrono::steady_clock::now();
   if (!local_ || tier == SaveTier::kPersistent) return true;
   if (tier == SaveTier::kLocal) return false;
   return n % std::max(options_.persistent_every, 1) == 0;
 }
 
 Status ManagerImpl::Agree(const Status& local) const { return AgreeAll(local, caller_comm_); }
+
+Status ManagerImpl::InstallPreemptionHandlers() {
+  Result<std::unique_ptr<PreemptionHandlers>> h =
+      PreemptionHandlers::Install(options_.preemption.signals);
+  if (!h.ok())
+    return Status(h.status().code(), fmt::format("rank {}: {}", rank(), h.status().message()));
+  preemption_handlers_ = std::move(h).value();
+  return OkStatus();
+}
+
+bool ManagerImpl::SaveInFlight() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return saves_in_flight_ > 0 || (drain_ != nullptr && drains_.FirstUnabandoned() >= 0);
+}
+
+const StepDecision& ManagerImpl::DecideStep(int64_t step) {
+  if (!step_agreement_) {
+    step_agreement_ = std::make_unique<StepAgreement>(Comm::Duplicate(caller_comm_.get()));
+  }
+  // Ready for a continuous save: none in flight here, and the minimum
+  // interval since the last Save call has passed.
+  bool ready = false;
+  if (options_.save_continuously) {
+    const double since =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save_call_).count();
+    ready = !SaveInFlight() && (saves_ == 0 || since >= options_.min_save_interval_seconds);
+  }
+  return step_agreement_->Decide(step, ready, saves_);
+}
+
+std::optional<io::MarkerPreemption> ManagerImpl::PreemptionRecord(int64_t step) const {
+  if (!step_agreement_ || step_agreement_->preemption_step() != step) return std::nullopt;
+  io::MarkerPreemption p;
+  p.notice_unix_ms = step_agreement_->notice_unix_ms();
+  p.grace_ms = static_cast<int64_t>(options_.preemption.grace_seconds * 1000);
+  return p;
+}
 
 void ManagerImpl::Drain() {
   if (async_) thread_->Drain();

@@ -26,6 +26,7 @@
 #include "coordinator/io_thread.h"
 #include "coordinator/lazy_copier.h"
 #include "coordinator/local_tier.h"
+#include "coordinator/preemption.h"
 #include "coordinator/read_once.h"
 #include "coordinator/retention.h"
 #include "coordinator/watchdog.h"
@@ -52,6 +53,9 @@ struct SaveJob {
   /// In drain mode (Options::persistent_deadline_seconds): the shared root's
   /// part of the save, run on the drain thread after the local commit.
   std::function<Status()> drain;
+  /// Set for a save of the agreed preemption step: its record in the commit
+  /// marker (saved_after_ms is filled in when the marker is written).
+  std::optional<io::MarkerPreemption> preemption;
   /// A lazy save's copy (CopyMode::kLazy, coordinator/lazy_copier.h), joined
   /// by the I/O thread before the plan round; it fills `snapshot` and merges
   /// its error into `local`.
@@ -125,6 +129,16 @@ class ManagerImpl {
   void RecordError(const Status& s);
   /// Collective on the caller's communicator: AgreeAll.
   Status Agree(const Status& local) const;
+  /// At Open, with PreemptionOptions::enabled: installs the signal handlers
+  /// (removed with the manager).
+  Status InstallPreemptionHandlers();
+  /// Collective, caller's thread: the decision for `step` shared by
+  /// ReachedPreemption and ShouldSave (coordinator/preemption.h), on a
+  /// communicator of its own made by the first call.
+  const StepDecision& DecideStep(int64_t step);
+  /// Caller thread: the record for a save of `step` if it is the agreed
+  /// preemption step.
+  [[nodiscard]] std::optional<io::MarkerPreemption> PreemptionRecord(int64_t step) const;
   /// Runs every job already handed to the I/O thread.
   void Drain();
 
@@ -193,7 +207,16 @@ class ManagerImpl {
   // With Options::local_dir: the node-local tier. Its view is read by the
   // caller's thread (Steps) and changed by the I/O thread (under its mutex).
   std::unique_ptr<LocalTier> local_;
-  int64_t saves_ = 0;  // caller thread: Save calls so far
+  int64_t saves_ = 0;                                     // caller thread: Save calls so far
+  std::chrono::steady_clock::time_point last_save_call_;  // caller thread: the last Save call
+  // Whether a save (or a drain's part of one) has not ended on this rank.
+  [[nodiscard]] bool SaveInFlight() const;
+
+  // Preemption: this manager's signal handlers (with
+  // PreemptionOptions::enabled) and the per-step agreement (made by the first
+  // ReachedPreemption or ShouldSave; its rounds are completed when it goes).
+  std::unique_ptr<PreemptionHandlers> preemption_handlers_;
+  std::unique_ptr<StepAgreement> step_agreement_;
 
   // Drain mode: the shared root's parts, their communicator, and (under mu_)
   // their queue, deadlines and abandon state (coordinator/drain_queue.h).

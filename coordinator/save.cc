@@ -344,6 +344,7 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
       impl_.last_description_hash_ = hash;
     }
     plan_.user_metadata = job_.metadata;  // rank 0's is the one written
+    plan_.preemption = job_.preemption;
     return OkStatus();
   }
 
@@ -463,6 +464,10 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
         marker.files = 0;  // nor subfiles: a reused plan keeps the last save's
         MHCKPT_RETURN_IF_ERROR(FillChecksums(reports, &marker));
         marker.created_unix_ms = NowUnixMs();
+        if (marker.preemption) {
+          marker.preemption->saved_after_ms =
+              marker.created_unix_ms - marker.preemption->notice_unix_ms;
+        }
         text = io::MarkerToJson(marker);
         return OkStatus();
       });

@@ -297,6 +297,9 @@ Status SharedCommit::Commit(const std::vector<std::string>& reports) {
   }
   if (s.ok()) {
     plan_.created_unix_ms = NowUnixMs();
+    if (plan_.preemption) {
+      plan_.preemption->saved_after_ms = plan_.created_unix_ms - plan_.preemption->notice_unix_ms;
+    }
     const std::string text = io::MarkerToJson(plan_);
     // A marker larger than readers accept would commit a step that no
     // restore can open.
@@ -325,6 +328,17 @@ void SharedCommit::Log(const Status& s) const {
       job_.step, static_cast<double>(plan_.total_bytes) / (1 << 20),
       t_.budget_wait + t_.snapshot + t_.plan + t_.write + t_.flush + t_.commit, t_.budget_wait,
       t_.snapshot, t_.plan, t_.plan_cached ? " cached" : "", t_.write, t_.flush, t_.commit);
+  if (const auto& p = plan_.preemption) {
+    const double after = static_cast<double>(p->saved_after_ms) / 1000;
+    if (p->grace_ms > 0) {
+      Logger()->info("mhckpt: step {} saved for preemption: {:.3f} s of a {:g} s grace period",
+                     job_.step, after, static_cast<double>(p->grace_ms) / 1000);
+    } else {
+      Logger()->info(
+          "mhckpt: step {} saved for preemption: {:.3f} s after the notice (grace period unknown)",
+          job_.step, after);
+    }
+  }
 }
 
 void SharedCommit::RemoveStepDir() const { where_.store.RemoveStep(job_.step).IgnoreError(); }

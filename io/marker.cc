@@ -275,6 +275,14 @@ Result<Marker> ParseMarker(const std::string& text, const std::string& origin, M
       }
       m.index.checksum = *checksum;
     }
+    if (s.preemption.state != SlotState::kMissing) {
+      Need(s.preemption, "preemption");
+      MarkerPreemption& p = m.preemption.emplace();
+      p.notice_unix_ms = NeedInt<int64_t>(s.preemption_notice_unix_ms, "preemption.notice_unix_ms");
+      p.grace_ms = NeedInt<int64_t>(s.preemption_grace_ms, "preemption.grace_ms");
+      p.saved_after_ms = NeedInt<int64_t>(s.preemption_saved_after_ms, "preemption.saved_after_ms");
+      if (p.grace_ms < 0) throw Malformed{"field 'preemption.grace_ms' is negative"};
+    }
     m.arrays.reserve(Need(s.arrays, "arrays").size());
     for (ArraySlots& sa : s.arrays.value) {
       MarkerArray a;

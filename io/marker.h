@@ -71,6 +71,15 @@ struct MarkerIndex {
   uint64_t checksum = 0;  ///< XXH3-64 of every record's check word, in order
 };
 
+/// A step saved at the preemption step that every rank agreed on
+/// (CheckpointManager::ReachedPreemption). Optional in every version: a
+/// reader that predates it ignores it, as it ignores every unknown key.
+struct MarkerPreemption {
+  int64_t notice_unix_ms = 0;  ///< the earliest rank's notice
+  int64_t grace_ms = 0;        ///< the scheduler's grace period (0: unknown)
+  int64_t saved_after_ms = 0;  ///< from the notice to the marker (created_unix_ms)
+};
+
 struct Marker {
   int format_version = kFormatVersion;
   int64_t step = 0;
@@ -88,6 +97,8 @@ struct Marker {
   /// that map every array onto them. Where each box lies is in the index
   /// (MarkerBox::file, file_offset).
   int files = 0;
+  /// Set for a step saved because of a preemption notice.
+  std::optional<MarkerPreemption> preemption;
 
   /// The array called `name`, or nullptr.
   [[nodiscard]] const MarkerArray* Find(const std::string& name) const;

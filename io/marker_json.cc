@@ -32,6 +32,16 @@ void AppendInts(std::string& out, const std::vector<int64_t>& v) {
 // A JSON string, escaped as nlohmann::json::dump escapes it.
 void AppendString(std::string& out, const std::string& s) { out += json(s).dump(); }
 
+// The optional preemption record, as a key after "format_version" and
+// "index" and before "step" (keys sorted).
+void AppendPreemption(std::string& out, const Marker& m) {
+  if (!m.preemption) return;
+  fmt::format_to(std::back_inserter(out),
+                 ",\"preemption\":{{\"grace_ms\":{},\"notice_unix_ms\":{},\"saved_after_ms\":{}}}",
+                 m.preemption->grace_ms, m.preemption->notice_unix_ms,
+                 m.preemption->saved_after_ms);
+}
+
 }  // namespace
 
 // Written directly rather than through a json DOM: a marker of 10,000 arrays
@@ -97,10 +107,12 @@ std::string MarkerToJsonV3(const Marker& m) {
   if (m.files > 0) fmt::format_to(std::back_inserter(out), ",\"files\":{}", m.files);
   fmt::format_to(std::back_inserter(out),
                  ",\"format\":\"mhckpt\",\"format_version\":{},\"index\":{{\"bytes\":{},"
-                 "\"checksum\":\"{}\",\"file\":\"{}\"}},\"step\":{},\"total_bytes\":{},"
-                 "\"user_metadata\":",
+                 "\"checksum\":\"{}\",\"file\":\"{}\"}}",
                  m.format_version, m.index.bytes, ChecksumToString(m.index.checksum),
-                 kIndexFileName, m.step, m.total_bytes);
+                 kIndexFileName);
+  AppendPreemption(out, m);
+  fmt::format_to(std::back_inserter(out),
+                 ",\"step\":{},\"total_bytes\":{},\"user_metadata\":", m.step, m.total_bytes);
   out += json(m.user_metadata).dump();
   fmt::format_to(std::back_inserter(out), ",\"world_size\":{}}}\n", m.world_size);
   return out;
@@ -152,10 +164,11 @@ std::string MarkerToJson(const Marker& m, MarkerText what) {
   fmt::format_to(std::back_inserter(out),
                  ",\"created_unix_ms\":{},\"data_file\":", m.created_unix_ms);
   AppendString(out, m.data_file);
+  fmt::format_to(std::back_inserter(out), ",\"format\":\"mhckpt\",\"format_version\":{}",
+                 m.format_version);
+  AppendPreemption(out, m);
   fmt::format_to(std::back_inserter(out),
-                 ",\"format\":\"mhckpt\",\"format_version\":{},\"step\":{},\"total_bytes\":{},"
-                 "\"user_metadata\":",
-                 m.format_version, m.step, m.total_bytes);
+                 ",\"step\":{},\"total_bytes\":{},\"user_metadata\":", m.step, m.total_bytes);
   out += json(m.user_metadata).dump();
   fmt::format_to(std::back_inserter(out), ",\"world_size\":{}}}\n", m.world_size);
   return out;  // one line: markers of 10k arrays stay small

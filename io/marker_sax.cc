@@ -77,6 +77,15 @@ class MarkerSax final : public nlohmann::json_sax<json> {
           Push(Kind::kIndex);
           return true;
         }
+        if (key_ == "preemption") {
+          // A repeated "preemption" replaces the earlier one whole.
+          out_->preemption_notice_unix_ms = {};
+          out_->preemption_grace_ms = {};
+          out_->preemption_saved_after_ms = {};
+          out_->preemption.Set(true);
+          Push(Kind::kPreemption);
+          return true;
+        }
         break;
       case Kind::kArrays:
         out_->arrays.value.emplace_back();
@@ -153,6 +162,7 @@ class MarkerSax final : public nlohmann::json_sax<json> {
     kBoxes,
     kBox,
     kIndex,
+    kPreemption,
     kGrid,
     kInts,
     kStrings,
@@ -203,6 +213,12 @@ class MarkerSax final : public nlohmann::json_sax<json> {
         if (key_ == "user_metadata") out_->user_metadata.Bad();
         if (key_ == "arrays") out_->arrays.Bad();
         if (key_ == "index") out_->index.Bad();
+        if (key_ == "preemption") out_->preemption.Bad();
+        break;
+      case Kind::kPreemption:
+        if (key_ == "notice_unix_ms") out_->preemption_notice_unix_ms.Bad();
+        if (key_ == "grace_ms") out_->preemption_grace_ms.Bad();
+        if (key_ == "saved_after_ms") out_->preemption_saved_after_ms.Bad();
         break;
       case Kind::kIndex:
         if (key_ == "file") out_->index_file.Bad();
@@ -262,6 +278,13 @@ class MarkerSax final : public nlohmann::json_sax<json> {
         if (v == Value::kString && key_ == "checksum")
           return out_->index_checksum.Set(std::move(*str_)), true;
         if (v == Value::kNumber && key_ == "bytes") return out_->index_bytes.Set(num_), true;
+        break;
+      case Kind::kPreemption:
+        if (v == Value::kNumber) {
+          if (key_ == "notice_unix_ms") return out_->preemption_notice_unix_ms.Set(num_), true;
+          if (key_ == "grace_ms") return out_->preemption_grace_ms.Set(num_), true;
+          if (key_ == "saved_after_ms") return out_->preemption_saved_after_ms.Set(num_), true;
+        }
         break;
       case Kind::kUserMetadata:
         if (v == Value::kString && out_->user_metadata.ok()) {

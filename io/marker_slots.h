@@ -61,6 +61,9 @@ struct MarkerSlots {
   Slot<Num> format_version, step, world_size, created_unix_ms, total_bytes, chunk_bytes,
       index_bytes, files;
   Slot<bool> index;  // the "index" object was there
+  // The optional "preemption" object: whether it was there, and its fields.
+  Slot<bool> preemption;
+  Slot<Num> preemption_notice_unix_ms, preemption_grace_ms, preemption_saved_after_ms;
   Slot<std::map<std::string, std::string>> user_metadata;
   Slot<std::vector<ArraySlots>> arrays;
 };

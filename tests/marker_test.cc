@@ -525,5 +525,43 @@ TEST(StepIndex, DamageIsDataLossNamingTheFileArrayAndBox) {
   EXPECT_THAT(io::LoadIndex(path, &m).message(), HasSubstr("is missing"));
 }
 
+// The optional preemption record (CheckpointManager::ReachedPreemption's
+// step): written in its sorted place in versions 2 and 3, parsed back, absent
+// when not set, strict about its types when present.
+TEST(Marker, PreemptionRecordIsOptionalAndStrictWhenPresent) {
+  io::Marker v3 = SampleMarkerV3();
+  v3.index.bytes = io::IndexLayout::Of(v3, "x")->total();
+  for (io::Marker m : {SampleMarker(), v3}) {
+    SCOPED_TRACE(m.format_version);
+    auto plain = io::ParseMarker(io::MarkerToJson(m), "x");
+    ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+    EXPECT_FALSE(plain->preemption.has_value());
+    EXPECT_EQ(io::MarkerToJson(m).find("preemption"), std::string::npos);
+    m.preemption = io::MarkerPreemption{1'700'000'000'123, 90'000, 4'250};
+    const std::string text = io::MarkerToJson(m);
+    // The text nlohmann's dump gives: keys sorted.
+    EXPECT_EQ(text, nlohmann::json::parse(text).dump() + "\n");
+    auto parsed = io::ParseMarker(text, "x");
+    ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+    ASSERT_TRUE(parsed->preemption.has_value());
+    EXPECT_EQ(parsed->preemption->notice_unix_ms, 1'700'000'000'123);
+    EXPECT_EQ(parsed->preemption->grace_ms, 90'000);
+    EXPECT_EQ(parsed->preemption->saved_after_ms, 4'250);
+    EXPECT_EQ(io::MarkerToJson(*parsed), text);
+    // Damage: a missing field, a float, a string, an object that is not one,
+    // a negative grace period.
+    for (const char* bad : {R"({"grace_ms":1,"notice_unix_ms":2})",
+                            R"({"grace_ms":1.5,"notice_unix_ms":2,"saved_after_ms":3})",
+                            R"({"grace_ms":1,"notice_unix_ms":"2","saved_after_ms":3})", "true",
+                            R"({"grace_ms":-1,"notice_unix_ms":2,"saved_after_ms":3})"}) {
+      nlohmann::json j = nlohmann::json::parse(text);
+      j["preemption"] = nlohmann::json::parse(bad);
+      Result<io::Marker> r = io::ParseMarker(j.dump(), "x");
+      EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << bad;
+      EXPECT_THAT(r.status().message(), HasSubstr("preemption")) << bad;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mhckpt
