@@ -68,6 +68,21 @@ int Main(int argc, char** argv) {
                    : std::string("want one, node or a positive number of ranks");
       })
       ->capture_default_str();
+  app.add_flag("--lazy", flags.lazy,
+               "Lazy saves (CopyMode::kLazy): Save returns before copying, and the next step "
+               "waits for the copy");
+  app.add_flag("--continuous", flags.continuous,
+               "Also save whenever the previous save has finished on every rank "
+               "(Options::save_continuously)");
+  app.add_flag("--preemption", flags.preemption,
+               "SIGTERM and SIGUSR1 are preemption notices (Options::preemption): every rank "
+               "stops at the same step, saves it, waits for its commit and exits 0 (Slurm: "
+               "sbatch --signal=USR1@60, or scancel --signal=USR1)");
+  app.add_option("--grace", flags.grace_seconds,
+                 "With --preemption: the scheduler's grace period in seconds, for the record in "
+                 "the preemption step's commit marker (0: unknown)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--log-every", flags.log_every, "Print the mean loss every N steps")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

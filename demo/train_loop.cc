@@ -133,6 +133,12 @@ Status RunTraining(const TrainFlags& flags, MPI_Comm comm) {
   options.local_dir = flags.local_dir;
   options.persistent_every = flags.persistent_every;
   options.files.ranks_per_file = flags.ranks_per_file;
+  // The save policy is the manager's (ShouldSave): every save_every steps,
+  // continuously if asked, and at the preemption step.
+  options.save_interval_steps = flags.save_every;
+  options.save_continuously = flags.continuous;
+  options.preemption.enabled = flags.preemption;
+  options.preemption.grace_seconds = flags.grace_seconds;
   MHCKPT_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointManager> mgr,
                           CheckpointManager::Open(comm, flags.dir, options));
   if (!mgr->async()) out.Line("note: MPI lacks MPI_THREAD_MULTIPLE; saves are synchronous");
@@ -186,9 +192,13 @@ Status RunTraining(const TrainFlags& flags, MPI_Comm comm) {
 
   const bool local_tier = !flags.local_dir.empty();
   std::optional<PendingSave> pending;
+  SaveFence fence;  // the last lazy save's copy (an empty fence is complete)
   double loss_sum = 0;
   int64_t loss_count = 0;
   while (trainer->step() < flags.steps) {
+    // A lazy save still reads the arrays until its fence completes. Its
+    // error, if any, fails the save on every rank through WaitUntilFinished.
+    (void)fence.Wait();
     loss_sum += trainer->Step();  // overwrites every array handed to the last Save
     ++loss_count;
     const int64_t step = trainer->step();
@@ -197,21 +207,31 @@ Status RunTraining(const TrainFlags& flags, MPI_Comm comm) {
       loss_sum = 0;
       loss_count = 0;
     }
+    // Collective, every step, on every rank: a non-blocking round that turns
+    // a notice on any rank into the same step everywhere, a step or two later.
+    MHCKPT_ASSIGN_OR_RETURN(const bool policy, mgr->ShouldSave(step));
+    bool preempted = false;
+    if (flags.preemption) {
+      MHCKPT_ASSIGN_OR_RETURN(preempted, mgr->ReachedPreemption(step));
+    }
+    const auto preempted_at = Clock::now();
+    const bool save = policy || step == flags.steps;
     // After a resume that fell back past damaged steps, those steps stay
     // committed: saving one again would fail (AlreadyExists), so the saves
     // up to the newest committed step are skipped.
-    if (step <= skip_saves_through &&
-        ((flags.save_every > 0 && step % flags.save_every == 0) || step == flags.steps)) {
+    if (step <= skip_saves_through && save) {
       out.Line("note: step {} is not saved: a committed (damaged) step {} is newer", step,
                skip_saves_through);
-    } else if ((flags.save_every > 0 && step % flags.save_every == 0) || step == flags.steps) {
+    } else if (save) {
       // At most one save in flight: the previous one must have committed.
       if (pending)
         MHCKPT_RETURN_IF_ERROR(ConfirmSave(*mgr, *pending, state_bytes, local_tier, out));
       std::vector<ArrayToSave> arrays = trainer->ArraysToSave();
       PendingSave p{step, GlobalFingerprint(arrays, comm), 0};
       auto t0 = Clock::now();
-      Status saved = mgr->Save(step, arrays, metadata);
+      SaveOptions save_options;
+      if (flags.lazy) save_options.copy = CopyMode::kLazy;
+      Status saved = mgr->Save(step, arrays, metadata, save_options, &fence);
       p.blocked = Since(t0);
       // Why agree: a local input error on one rank fails the save everywhere,
       // and no rank may go on training (collectives) while another stops.
@@ -227,6 +247,19 @@ Status RunTraining(const TrainFlags& flags, MPI_Comm comm) {
       // root (the job died in between) never gets its "committed" line.
       out.Line("saving step={} fingerprint {}", step, FingerprintHex(p.fingerprint));
       pending = p;
+    }
+    if (preempted) {
+      // The step every rank agreed on: its save (ShouldSave said so) must
+      // commit before the scheduler's grace period ends.
+      if (pending)
+        MHCKPT_RETURN_IF_ERROR(ConfirmSave(*mgr, *pending, state_bytes, local_tier, out));
+      if (pending && pending->step == step) {
+        out.Line("preempted at step {}: saved in {:.3f} s", step, Since(preempted_at));
+      } else {
+        out.Line("preempted at step {}: not saved (committed step {} is newer)", step,
+                 skip_saves_through);
+      }
+      return OkStatus();
     }
   }
   if (pending) MHCKPT_RETURN_IF_ERROR(ConfirmSave(*mgr, *pending, state_bytes, local_tier, out));

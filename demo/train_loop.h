@@ -23,6 +23,17 @@ struct TrainFlags {
   std::string local_dir;     ///< Options::local_dir ("": one tier)
   int persistent_every = 1;  ///< Options::persistent_every
   int ranks_per_file = 0;    ///< Options::files.ranks_per_file (0: one data file; -1: per node)
+  /// Save with CopyMode::kLazy: Save returns before copying; the next step
+  /// waits for the copy (the fence) before it overwrites the arrays.
+  bool lazy = false;
+  /// Options::save_continuously: also save whenever the previous save has
+  /// finished on every rank (CheckpointManager::ShouldSave).
+  bool continuous = false;
+  /// Options::preemption.enabled: SIGTERM and SIGUSR1 are preemption notices;
+  /// at the step every rank agrees on (ReachedPreemption) the demo saves,
+  /// waits for the commit and exits 0.
+  bool preemption = false;
+  double grace_seconds = 0;  ///< Options::preemption.grace_seconds (0: unknown)
   int64_t log_every = 10;
   uint64_t seed = 1;
   int64_t global_batch = 64;
