@@ -231,6 +231,34 @@ def dropin_table():
     return out
 
 
+def every_step_table():
+    out = []
+    for name, path in records("every-step-*.txt"):
+        recs = load(path)
+        head = next((r for r in recs if r.get("kind") == "every-step"), {})
+        rows = []
+        for r in recs:
+            if "modes" not in r:
+                continue
+            m = r["modes"]
+            n, lz, bl = m.get("none", {}), m.get("lazy", {}), m.get("blocking", {})
+            pct = lambda c: f"{c['slowdown_pct']:+.1f} %" if "slowdown_pct" in c else "–"
+            rows.append([r.get("build", ""), f"{r['mib']:.0f}", r["ranks"], f"{r['rate_gbps']:g}", ms(r["step_s"]),
+                         f"{n.get('steps_per_s', 0):.2f}", f"{lz.get('steps_per_s', 0):.2f}", pct(lz),
+                         ms(lz.get("fence_wait_s", 0)), ms(lz.get("save_call_s", 0)),
+                         ms(lz.get("snapshot_s", 0)), ms(lz.get("local_s", 0)),
+                         f"{bl.get('steps_per_s', 0):.2f}", pct(bl)])
+        what = (f"`bench/run_every_step.sh`, {head.get('steps', '?')} steps × {head.get('reps', '?')} reps "
+                f"per mode, interleaved; load {head.get('load_before', '?')}")
+        out += [caption(name, what), ""]
+        out += table(["build", "MiB/rank", "np", "GB/s", "step", "no saves: steps/s", "lazy: steps/s",
+                      "lazy slowdown (np 1: ≤ 5 % at 1 GB/s, ≤ 25 % at 4)", "fence wait", "Save call",
+                      "copy", "local commit", "blocking: steps/s", "blocking slowdown"], rows,
+                     ["---"] + ["---:"] * 13)
+        out.append("")
+    return out
+
+
 def tiers_table():
     out = []
     for name, path in records("tiers-*.json.gz"):
@@ -277,6 +305,7 @@ SECTIONS = {
     "run": run_tables,
     "many": many_table,
     "stall": stall_table,
+    "every_step": every_step_table,
     "tiers": tiers_table,
     "ceiling": ceiling_table,
     "convert": convert_table,
