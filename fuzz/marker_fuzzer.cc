@@ -9,7 +9,9 @@
 //   - nothing is lost or reinterpreted: every field the parser read has the
 //     same JSON value in the input and in MarkerToJson of the result (so a
 //     float, a boolean or an out-of-range integer cannot pass for an int);
-//   - MarkerToJson of the result parses back to the same text.
+//   - MarkerToJson of the result parses back to the same text;
+//   - the optional preemption record is kept as read, its grace period not
+//     negative.
 // A violated property aborts with a message, which libFuzzer reports as a
 // crash and saves the input.
 //
@@ -61,6 +63,7 @@ void CheckValid(const Marker& m, const std::string& input) {
   if (m.files < 0 || m.files > m.world_size || (m.files > 0 && m.format_version < 3)) {
     Fail("accepted subfiles outside 1 to the world size, or before version 3", input);
   }
+  if (m.preemption && m.preemption->grace_ms < 0) Fail("accepted a negative grace period", input);
   for (size_t i = 0; i < m.arrays.size(); ++i) {
     const auto& a = m.arrays[i];
     if (!mhckpt::CheckArrayName(a.name).empty()) Fail("accepted a bad name", input);
@@ -127,6 +130,17 @@ void CheckLossless(const json& in, const json& out, const std::string& input) {
     for (const char* k : {"bytes", "checksum", "file"}) {
       if (in.at("index").at(k) != out.at("index").at(k)) {
         Fail(std::string("index field '") + k + "' changed in parsing", input);
+      }
+    }
+  }
+  // The optional preemption record: there in both or in neither, its fields unchanged.
+  if (in.contains("preemption") != out.contains("preemption")) {
+    Fail("the preemption record appeared or vanished", input);
+  }
+  if (in.contains("preemption")) {
+    for (const char* k : {"notice_unix_ms", "grace_ms", "saved_after_ms"}) {
+      if (in.at("preemption").at(k) != out.at("preemption").at(k)) {
+        Fail(std::string("preemption field '") + k + "' changed in parsing", input);
       }
     }
   }
