@@ -724,8 +724,10 @@ class CheckpointManager {
   /// same step, once any rank has had a preemption notice (a signal of
   /// PreemptionOptions::signals, or NotifyPreemption), and at every later
   /// step; the caller then saves this step (ShouldSave says so too), waits
-  /// for it (WaitUntilFinished) and exits. A Save of the first such step
-  /// records the notice in its commit marker (StepDescription::preemption).
+  /// for it (WaitUntilFinished) and exits. A Save of the first such step,
+  /// called after this call (or ShouldSave) for it, records the notice in
+  /// its commit marker (StepDescription::preemption), and rank 0 logs "step
+  /// N saved for preemption: X s of a G s grace period".
   /// It does not block: each new step posts one small non-blocking
   /// allreduce and decides from the one posted at the previous step, which
   /// in lock-step training has completed long since (a few microseconds).
@@ -743,8 +745,9 @@ class CheckpointManager {
   /// to save `step` under the save policy of Options: a multiple of
   /// `save_interval_steps`, or, with `save_continuously`, when the previous
   /// save had finished on every rank and `min_save_interval_seconds` had
-  /// passed (as of the previous call, with no Save since), and always at the
-  /// first preemption step. The same answer on every rank.
+  /// passed (as of the previous call, with no Save since; at the first call
+  /// after Open, if no Save was made yet), and always at the first
+  /// preemption step. The same answer on every rank.
   Result<bool> ShouldSave(int64_t step);
 
   /// Collective, on the caller's thread. OK on every rank if `local` is OK on

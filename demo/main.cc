@@ -2,6 +2,12 @@
 //
 //   mpirun -np 4 build/bin/mhckpt-train-demo --dir /tmp/ckpt --steps 200
 //   mpirun -np 3 build/bin/mhckpt-train-demo --dir /tmp/ckpt --steps 400 --resume
+//   srun build/bin/mhckpt-train-demo --dir /ckpt --steps 100000 --preemption --grace 60
+//
+// With --preemption, SIGTERM or SIGUSR1 on any rank (Slurm: sbatch
+// --signal=USR1@60, or scancel --signal=USR1) stops every rank at the same
+// step, which is saved and committed before the demo exits 0, printing
+// "preempted at step N: saved in X s"; --resume continues from it.
 //
 // Prints the loss, each save's timings, and for every committed save and
 // every restore a line "fingerprint step=<S> <hex>" (demo/fingerprint.h) that
