@@ -28,6 +28,7 @@ from ._errors import (
 )
 from ._arrays import new_array as empty
 from ._manager import CheckpointManager, SaveFence
+from ._preemption import clear_preemption_notice, notify_preemption
 from ._shard import Shard
 
 __version__ = "0.1.0"
@@ -45,5 +46,7 @@ __all__ = [
     "SaveFence",
     "Shard",
     "UnsupportedError",
+    "clear_preemption_notice",
     "empty",
+    "notify_preemption",
 ]

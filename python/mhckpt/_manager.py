@@ -1,9 +1,9 @@
 """``mhckpt.CheckpointManager``: save and restore pytrees of training state."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from . import _core, _leaves, _pytree
+from . import _core, _leaves, _preemption, _pytree
 from ._errors import DataLossError, Error, InvalidArgumentError, NotFoundError, rank_error
 from ._mpi import comm_handle, ensure_mpi, open_managers
 from ._plan import (
@@ -94,6 +94,32 @@ class CheckpointManager:
         next manager of this process opened with this set (at most one
         buffer is kept): for code that opens a manager per save, such as
         ``mhckpt.torch`` (a directory per ``checkpoint_id``).
+      preemption: install handlers for ``preemption_signals`` that record a
+        preemption notice (as :func:`mhckpt.notify_preemption` does) instead
+        of stopping the process; :meth:`reached_preemption` turns a notice on
+        any rank into one step, the same on every rank. False (the default):
+        no handler is installed, and notices come only from
+        ``notify_preemption``. A signal that has a Python handler (set with
+        ``signal.signal`` before the manager opens) keeps it: the notice is
+        recorded, then that handler is called. Any other handler of these
+        signals (the default action, or one installed outside Python, such as
+        JAX's preemption service's SIGTERM handler) is replaced and not
+        called until the manager closes, when it comes back. A handler set
+        with ``signal.signal`` while the manager is open replaces mhckpt's
+        (call :func:`mhckpt.notify_preemption` from it) and stays after
+        close.
+      preemption_signals: the signals of ``preemption`` (default SIGTERM and
+        SIGUSR1: Slurm's ``--signal=USR1@60`` and ``scancel --signal=USR1``,
+        a cloud VM's SIGTERM).
+      preemption_grace_seconds: the scheduler's grace period (notice to
+        kill), recorded with the preemption step (0: unknown).
+      save_interval_steps: :meth:`should_save` is True at multiples of this
+        (0: never by interval).
+      save_continuously: :meth:`should_save` is also True whenever the
+        previous save has finished on every rank and at least
+        ``min_save_interval_seconds`` have passed since the last ``save``
+        (Orbax's continuous checkpointing).
+      min_save_interval_seconds: with ``save_continuously``.
 
     Use it as a context manager: leaving the block waits for pending saves
     and closes the manager (collective).
@@ -131,6 +157,12 @@ class CheckpointManager:
         node_id: Optional[int] = None,
         reserve: Any = None,
         carry_staging_over: bool = False,
+        preemption: bool = False,
+        preemption_signals: Sequence[int] = _preemption.DEFAULT_SIGNALS,
+        preemption_grace_seconds: float = 0.0,
+        save_interval_steps: int = 0,
+        save_continuously: bool = False,
+        min_save_interval_seconds: float = 0.0,
     ):
         handle = comm_handle(comm)
         ensure_mpi()
@@ -168,9 +200,22 @@ class CheckpointManager:
         o.persistent_deadline_seconds = persistent_deadline_seconds
         o.node_id = -1 if node_id is None else node_id
         o.carry_staging_over = carry_staging_over
+        core_signals: List[int] = []
+        chained: Dict[int, Any] = {}
+        if preemption:
+            core_signals, chained = _preemption.split_signals(preemption_signals)
+        o.preemption_enabled = bool(core_signals)
+        o.preemption_signals = core_signals
+        o.preemption_grace_seconds = preemption_grace_seconds
+        o.save_interval_steps = save_interval_steps
+        o.save_continuously = save_continuously
+        o.min_save_interval_seconds = min_save_interval_seconds
         self._rank, self._size = _core.rank_and_size(handle)
         self._root = str(root)
+        self._signals = _preemption.PythonChain()
         self._impl = _core.Manager(handle, self._root, o)
+        self._signals.install(chained)
+        self._signals.note_core(core_signals)
         open_managers.add(self)
         if reserve is not None:
             self.reserve(reserve)
@@ -338,6 +383,48 @@ class CheckpointManager:
         """
         self._impl.wait()
 
+    # ------------------------------------------------------------- preemption
+
+    def reached_preemption(self, step: int) -> bool:
+        """True on every rank, at the same step, once any rank has had a
+        preemption notice (a signal of ``preemption_signals`` with
+        ``preemption=True``, or :func:`mhckpt.notify_preemption`), and at
+        every later step. The loop then saves this step, waits for it
+        (:meth:`wait_until_finished`) and exits::
+
+            for step in range(start, steps):
+                state = train_step(state, next(data))
+                if mgr.should_save(step):           # True at the preemption step too
+                    mgr.save(step, state)
+                if mgr.reached_preemption(step):
+                    mgr.wait_until_finished()
+                    break
+
+        Collective: called once per training step by every rank with the same
+        step, in the same order as the other collective calls. It does not
+        block: each new step starts a small non-blocking allreduce and
+        decides from the one started at the previous step, so a notice that
+        arrives during step s is acted on at step s+1 or s+2 (the first step
+        after the manager opens never reports one). A second call for the
+        same step (``should_save`` and then this) returns the first's
+        answer. The GIL is released while it waits for the previous round.
+
+        Raises InvalidArgumentError on every rank, one step late, if the
+        ranks called with different steps.
+        """
+        return self._impl.reached_preemption(int(step))
+
+    def should_save(self, step: int) -> bool:
+        """Whether to save ``step`` under the manager's save policy: a
+        multiple of ``save_interval_steps``, or, with ``save_continuously``,
+        when the previous save had finished on every rank and
+        ``min_save_interval_seconds`` had passed (as of the previous step's
+        round, with no ``save`` since), and always at the first step
+        :meth:`reached_preemption` is True at. The same answer on every rank.
+        Collective, as :meth:`reached_preemption` (with which it shares the
+        step's round)."""
+        return self._impl.should_save(int(step))
+
     # -------------------------------------------------------------- catalogue
 
     def all_steps(self) -> List[int]:
@@ -359,8 +446,13 @@ class CheckpointManager:
 
         Returns a dict with ``step``, ``format_version``, ``world_size`` (at save),
         ``total_bytes``, ``arrays`` (name -> dtype, shape, replicated,
-        boxes), ``values`` (the non-array leaves) and ``metadata`` (the
-        ``metadata`` argument of ``save``). Raises NotFoundError if the step
+        boxes), ``values`` (the non-array leaves), ``metadata`` (the
+        ``metadata`` argument of ``save``) and ``preemption``: None, or for
+        the step saved at the agreed preemption step (see
+        :meth:`reached_preemption`) a dict of ``notice_unix_ms`` (when the
+        earliest rank got the notice, Unix ms), ``grace_seconds``
+        (``preemption_grace_seconds``, 0: unknown) and
+        ``saved_after_seconds`` (from the notice to the commit). Raises NotFoundError if the step
         is not committed, DataLossError if its marker is damaged.
         """
         return decode_description(self._impl.describe(int(step)))
@@ -545,6 +637,8 @@ class CheckpointManager:
         :meth:`wait_until_finished` first to see them."""
         if getattr(self, "_impl", None) is not None and not self._impl.closed():
             self._impl.close()
+        if getattr(self, "_signals", None) is not None:
+            self._signals.restore()
         open_managers.discard(self)
 
     def __enter__(self) -> "CheckpointManager":

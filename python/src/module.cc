@@ -5,7 +5,8 @@
 //     ArrayToSave / ArrayToRestore, taking each buffer by pointer through the
 //     buffer protocol or DLPack (nanobind's ndarray), with no copy;
 //   - releases the GIL around every call that blocks (save's snapshot,
-//     restore, wait, verify, close);
+//     restore, wait, verify, close, and the per-step rounds of
+//     reached_preemption and should_save, which may wait for a rank behind);
 //   - turns a non-OK Status into the mhckpt exception for its code.
 #include <mpi.h>
 #include <nanobind/nanobind.h>
@@ -307,6 +308,15 @@ nb::dict DescriptionToDict(const StepDescription& m) {
   d["total_bytes"] = m.total_bytes;
   d["arrays"] = arrays;
   d["user_metadata"] = m.user_metadata;
+  if (m.preemption) {
+    nb::dict p;
+    p["notice_unix_ms"] = m.preemption->notice_unix_ms;
+    p["grace_seconds"] = m.preemption->grace_seconds;
+    p["saved_after_seconds"] = m.preemption->saved_after_seconds;
+    d["preemption"] = p;
+  } else {
+    d["preemption"] = nb::none();
+  }
   return d;
 }
 
@@ -482,6 +492,15 @@ class PyManager {
     return step;
   }
 
+  // Collective, without the GIL: completing the previous step's round may
+  // wait for a rank that is behind.
+  bool ReachedPreemption(int64_t step) {
+    return Decide(step, [](CheckpointManager& mgr, int64_t s) { return mgr.ReachedPreemption(s); });
+  }
+  bool ShouldSave(int64_t step) {
+    return Decide(step, [](CheckpointManager& mgr, int64_t s) { return mgr.ShouldSave(s); });
+  }
+
   uint64_t Verify(int64_t step) {
     uint64_t bytes = 0;
     Blocking([&](CheckpointManager& mgr) { return mgr.Verify(step, &bytes); });
@@ -527,6 +546,17 @@ class PyManager {
       s = call(mgr);
     }
     Check(s);
+  }
+
+  template <typename F>
+  bool Decide(int64_t step, F&& call) {
+    bool out = false;
+    Blocking([&](CheckpointManager& mgr) {
+      Result<bool> r = call(mgr, step);
+      if (r.ok()) out = *r;
+      return r.status();
+    });
+    return out;
   }
 
   // This rank's Status: the Python layer's error, else the conversion's.
@@ -657,6 +687,9 @@ NB_MODULE(_core, m) {
   });
   m.def("rank_and_size", &WorldRankSize, nb::arg("comm").none());
   m.def("thread_level", &ThreadLevel);
+  // Async-signal-safe in C++; from Python, any thread (it takes no lock).
+  m.def("notify_preemption", [] { NotifyPreemption(); });
+  m.def("clear_preemption_notice", [] { ClearPreemptionNotice(); });
 
   nb::class_<Options>(m, "Options")
       .def(nb::init<>())
@@ -689,6 +722,18 @@ NB_MODULE(_core, m) {
       .def_rw("carry_staging_over", &Options::carry_staging_over)
       .def_prop_rw("data_path", &DataPathName, &SetDataPath)
       .def_prop_rw(
+          "preemption_enabled", [](const Options& o) { return o.preemption.enabled; },
+          [](Options& o, bool on) { o.preemption.enabled = on; })
+      .def_prop_rw(
+          "preemption_signals", [](const Options& o) { return o.preemption.signals; },
+          [](Options& o, std::vector<int> signals) { o.preemption.signals = std::move(signals); })
+      .def_prop_rw(
+          "preemption_grace_seconds", [](const Options& o) { return o.preemption.grace_seconds; },
+          [](Options& o, double s) { o.preemption.grace_seconds = s; })
+      .def_rw("save_interval_steps", &Options::save_interval_steps)
+      .def_rw("save_continuously", &Options::save_continuously)
+      .def_rw("min_save_interval_seconds", &Options::min_save_interval_seconds)
+      .def_prop_rw(
           "collective_transfer",
           [](const Options& o) { return o.transfer == Transfer::kCollective; },
           [](Options& o, bool collective) {
@@ -709,6 +754,8 @@ NB_MODULE(_core, m) {
       .def("restore", &PyManager::Restore)
       .def("restore_latest", &PyManager::RestoreLatest)
       .def("verify", &PyManager::Verify)
+      .def("reached_preemption", &PyManager::ReachedPreemption, nb::arg("step"))
+      .def("should_save", &PyManager::ShouldSave, nb::arg("step"))
       .def("steps", &PyManager::Steps)
       .def("tiers", &PyManager::Tiers)
       .def("latest", &PyManager::Latest)

@@ -78,6 +78,15 @@ def comm():
     return MPI.COMM_WORLD
 
 
+@pytest.fixture(autouse=True)
+def _no_preemption_notice():
+    """A preemption notice is the process's (mhckpt.notify_preemption, or a
+    signal of a manager's preemption_signals): forgotten after each test, so
+    that it reaches no manager of the next one."""
+    yield
+    mhckpt.clear_preemption_notice()
+
+
 @pytest.fixture(scope="session")
 def shared_dir(comm) -> Iterator[str]:
     """A directory that every rank sees: made by rank 0 under $MHCKPT_TEST_DIR

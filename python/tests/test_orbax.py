@@ -190,7 +190,7 @@ def test_unsupported_features_raise(comm, jd, root):
             mngr.save(0, args=ocp.args.StandardSave(x, save_args=save_args))
         with pytest.raises(U, match="custom_metadata"):
             mngr.save(0, args=ocp.args.StandardSave(x), custom_metadata={"a": 1})
-        for method in ("delete", "best_step", "reached_preemption", "item_metadata"):
+        for method in ("delete", "best_step", "item_metadata"):
             with pytest.raises(U, match=method):
                 getattr(mngr, method)(0)
         assert mngr.all_steps() == []

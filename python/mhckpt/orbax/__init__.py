@@ -28,13 +28,14 @@ made by every process in the same order, as with Orbax.
 """
 from __future__ import annotations
 
-# The modules: _options (CheckpointManagerOptions), _handlers (SaveArgs,
+# The modules: _options (CheckpointManagerOptions), checkpoint_managers (the
+# save decision policies), _handlers (SaveArgs,
 # RestoreArgs, the handlers), _trees (pytree helpers), _store (the items of a
 # step in mhckpt and the metadata recording them), _checkpointer (the
 # checkpointers), _checkpoint_manager (CheckpointManager). Names importable
 # from here that are not in __all__ stay so (the errors, DEFAULT_ITEM_NAME).
 from .._errors import InvalidArgumentError, NotFoundError, UnsupportedError  # noqa: F401
-from . import args, checkpoint_utils
+from . import args, checkpoint_managers, checkpoint_utils
 from ._checkpoint_manager import CheckpointManager, StepAlreadyExistsError
 from ._checkpointer import AsyncCheckpointer, Checkpointer, PyTreeCheckpointer, StandardCheckpointer
 from ._common import DEFAULT_ITEM_NAME, unsupported  # noqa: F401
@@ -68,5 +69,6 @@ __all__ = [
     "StepAlreadyExistsError",
     "UnsupportedError",
     "args",
+    "checkpoint_managers",
     "checkpoint_utils",
 ]

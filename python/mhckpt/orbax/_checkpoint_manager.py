@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import signal
 from collections.abc import Mapping
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -14,6 +15,7 @@ from ._handlers import kind_of
 from ._options import check_options
 from ._store import METRICS_KEY, Store
 from .args import Composite
+from .checkpoint_managers import Facts, compile_policy, default_policy
 
 
 class StepAlreadyExistsError(ValueError):
@@ -32,6 +34,17 @@ class CheckpointManager:
       item_names: the names of the items a step holds (then ``save`` takes
         ``args.Composite``).
       comm: an mpi4py communicator (default: MPI's world); not in Orbax.
+      preemption_signals: the signals that are preemption notices for
+        :meth:`reached_preemption` while the manager is open (default
+        SIGTERM, the one JAX's preemption service listens to; Slurm's
+        ``--signal=USR1@60`` wants SIGUSR1 here). Their handlers in place
+        before are not called meanwhile, except one the program set with
+        ``signal.signal``, which is called after the notice is recorded
+        (:class:`mhckpt.CheckpointManager`'s ``preemption``). None or ():
+        no handler; notices come from :func:`mhckpt.notify_preemption`
+        only. Not in Orbax.
+      preemption_grace_seconds: the scheduler's grace period, recorded with
+        the preemption step (0: unknown). Not in Orbax.
 
     ``metadata``, ``item_handlers``, ``logger`` and ``handler_registry``
     raise UnsupportedError when given.
@@ -39,7 +52,8 @@ class CheckpointManager:
 
     def __init__(self, directory: Any, checkpointers: Any = None, options: Any = None, metadata: Any = None,
                  item_names: Optional[Sequence[str]] = None, item_handlers: Any = None, logger: Any = None,
-                 handler_registry: Any = None, *, comm: Any = None):
+                 handler_registry: Any = None, *, comm: Any = None,
+                 preemption_signals: Any = (signal.SIGTERM,), preemption_grace_seconds: float = 0.0):
         for arg, v in (("metadata", metadata), ("item_handlers", item_handlers), ("logger", logger),
                        ("handler_registry", handler_registry)):
             if v is not None:
@@ -71,12 +85,22 @@ class CheckpointManager:
         else:
             self._item_names = None
         timeout = o.async_options.timeout_secs if o.async_options is not None else 3600.0
+        if o.save_decision_policy is not None:
+            self._decide, continuous = compile_policy(o.save_decision_policy)
+        else:
+            self._decide = default_policy(o.save_interval_steps, o.save_on_steps, o.should_save_fn)
+            continuous = None
+        signals = tuple(preemption_signals or ())
         self._mgr = _Manager(
             str(self._directory), comm, max_to_keep=o.max_to_keep or 0, keep_period=o.keep_period or 0,
             async_save=async_save, own_root=not o.read_only, collective_timeout_seconds=float(timeout),
+            preemption=bool(signals), preemption_signals=signals,
+            preemption_grace_seconds=float(preemption_grace_seconds),
+            save_continuously=continuous is not None, min_save_interval_seconds=continuous or 0.0,
         )
         self._store = Store(self._mgr)
         self._pending: Optional[int] = None  # the last step saved, until it is seen committed
+        self._preemption_step: Optional[int] = None  # the agreed one, once reached
 
     # --------------------------------------------------------------- catalogue
 
@@ -100,21 +124,60 @@ class CheckpointManager:
 
     def should_save(self, step: int) -> bool:
         """True if ``step`` is newer than the latest step and the options'
-        interval (``save_interval_steps``, ``save_on_steps``,
-        ``should_save_fn``) asks for it, or no step was saved yet."""
-        o = self._options
-        if o.read_only:
+        policy asks for it: ``save_decision_policy``, or else Orbax's default
+        one (``should_save_fn``; or ``save_interval_steps``,
+        ``save_on_steps``, or no step saved yet), and, unless a
+        ``save_decision_policy`` leaves it out, the preemption step
+        (:meth:`reached_preemption`).
+
+        Collective, as Orbax's with a preemption service or a continuous
+        policy: every process calls it (or ``save``, which calls it, or
+        :meth:`reached_preemption`) with the same step, once per step or
+        more; the answer is the same on every process."""
+        if self._options.read_only:
             return False
+        step = int(step)
+        continuous = self._mgr.should_save(step)  # the step's round, on every process
+        preemption = self.reached_preemption(step)
         last = self.latest_step()
         if last is not None and last >= step:
             return False
-        if o.should_save_fn is not None:
-            return bool(o.should_save_fn(step, last))
-        if last is None:
-            return True
-        if o.save_interval_steps and step % o.save_interval_steps == 0:
-            return True
-        return o.save_on_steps is not None and step in set(o.save_on_steps)
+        return self._decide(Facts(step=step, last=last, preemption=preemption, continuous=continuous))
+
+    def reached_preemption(self, step: int) -> bool:
+        """True at the step every process agrees to save at after a
+        preemption notice on any of them (a signal of ``preemption_signals``,
+        or :func:`mhckpt.notify_preemption`), as JAX's preemption sync point:
+        at that step only. The loop saves it (``should_save`` is True there)
+        and exits::
+
+            for step in range(start, steps):
+                state = train_step(state)
+                mngr.save(step, args=ocp.args.StandardSave(state))
+                if mngr.reached_preemption(step):
+                    mngr.wait_until_finished()
+                    break
+
+        Collective: every process calls it (or ``should_save``, or ``save``)
+        with the same step, in order. It does not block: a notice that
+        arrives during step s is agreed at step s+1 or s+2
+        (:meth:`mhckpt.CheckpointManager.reached_preemption`)."""
+        step = int(step)
+        reached = self._mgr.reached_preemption(step)
+        if reached and self._preemption_step is None:
+            self._preemption_step = step
+        return reached and step == self._preemption_step
+
+    def is_saving_in_progress(self) -> bool:
+        """Whether the last save started is still being written (local): it
+        is not yet committed in the directory. A save that failed counts as
+        in progress until :meth:`wait_until_finished` raises its failure."""
+        if self._pending is None:
+            return False
+        if self._pending in self._mgr.all_steps():
+            self._pending = None
+            return False
+        return True
 
     # ------------------------------------------------------------------ saving
 
@@ -275,8 +338,6 @@ class CheckpointManager:
     delete = _unsupported_method("delete", "old steps go by max_to_keep and keep_period")
     item_metadata = _unsupported_method("item_metadata", "mhckpt.CheckpointManager.describe(step) tells it")
     metadata = _unsupported_method("metadata")
-    reached_preemption = _unsupported_method("reached_preemption")
-    is_saving_in_progress = _unsupported_method("is_saving_in_progress")
     del _unsupported_method
 
     def close(self) -> None:

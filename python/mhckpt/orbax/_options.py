@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any, Callable, Optional, Sequence
 
 from ._common import unsupported
+from .checkpoint_managers import compile_policy
 
 
 @dataclasses.dataclass
@@ -33,7 +34,8 @@ class CheckpointManagerOptions:
     """Orbax's ``CheckpointManagerOptions``, field for field.
 
     Supported: ``save_interval_steps``, ``save_on_steps``, ``should_save_fn``,
-    ``max_to_keep``, ``keep_period``, ``read_only``, ``create``,
+    ``save_decision_policy`` (the policies of :mod:`mhckpt.orbax.checkpoint_managers`
+    or Orbax's own, continuous checkpointing included), ``max_to_keep``, ``keep_period``, ``read_only``, ``create``,
     ``enable_async_checkpointing``, ``async_options.timeout_secs``,
     ``prevent_write_metrics``, and fields that change only how Orbax does its
     own bookkeeping (``cleanup_tmp_directories``: mhckpt always removes
@@ -92,7 +94,6 @@ _UNSUPPORTED_OPTIONS = {
     "step_name_format": "mhckpt names step directories itself",
     "todelete_subdir": "old steps are deleted, not moved",
     "todelete_full_path": "old steps are deleted, not moved",
-    "save_decision_policy": "use save_interval_steps, save_on_steps or should_save_fn",
     "preservation_policy": "use max_to_keep and keep_period",
     "temporary_path_class": "mhckpt commits with its own marker",
     "atomicity_options": "mhckpt commits with its own marker",
@@ -140,4 +141,10 @@ def check_options(o: Any) -> CheckpointManagerOptions:
     out = CheckpointManagerOptions(**values)
     if out.save_interval_steps is not None and out.save_interval_steps < 0:
         raise ValueError("save_interval_steps must be >= 0")
+    if out.save_decision_policy is not None:
+        _, continuous = compile_policy(out.save_decision_policy)  # raises for what is not supported
+        if continuous is not None and not out.enable_should_save_is_saving_in_progress_check:
+            raise unsupported("ContinuousCheckpointingPolicy with "
+                              "enable_should_save_is_saving_in_progress_check=False",
+                              "a continuous save waits for the previous one to finish on every process")
     return out
