@@ -20,6 +20,22 @@ are equal, bit for bit, whatever the process counts.
 
 ``--naive-async`` swaps mhckpt for a small lazy writer that makes the seed's
 mistake and fails with JAX's "Array has been deleted".
+
+Saving at every step, and preemption (a scheduler's notice: Slurm's
+``--signal=USR1@60``, a spot VM's SIGTERM):
+
+    mpirun -np 2 python jax_train.py --ckpt /tmp/run3 --steps 1000 --save-every 1 --lazy \
+        --local-dir /dev/shm/run3 --persistent-every 100 --preemption --grace 60
+
+``--save-every 1 --lazy`` saves every step while the next batch loads;
+``--local-dir`` keeps those saves in node-local memory, and every
+``--persistent-every``-th in ``--ckpt``. ``--preemption`` turns SIGTERM and
+SIGUSR1 into a notice: the processes agree on a step one or two steps later
+(``reached_preemption``), save it to ``--ckpt`` (not only the local tier: the
+nodes may not come back), wait for its commit, print "preempted at step N"
+and exit 0; ``--resume`` goes on from it at any process count.
+``--preempt-at STEP`` sends the last process a SIGUSR1 during that step, as a
+scheduler would (for tests).
 """
 from __future__ import annotations
 
@@ -28,6 +44,7 @@ import functools
 import hashlib
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -64,7 +81,19 @@ def parse_args() -> argparse.Namespace:
                    help="use the lazy background writer of the seed bug instead of mhckpt")
     p.add_argument("--port", type=int, default=12355, help="port of JAX's coordinator on 127.0.0.1")
     p.add_argument("--fingerprint", help="process 0 writes the fingerprints here (JSON)")
-    return p.parse_args()
+    p.add_argument("--local-dir", help="the local tier: a node-local directory (e.g. under /dev/shm)")
+    p.add_argument("--persistent-every", type=int, default=1,
+                   help="with --local-dir: every Nth save also goes to --ckpt")
+    p.add_argument("--preemption", action="store_true",
+                   help="SIGTERM and SIGUSR1 are preemption notices: save the agreed step and exit")
+    p.add_argument("--grace", type=float, default=0.0,
+                   help="with --preemption: the scheduler's grace period in seconds, for the record")
+    p.add_argument("--preempt-at", type=int,
+                   help="with --preemption: the last process gets a SIGUSR1 during this step")
+    args = p.parse_args()
+    if args.preempt_at is not None and not args.preemption:
+        p.error("--preempt-at needs --preemption")
+    return args
 
 
 # ------------------------------------------------------------------- the model
@@ -220,10 +249,14 @@ def main() -> None:
         ckpt = NaiveAsyncCheckpointer(args.ckpt)
     else:
         # Collective over MPI's world: every process opens the same directory.
-        ckpt = mhckpt.CheckpointManager(args.ckpt, max_to_keep=2)
+        # The save policy: every --save-every steps, and the preemption step.
+        ckpt = mhckpt.CheckpointManager(
+            args.ckpt, max_to_keep=2, local_dir=args.local_dir, persistent_every=args.persistent_every,
+            save_interval_steps=args.save_every, preemption=args.preemption,
+            preemption_grace_seconds=args.grace)
 
     with ckpt:
-        start, position = 0, 0
+        start, position, preempted = 0, 0, False
         if args.resume:
             step = ckpt.latest_step()
             if step is None:
@@ -248,16 +281,33 @@ def main() -> None:
             state = init_state(shardings)
 
         for step in range(start, args.steps):
-            fence = None
-            if step % args.save_every == 0 and not (args.resume and step == start):
+            fence, preempted = None, False
+            if args.naive_async:
+                save_now = step % args.save_every == 0
+            else:
+                if step == args.preempt_at and rank == nproc - 1:
+                    os.kill(os.getpid(), signal.SIGUSR1)  # as a scheduler would, to one process
+                # Collective, once per step, without blocking: the same answers everywhere.
+                save_now = ckpt.should_save(step)
+                preempted = ckpt.reached_preemption(step)
+            if save_now and not (args.resume and step == start):
                 saved = {"state": state, "step": step, "data": {"position": position}}
                 report["saved"] = fingerprint(saved)  # before the arrays go away
-                if args.lazy:
+                # The preemption step goes to --ckpt too: the nodes may not come back.
+                kw = {"tier": "persistent"} if preempted and args.local_dir else {}
+                if args.lazy and not preempted:
                     # Returns before copying: the copy runs while the batch loads.
-                    fence = ckpt.save(step, saved, lazy=True)
+                    fence = ckpt.save(step, saved, lazy=True, **kw)
                 else:
-                    ckpt.save(step, saved)  # returns once copied: the write goes on in the background
+                    ckpt.save(step, saved, **kw)  # returns once copied: the write goes on
                 log(f"step {step}: save started")
+            if preempted:
+                t = time.perf_counter()
+                ckpt.wait_until_finished()  # committed on every process (or raises)
+                record = ckpt.describe(step)["preemption"]
+                log(f"preempted at step {step}: saved in {time.perf_counter() - t:.3f} s "
+                    f"({record['saved_after_seconds']:.3f} s after the notice)")
+                break
 
             x, y = batch_at(position, replicated)
             position += BATCH
@@ -271,7 +321,8 @@ def main() -> None:
             log(f"step {step}: loss {float(loss):.6f}")
 
         ckpt.wait_until_finished()  # the last save is committed (or raises)
-    log(f"done: {args.steps} steps on {nproc} processes")
+    if not preempted:
+        log(f"done: {args.steps} steps on {nproc} processes")
 
     if args.fingerprint and rank == 0:
         with open(args.fingerprint, "w") as f:

@@ -109,6 +109,26 @@ def test_jax_resume_at_other_process_counts(tmp_path):
                      first_args=["--lazy"])
 
 
+def test_jax_preemption_then_resume(tmp_path):
+    """Saves at every step, lazily, into a local tier (every 4th also to the
+    root); a SIGUSR1 to one process during step 5: both agree on step 6 or
+    7, save it to the root and exit 0; a job of 3 resumes from it, bit for
+    bit."""
+    pytest.importorskip("jax")
+    ckpt, first, second = tmp_path / "ckpt", tmp_path / "save.json", tmp_path / "resume.json"
+    out = run_ok("jax_train.py", 2, "--ckpt", str(ckpt), "--steps", "40", "--save-every", "1", "--lazy",
+                 "--local-dir", str(tmp_path / "local"), "--persistent-every", "4",
+                 "--preemption", "--grace", "30", "--preempt-at", "5", "--fingerprint", str(first))
+    saved = json.loads(first.read_text())["saved"]
+    step = saved["step"]
+    assert step in (6, 7) and f"preempted at step {step}: saved in" in out, out[-4000:]
+    assert "done: 40 steps" not in out
+    out = run_ok("jax_train.py", 3, "--ckpt", str(ckpt), "--steps", str(step + 2), "--resume",
+                 "--fingerprint", str(second))
+    assert f"restored step {step} on 3" in out, out[-4000:]
+    assert json.loads(second.read_text())["restored"] == saved
+
+
 def test_jax_naive_async_writer_reads_deleted_arrays(tmp_path):
     """The loop that passes with mhckpt above, with a lazy writer instead."""
     pytest.importorskip("jax")
