@@ -192,3 +192,61 @@ def test_restore(comm, reshard_dir, source_size, jax_dist, torch_dist):
     assert out["torch"]["param"] is target["torch"]["param"] and out["torch"]["param"].requires_grad
     all_equal_bytes(comm, torch_local(out["torch"]["param"]), data("torch/param"), "torch/param")
     assert out["values"]["saved_at"] == source_size
+
+
+# A step saved at a preemption notice (test_preemption.py has the agreement
+# itself): saved at N ranks in PATH/preempted_fromN, restored at M.
+PREEMPTED = {"p/rows": ((17, 5), "float32"), "p/rep": ((6,), "int32")}
+
+
+def preempted_data(name):
+    shape, dtype = PREEMPTED[name]
+    return pattern("reshard/" + name, shape, dtype)
+
+
+def test_save_preempted(comm, reshard_dir):
+    mode, path = reshard_dir
+    if mode != "save":
+        pytest.skip("this job restores")
+    n, rank = comm.size, comm.rank
+    root = os.path.join(path, f"preempted_from{n}")
+    if rank == 0:
+        shutil.rmtree(root, ignore_errors=True)
+    comm.Barrier()
+    with mhckpt.CheckpointManager(root, save_interval_steps=1000, preemption_grace_seconds=60) as mgr:
+        for step in range(1, 20):
+            if step == 4 and rank == n - 1:
+                mhckpt.notify_preemption()  # one rank's notice
+            if mgr.should_save(step):
+                state = {"p": {"rows": shard_of_preempted("p/rows", rank, n), "rep": preempted_data("p/rep")}}
+                mgr.save(step, state, metadata={"agreed": step})
+            if mgr.reached_preemption(step):
+                mgr.wait_until_finished()
+                break
+        assert mgr.all_steps() == [step] and step in (5, 6)
+        assert mgr.describe(step)["preemption"]["grace_seconds"] == 60
+
+
+def shard_of_preempted(name, rank, size):
+    full = preempted_data(name)
+    start, count = block(full.shape[0], rank, size)
+    return mhckpt.Shard(full[start:start + count], (start, 0), full.shape)
+
+
+def test_restore_preempted(comm, reshard_dir, source_size):
+    mode, path = reshard_dir
+    if mode != "restore":
+        pytest.skip("this job saves")
+    m, rank = comm.size, comm.rank
+    with mhckpt.CheckpointManager(os.path.join(path, f"preempted_from{source_size}")) as mgr:
+        step = mgr.latest_step()
+        d = mgr.describe(step)
+        assert d["metadata"] == {"agreed": step} and d["world_size"] == source_size
+        assert d["preemption"] is not None and d["preemption"]["grace_seconds"] == 60
+        target = {"p": {"rows": shard_of_preempted("p/rows", m - 1 - rank, m), "rep": None}}
+        target["p"]["rows"].local[...] = 0
+        out = mgr.restore(step, target)
+    start, count = block(17, m - 1 - rank, m)
+    all_equal_bytes(comm, out["p"]["rows"].local, preempted_data("p/rows")[start:start + count],
+                    f"p/rows from {source_size}")
+    all_equal_bytes(comm, out["p"]["rep"], preempted_data("p/rep"), f"p/rep from {source_size}")
