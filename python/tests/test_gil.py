@@ -19,7 +19,7 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from support import all_equal_bytes
+from support import all_equal_bytes, all_ok
 
 MIB = 1 << 20
 
@@ -96,3 +96,24 @@ def test_gil_released_during_blocking_calls(comm, mgr):
         assert advance >= max(3, 0.02 * rate * seconds), f"{call} held the GIL: {report}"
     assert results["verify"][2] == big.nbytes
     all_equal_bytes(comm, target, want, "restored after the GIL test")
+
+
+def test_gil_released_while_a_step_round_waits(comm, mgr):
+    """reached_preemption waits (MPI_Wait) for the previous step's round while
+    a rank is behind: the GIL is released meanwhile."""
+    if comm.size == 1:
+        pytest.skip("needs a rank that is behind")
+    assert not mgr.reached_preemption(1)
+    assert not mgr.reached_preemption(2)  # step 1's round completes everywhere
+    with Counter() as counter, no_timed_switches():
+        if comm.rank == 0:
+            time.sleep(0.3)  # behind: the others wait for its round of step 3
+            result = measure(counter, lambda: mgr.reached_preemption(3))
+            late = measure(counter, lambda: mgr.reached_preemption(4))
+        else:
+            result = measure(counter, lambda: mgr.reached_preemption(3))
+            late = measure(counter, lambda: mgr.reached_preemption(4))  # waits for rank 0's round 3
+    advance, seconds, answer = late
+    all_ok(comm, answer is False and result[2] is False, "no notice")
+    all_ok(comm, comm.rank == 0 or seconds > 0.1, f"did not wait: {late}")
+    all_ok(comm, comm.rank == 0 or advance >= 3, f"reached_preemption held the GIL while waiting: {late}")
