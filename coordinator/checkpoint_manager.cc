@@ -392,8 +392,11 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
   // the saves: a later save (blocking or lazy) can then never take the memory
   // this copy needs while the I/O thread, joining this copier before it runs
   // that later save, waits for it (a deadlock). Like a blocking save, this
-  // waits while the pool's budget is held by an earlier save.
-  Status staged = Guarded(where, [&] { return AcquireStaging(so, impl_->pool(), &job->snapshot); });
+  // waits while the pool's budget is held by an earlier save (with a local
+  // tier: while an earlier lazy save holds the rank's landing file,
+  // coordinator/local_landing.h, in which this copy then lands).
+  Status staged = Guarded(
+      where, [&] { return internal::AcquireLazyStaging(*impl_, so, &job->snapshot, &copies); });
   if (!staged.ok()) {
     copies.clear();  // no memory to copy into: the copier copies nothing
     if (job->local.ok()) job->local = staged;

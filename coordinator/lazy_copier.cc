@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <system_error>
 #include <thread>
@@ -12,7 +13,10 @@
 
 #include "base/fault.h"
 #include "base/guard.h"
+#include "base/log.h"
 #include "coordinator/manager_impl.h"
+#include "coordinator/rank_report.h"
+#include "io/marker.h"
 
 namespace mhckpt::internal {
 
@@ -48,6 +52,59 @@ std::vector<WriteWatch::Range> WatchRanges(const std::vector<SnapshotCopy>& copi
                                   rank, snapshot.arrays[c.array].name, BoxToString(c.box), step)});
   }
   return ranges;
+}
+
+namespace {
+
+// Places the boxes in the buffer array by array in name order (the plan's),
+// each array's boxes as staged.
+void OrderByName(Snapshot* snapshot, std::vector<SnapshotCopy>* copies) {
+  std::vector<size_t> order(snapshot->arrays.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return snapshot->arrays[a].name < snapshot->arrays[b].name;
+  });
+  size_t at = 0;
+  for (size_t i : order) {
+    for (StagedBox& b : snapshot->arrays[i].boxes) {
+      b.offset = at;
+      at += b.size;
+    }
+  }
+  for (SnapshotCopy& c : *copies) c.offset = snapshot->arrays[c.array].boxes[c.staged].offset;
+}
+
+}  // namespace
+
+Status AcquireLazyStaging(ManagerImpl& impl, const SnapshotOptions& options, Snapshot* snapshot,
+                          std::vector<SnapshotCopy>* copies) {
+  const LocalTier* local = impl.local_tier();
+  LandingFile* landing = local != nullptr ? local->landing() : nullptr;
+  if (landing == nullptr || snapshot->total_bytes == 0) {
+    return AcquireStaging(options, impl.pool(), snapshot);
+  }
+  OrderByName(snapshot, copies);
+  const uint64_t chunk_bytes = impl.options().checksum_chunk_bytes > 0
+                                   ? impl.options().checksum_chunk_bytes
+                                   : io::kChunkBytes;  // as the plan (coordinator/plan.h)
+  for (SnapshotCopy& c : *copies) {
+    if (c.memory != Memory::kHost || c.size == 0) continue;
+    io::MarkerBox b;
+    b.box = c.box;
+    b.chunk_rows = io::ChunkRows(c.box, snapshot->arrays[c.array].dtype, chunk_bytes);
+    c.hash_chunk_bytes = BoxChunkBytes(b, c.size);
+  }
+  Result<StagingBuffer> buffer =
+      landing->Acquire(snapshot->total_bytes, &snapshot->budget_wait_seconds);
+  if (!buffer.ok()) {
+    // No landing file (e.g. the local dir is full): staging from the pool;
+    // the local write reports what it finds.
+    Logger()->warn("mhckpt: rank {}: {}; staging in memory instead", options.rank,
+                   buffer.status().ToString());
+    return AcquireStaging(options, impl.pool(), snapshot);
+  }
+  snapshot->buffer = std::move(buffer).value();
+  return OkStatus();
 }
 
 bool LazyCopier::Start(std::shared_ptr<LazyCopier> copier) {

@@ -45,6 +45,18 @@ struct FenceState {
 std::vector<WriteWatch::Range> WatchRanges(const std::vector<SnapshotCopy>& copies,
                                            const Snapshot& snapshot, int rank, int64_t step);
 
+class ManagerImpl;  // coordinator/manager_impl.h
+
+/// A lazy save's staging, taken on the caller's thread in Save (as
+/// AcquireStaging, which it falls back to): with a local tier, the rank's
+/// landing file (coordinator/local_landing.h), the arrays' boxes placed in
+/// it in the order of the plan (by name), so that the local write can move
+/// the file into the step instead of writing it, and each host copy set to
+/// hash its box on the way in the chunks the plan will give it
+/// (Options::checksum_chunk_bytes), so that the write does not hash again.
+Status AcquireLazyStaging(ManagerImpl& impl, const SnapshotOptions& options, Snapshot* snapshot,
+                          std::vector<SnapshotCopy>* copies);
+
 class LazyCopier {
  public:
   struct Parts {

@@ -52,6 +52,7 @@ std::vector<int> LocalTier::Unprotected() const {
 
 Status LocalTier::Open(const Comm& comm, const Options& options) {
   nodes_ = Nodes::Discover(comm, options.node_id);
+  landing_ = std::make_unique<LandingFile>(dir(), comm.rank());
   redundancy_ = MakeLocalRedundancy(options, nodes_, store_.paths());
   const int rank = comm.rank();
   const bool leader = nodes_.leads(rank);
@@ -145,7 +146,7 @@ Status LocalTier::Open(const Comm& comm, const Options& options) {
 }
 
 Status LocalTier::Write(const Comm& comm, const io::Marker& plan, const StagedBoxFn& staged,
-                        std::vector<BoxSum>* sums) {
+                        std::vector<BoxSum>* sums, const KnownBoxFn& known) {
   const int rank = comm.rank();
   const int64_t step = plan.step;
   // 1. The step directory on every node: the spare, recycled (its files keep
@@ -165,6 +166,7 @@ Status LocalTier::Write(const Comm& comm, const io::Marker& plan, const StagedBo
   // 2. This rank's file, and those it receives.
   const WriterFiles files(plan);
   io::MappedFile own;
+  const std::byte* landed = nullptr;  // the landing file's mapping, moved into the step
   s = Guarded(fmt::format("rank {}: local write of step {}", rank, step), [&]() -> Status {
     std::vector<io::MappedFile::Piece> pieces;
     for (size_t ai = 0; ai < plan.arrays.size(); ++ai) {
@@ -177,13 +179,38 @@ Status LocalTier::Write(const Comm& comm, const io::Marker& plan, const StagedBo
                                       a.name, BoxToString(a.boxes[bi].box), rank));
         }
         if (!box.empty()) pieces.push_back({files.offset[ai][bi], box.data(), box.size()});
-        sums->push_back(BoxChecksums(a, ai, bi, box));
+        // Hashed by the copy, in the plan's chunks: not hashed again.
+        const StagedBox* k = known ? known(ai, bi) : nullptr;
+        if (k != nullptr && k->hashed_chunk_bytes > 0 && k->size == box.size() &&
+            k->hashed_chunk_bytes == BoxChunkBytes(a.boxes[bi], box.size())) {
+          sums->push_back(
+              {static_cast<uint32_t>(ai), static_cast<uint32_t>(bi), k->sum, k->chunks});
+        } else {
+          sums->push_back(BoxChecksums(a, ai, bi, box));
+        }
       }
     }
-    // Written (one copy, into pages the write allocates: a full tmpfs is
-    // ENOSPC here), then mapped to send.
-    MHCKPT_ASSIGN_OR_RETURN(
-        own, io::MappedFile::CreateByWrites(FilePath(step, rank), files.BytesOf(rank), pieces));
+    // The boxes staged in this rank's landing file, back to back as in the
+    // file: the landing file becomes the file (no copy; reserved in full
+    // when the save took it).
+    const uint64_t bytes = files.BytesOf(rank);
+    if (landing_ != nullptr && !pieces.empty()) {
+      const std::byte* base = pieces.front().data - pieces.front().offset;
+      uint64_t covered = 0;
+      bool in_place = true;
+      for (const io::MappedFile::Piece& p : pieces) {
+        in_place = in_place && p.data == base + p.offset;
+        covered += p.size;
+      }
+      if (in_place && covered == bytes && landing_->Take(base, bytes, FilePath(step, rank))) {
+        landed = base;
+        return fault::Hit("local_write");
+      }
+    }
+    // Otherwise written (one copy, into pages the write allocates: a full
+    // tmpfs is ENOSPC here), then mapped to send.
+    MHCKPT_ASSIGN_OR_RETURN(own,
+                            io::MappedFile::CreateByWrites(FilePath(step, rank), bytes, pieces));
     return fault::Hit("local_write");
   });
   std::unique_ptr<RedundancySave> exchange;
@@ -201,7 +228,7 @@ Status LocalTier::Write(const Comm& comm, const io::Marker& plan, const StagedBo
 
   // 3. The copies (or parity segments), point to point.
   std::vector<MPI_Request> requests;
-  exchange->Post(comm, {own.data(), files.BytesOf(rank)}, &requests);
+  exchange->Post(comm, {landed != nullptr ? landed : own.data(), files.BytesOf(rank)}, &requests);
   Comm::WaitAll(&requests);
   // The bytes of every file this rank wrote durable before its node's marker
   // (step 4; a no-op on a tmpfs): its own, then what it received.

@@ -31,7 +31,10 @@
 //   2. Each rank writes its own file (reserved in full first: a full tmpfs
 //      is an error here, not a SIGBUS later) from its planned boxes and
 //      hashes them, and maps what it receives (LocalRedundancy::BeginSave);
-//      one agreement.
+//      one agreement. A lazy save's boxes were copied into the rank's
+//      landing file (coordinator/local_landing.h), hashed on the way: when
+//      they lie there as in the file, the landing file is moved into the
+//      step directory instead, and nothing is copied or hashed here.
 //   3. Each rank sends its copies or parity segments and receives those it
 //      keeps (point to point); then it makes every file it wrote durable
 //      (fsync: a no-op on a tmpfs).
@@ -82,11 +85,13 @@
 #include "base/comm.h"
 #include "base/status.h"
 #include "coordinator/checkpoint_manager.h"
+#include "coordinator/local_landing.h"
 #include "coordinator/local_nodes.h"
 #include "coordinator/local_redundancy.h"
 #include "coordinator/local_store.h"
 #include "coordinator/rank_report.h"
 #include "io/marker.h"
+#include "worker/snapshot.h"
 
 namespace mhckpt::internal {
 
@@ -101,6 +106,10 @@ struct LocalStep {
 /// The staged bytes of planned box `box` of array `array`, or an empty span
 /// if this rank does not hold them.
 using StagedBoxFn = std::function<std::span<const std::byte>(size_t array, size_t box)>;
+/// The staged box that planned box `box` of array `array` is, whole, or
+/// null: its checksums may have been taken by the copy (StagedBox::
+/// hashed_chunk_bytes).
+using KnownBoxFn = std::function<const StagedBox*(size_t array, size_t box)>;
 
 class LocalTier {
  public:
@@ -116,10 +125,13 @@ class LocalTier {
 
   /// Collective, save steps 1-3 for `plan`: writes this rank's file from
   /// `staged` and exchanges copies; `sums` gets the checksums of the boxes
-  /// this rank wrote. Returns this rank's error (not agreed: step 4 reports
-  /// it), after taking part in every exchange it can.
+  /// this rank wrote (those `known` gives, hashed by the copy in the plan's
+  /// chunks, are not hashed again). Where the staged boxes are this rank's
+  /// landing file with the file's layout (landing()), the file is moved into
+  /// the step instead of written. Returns this rank's error (not agreed:
+  /// step 4 reports it), after taking part in every exchange it can.
   Status Write(const Comm& comm, const io::Marker& plan, const StagedBoxFn& staged,
-               std::vector<BoxSum>* sums);
+               std::vector<BoxSum>* sums, const KnownBoxFn& known = {});
   /// Collective, save steps 4 (after rank 0 filled and broadcast `marker`)
   /// and 5: the agreed outcome.
   Status Commit(const Comm& comm, const io::Marker& marker, const std::string& text);
@@ -146,6 +158,10 @@ class LocalTier {
   /// The local step `step`, or null (any thread).
   [[nodiscard]] std::shared_ptr<const LocalStep> Find(int64_t step) const;
 
+  /// This rank's landing file (coordinator/local_landing.h), the staging
+  /// memory of its lazy saves; null before Open.
+  [[nodiscard]] LandingFile* landing() const { return landing_.get(); }
+
   [[nodiscard]] const Nodes& nodes() const { return nodes_; }
   [[nodiscard]] const std::string& dir() const { return store_.paths().dir; }
   /// The paths of a local step's files on this node.
@@ -164,6 +180,7 @@ class LocalTier {
   LocalStore store_;                             // this node's dir (its lowest rank)
   std::unique_ptr<LocalRedundancy> redundancy_;  // from Open
   StepHolds holds_;                              // this rank's
+  std::unique_ptr<LandingFile> landing_;         // from Open
 
   mutable std::mutex mu_;
   std::map<int64_t, std::shared_ptr<const LocalStep>> view_;  // agreed

@@ -56,14 +56,18 @@ BoxSum BoxChecksums(const io::MarkerArray& a, size_t ai, size_t bi,
                     std::span<const std::byte> box) {
   const io::MarkerBox& b = a.boxes[bi];
   BoxSum sum{static_cast<uint32_t>(ai), static_cast<uint32_t>(bi), 0, {}};
-  size_t chunk_bytes = box.size();
+  sum.chunks.reserve(b.chunks.size());
+  sum.sum = ChecksumChunks(box.data(), box.size(), BoxChunkBytes(b, box.size()), &sum.chunks);
+  return sum;
+}
+
+size_t BoxChunkBytes(const io::MarkerBox& b, size_t box_bytes) {
+  size_t chunk_bytes = box_bytes;
   if (!b.box.count.empty() && b.box.count[0] > 0) {
-    chunk_bytes = box.size() / static_cast<size_t>(b.box.count[0]) *
+    chunk_bytes = box_bytes / static_cast<size_t>(b.box.count[0]) *
                   static_cast<size_t>(std::max<int64_t>(b.chunk_rows, 1));
   }
-  sum.chunks.reserve(b.chunks.size());
-  sum.sum = ChecksumChunks(box.data(), box.size(), std::max<size_t>(chunk_bytes, 1), &sum.chunks);
-  return sum;
+  return std::max<size_t>(chunk_bytes, 1);
 }
 
 // Rank 0: every (array, box) index that ranks reported lies inside the plan.

@@ -29,6 +29,10 @@ struct BoxSum {
 /// are `box`: of the whole box and of each of its chunks
 /// (io::MarkerBox::chunks), in one pass while the writer has the bytes at hand.
 BoxSum BoxChecksums(const io::MarkerArray& a, size_t ai, size_t bi, std::span<const std::byte> box);
+/// The bytes of each chunk BoxChecksums hashes planned box `b` in, whose
+/// bytes are `box_bytes` (a copy that hashed in these chunks gives the same
+/// checksums).
+size_t BoxChunkBytes(const io::MarkerBox& b, size_t box_bytes);
 
 std::string EncodeReport(const Status& s, const std::vector<BoxSum>& sums);
 

@@ -449,7 +449,15 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
           return FindStaged(job_.snapshot, it == staged.end() ? nullptr : it->second,
                             plan_.arrays[ai].boxes[bi].box);
         },
-        &sums);
+        &sums,
+        [&](size_t ai, size_t bi) -> const StagedBox* {
+          auto it = staged.find(plan_.arrays[ai].name);
+          if (it == staged.end()) return nullptr;
+          for (const StagedBox& b : it->second->boxes) {
+            if (b.box == plan_.arrays[ai].boxes[bi].box) return &b;
+          }
+          return nullptr;
+        });
     std::vector<std::string> reports = comm.GatherBytes(EncodeReport(mine, sums), 0);
     local_sums_ = std::move(sums);  // the shared root's commit reuses them
     io::Marker marker;

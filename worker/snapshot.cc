@@ -1,14 +1,101 @@
 #include "worker/snapshot.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <optional>
 #include <set>
+#include <system_error>
+#include <thread>
 
 #include <fmt/format.h>
 
+#include "base/checksum.h"
 #include "worker/copy.h"
+#include "worker/fault_guard.h"
 
 namespace mhckpt::internal {
 namespace {
+
+// Below this a thread costs more than it saves (as ParallelCopy).
+constexpr size_t kMinBytesPerThread = size_t{16} << 20;
+
+// Copies host box `c` to `dst` and hashes the copy on the way, a piece of
+// 256 KiB at a time while it is in cache (ChecksumChunks's sums, in chunks
+// of c.hash_chunk_bytes), into `out`. False if the source faulted (guarded).
+bool CopyAndHash(const SnapshotCopy& c, std::byte* dst, bool guarded, StagedBox* out) {
+  constexpr size_t kPiece = 256 << 10;
+  const auto* src = static_cast<const std::byte*>(c.src);
+  ChecksumStream whole, chunk;
+  out->chunks.clear();
+  size_t done = 0;
+  do {
+    const size_t n = std::min(c.hash_chunk_bytes, c.size - done);
+    chunk.Reset();
+    for (size_t k = 0; k < n; k += kPiece) {
+      const size_t m = std::min(kPiece, n - k);
+      if (!guarded) {
+        std::memcpy(dst + done + k, src + done + k, m);
+      } else if (!GuardedCopy(dst + done + k, src + done + k, m)) {
+        return false;
+      }
+      chunk.Update(dst + done + k, m);
+      whole.Update(dst + done + k, m);
+    }
+    out->chunks.push_back(chunk.Digest());
+    done += n;
+  } while (done < c.size);
+  out->sum = whole.Digest();
+  out->hashed_chunk_bytes = c.hash_chunk_bytes;
+  return true;
+}
+
+// The copies `which` of `copies` with CopyAndHash, whole boxes spread over
+// up to `threads` threads. Returns the index (into `copies`) of the first
+// copy whose source faulted, or nullopt.
+std::optional<size_t> CopyAndHashAll(const std::vector<SnapshotCopy>& copies,
+                                     const std::vector<size_t>& which, Snapshot& out,
+                                     const SnapshotOptions& options) {
+  size_t total = 0;
+  for (size_t i : which) total += copies[i].size;
+  const size_t n = std::clamp<size_t>(std::min(total / kMinBytesPerThread, which.size()), 1,
+                                      static_cast<size_t>(std::max(1, options.threads)));
+  // Largest boxes first, each to the least loaded thread.
+  std::vector<size_t> order = which;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return copies[a].size > copies[b].size; });
+  std::vector<std::vector<size_t>> share(n);
+  std::vector<size_t> load(n, 0);
+  for (size_t i : order) {
+    const size_t t = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    share[t].push_back(i);
+    load[t] += copies[i].size;
+  }
+  std::vector<size_t> bad(n, SIZE_MAX);
+  auto run = [&](size_t t) {
+    for (size_t i : share[t]) {
+      const SnapshotCopy& c = copies[i];
+      if (!CopyAndHash(c, out.buffer.data() + c.offset, options.guarded,
+                       &out.arrays[c.array].boxes[c.staged])) {
+        bad[t] = std::min(bad[t], i);
+        return;
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < n; ++t) {
+    try {
+      pool.emplace_back(run, t);
+    } catch (const std::system_error&) {
+      run(t);  // no thread to be had: this one copies the share itself
+    }
+  }
+  run(0);
+  for (std::thread& t : pool) t.join();
+  const size_t first = *std::min_element(bad.begin(), bad.end());
+  if (first == SIZE_MAX) return std::nullopt;
+  return first;
+}
 
 // Checks one shard of `a`; returns its byte size or the error.
 Result<size_t> CheckShard(const ArrayToSave& a, const Shard& s, int rank) {
@@ -117,9 +204,10 @@ Status PlanCopies(std::span<const ArrayToSave> arrays, int rank, Snapshot* out,
             a.name, rank, BoxToString(s.box))));
         continue;
       }
-      out->arrays.back().boxes.push_back(StagedBox{s.box, *total, *bytes});
+      out->arrays.back().boxes.push_back(StagedBox{s.box, *total, *bytes, 0, 0, {}});
       copies->push_back(SnapshotCopy{s.data, *total, *bytes, s.memory, s.device, s.stream,
                                      out->arrays.size() - 1, s.box});
+      copies->back().staged = out->arrays.back().boxes.size() - 1;
       *total += *bytes;
     }
   }
@@ -134,15 +222,17 @@ Status AboutBox(const Status& s, const SnapshotCopy& c, const Snapshot& out) {
 
 // Step 3: host boxes on several threads, device boxes through CUDA (after
 // `mark`'s events, for a lazy save).
-Status CopyBoxes(const std::vector<SnapshotCopy>& copies, const Snapshot& out,
+Status CopyBoxes(const std::vector<SnapshotCopy>& copies, Snapshot& out,
                  const SnapshotOptions& options, const CallerStreamMark* mark) {
   std::vector<CopyTask> host, device;
-  std::vector<size_t> host_index, device_index;
+  std::vector<size_t> host_index, device_index, hashed;
   for (size_t i = 0; i < copies.size(); ++i) {
     const SnapshotCopy& c = copies[i];
     CopyTask t{out.buffer.data() + c.offset, c.src, c.size, c.device, c.stream};
     if (c.size == 0) continue;
-    if (c.memory == Memory::kCuda) {
+    if (c.memory == Memory::kHost && c.hash_chunk_bytes > 0) {
+      hashed.push_back(i);
+    } else if (c.memory == Memory::kCuda) {
       device.push_back(t);
       device_index.push_back(i);
     } else {
@@ -152,10 +242,17 @@ Status CopyBoxes(const std::vector<SnapshotCopy>& copies, const Snapshot& out,
   }
   Status s;
   if (!device.empty() && mark == nullptr) s = CopyDeviceToHost(device);
+  std::optional<size_t> bad_hashed;
+  if (!hashed.empty()) bad_hashed = CopyAndHashAll(copies, hashed, out, options);
+  std::optional<size_t> bad_host;
   if (!options.guarded) {
     ParallelCopy(host, options.threads);
   } else if (std::optional<size_t> bad = ParallelGuardedCopy(host, options.threads)) {
-    const SnapshotCopy& c = copies[host_index[*bad]];
+    bad_host = host_index[*bad];
+  }
+  if (bad_hashed || bad_host) {
+    const SnapshotCopy& c =
+        copies[std::min(bad_hashed.value_or(SIZE_MAX), bad_host.value_or(SIZE_MAX))];
     return InvalidArgument(fmt::format(
         "array '{}', box {}: its memory was freed or made unreadable before the lazy save's "
         "copy of it ended (wait on the save's fence before freeing, donating or deleting a "

@@ -22,6 +22,12 @@ struct StagedBox {
   Box box;
   size_t offset = 0;  ///< into Snapshot::bytes
   size_t size = 0;    ///< bytes
+  /// Set by a copy that hashed the box on the way (SnapshotCopy::
+  /// hash_chunk_bytes): the chunk size, the box's checksum and its chunks'
+  /// (as ChecksumChunks gives them). 0: not hashed.
+  size_t hashed_chunk_bytes = 0;
+  uint64_t sum = 0;
+  std::vector<uint64_t> chunks;
 };
 
 /// An array as this rank described it, with its copied boxes.
@@ -60,6 +66,11 @@ struct SnapshotCopy {
   void* stream = nullptr;  ///< device memory: Shard::stream
   size_t array = 0;        ///< index into Snapshot::arrays, for messages
   Box box;
+  size_t staged = 0;  ///< index into Snapshot::arrays[array].boxes
+  /// A host box: > 0 hashes it on the way (one pass over the bytes: each
+  /// piece hashed while in cache), in chunks of this many bytes, into its
+  /// StagedBox.
+  size_t hash_chunk_bytes = 0;
 };
 
 /// Checks `arrays` locally (names, dtypes, boxes inside shapes, null

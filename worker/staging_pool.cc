@@ -57,6 +57,7 @@ StagingBuffer& StagingBuffer::operator=(StagingBuffer&& o) noexcept {
   if (this != &o) {
     Release();
     std::swap(pool_, o.pool_);
+    std::swap(owner_, o.owner_);
     std::swap(data_, o.data_);
     std::swap(size_, o.size_);
   }
@@ -65,8 +66,17 @@ StagingBuffer& StagingBuffer::operator=(StagingBuffer&& o) noexcept {
 
 StagingBuffer::~StagingBuffer() { Release(); }
 
+StagingBuffer StagingBuffer::Borrowed(std::byte* data, size_t size, std::shared_ptr<void> owner) {
+  StagingBuffer b;
+  b.owner_ = std::move(owner);
+  b.data_ = data;
+  b.size_ = size;
+  return b;
+}
+
 void StagingBuffer::Release() {
   if (pool_ != nullptr && data_ != nullptr) pool_->Return(data_);
+  owner_.reset();
   pool_ = nullptr;
   data_ = nullptr;
   size_ = 0;

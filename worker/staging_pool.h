@@ -33,6 +33,10 @@ class StagingBuffer {
   StagingBuffer& operator=(const StagingBuffer&) = delete;
   ~StagingBuffer();
 
+  /// Memory that is not the pool's (the local tier's landing file,
+  /// coordinator/local_landing.h): `owner` is let go when the buffer is.
+  static StagingBuffer Borrowed(std::byte* data, size_t size, std::shared_ptr<void> owner);
+
   [[nodiscard]] std::byte* data() const { return data_; }
   [[nodiscard]] size_t size() const { return size_; }
 
@@ -40,6 +44,7 @@ class StagingBuffer {
   friend class StagingPool;
   void Release();
   StagingPool* pool_ = nullptr;
+  std::shared_ptr<void> owner_;  // Borrowed's
   std::byte* data_ = nullptr;
   size_t size_ = 0;
 };

@@ -1,0 +1,82 @@
+// A rank's landing file in the local tier (coordinator/local_tier.h): the
+// staging memory of its lazy saves (CopyMode::kLazy) is a file of the node's
+// local dir, mapped, so that the lazy copy writes the bytes of the rank's
+// file of the local step (w<R>.bin) where that file will be: save step 2
+// then moves the landing file into the step directory (Take) instead of
+// writing the file from staging, and the copy is the only one.
+//
+// The file is "landing-r<R>.bin" in the local dir (not a step directory:
+// listings ignore it). Take exchanges it with the step's w<R>.bin that the
+// recycled spare kept (renameat2 RENAME_EXCHANGE), so that the landing file
+// is then the pages of a step dropped earlier, overwritten by the next save:
+// on a tmpfs no page is allocated or faulted once the files have gone round.
+// Mappings are kept per file (a few, unmapped when their file is deleted or
+// more files than that have been seen), so a file mapped once is not mapped
+// again when it comes back as the landing file.
+//
+// One save holds the landing file at a time, from Acquire (the caller's
+// thread, in Save) until Take moved it into a step, or until the staging
+// buffer Acquire returned is let go (the save ended without moving it, e.g.
+// its plan did not put the rank's boxes back to back as staged: the local
+// write then copies from the landing file as from staging). A later save's
+// Acquire waits until then, as the staging pool's budget makes it wait.
+//
+// A crash leaves the landing file behind: it holds no step, and the next
+// job's rank of that number overwrites it.
+#pragma once
+
+#include <sys/types.h>
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "worker/staging_pool.h"
+
+namespace mhckpt::internal {
+
+class LandingFile {
+ public:
+  /// The landing file of rank `rank` in local dir `dir`.
+  LandingFile(const std::string& dir, int rank);
+  ~LandingFile();
+  LandingFile(const LandingFile&) = delete;
+  LandingFile& operator=(const LandingFile&) = delete;
+
+  /// Caller's thread: waits until no save holds the landing file (the time
+  /// waited into `waited_seconds`), then sizes it to `bytes` (reserved in
+  /// full: a full tmpfs is IoError here, not SIGBUS in the copy) and returns
+  /// its mapping as a staging buffer, which lets the file go when destroyed
+  /// (unless Take moved it).
+  Result<StagingBuffer> Acquire(size_t bytes, double* waited_seconds);
+
+  /// I/O thread, save step 2: if [data, data + bytes) is the whole mapping
+  /// of the held landing file, moves that file to `path` (exchanged with
+  /// the file there, if any, which becomes the landing file) and lets the
+  /// next save acquire. False (nothing moved) otherwise, or if the file
+  /// system cannot exchange names. The mapping stays valid for the buffer
+  /// that Acquire returned.
+  bool Take(const std::byte* data, uint64_t bytes, const std::string& path);
+
+  [[nodiscard]] const std::string& path() const { return path_; }
+
+ private:
+  struct Mapped;
+  struct Lease;
+  void Release(uint64_t token);
+
+  const std::string path_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool held_ = false;
+  uint64_t token_ = 0;                         // the holder's
+  std::shared_ptr<Mapped> held_map_;           // the holder's mapping
+  std::vector<std::shared_ptr<Mapped>> maps_;  // kept mappings, oldest first
+};
+
+}  // namespace mhckpt::internal
