@@ -30,6 +30,7 @@ void FenceState::Complete(const Status& s) {
 }
 
 Status FenceState::Wait() {
+  if (shared) shared->Help();
   std::unique_lock<std::mutex> lock(mu);
   cv.wait(lock, [this] { return done; });
   return status;
@@ -109,6 +110,9 @@ Status AcquireLazyStaging(ManagerImpl& impl, const SnapshotOptions& options, Sna
 
 bool LazyCopier::Start(std::shared_ptr<LazyCopier> copier) {
   SaveJob* job = copier->job_;
+  // A caller waiting on the fence copies the boxes not yet taken itself.
+  copier->parts_.options.shared = std::make_shared<SharedCopies>();
+  copier->parts_.fence->shared = copier->parts_.options.shared;
   if (fault::Hit("copier_thread").ok()) {  // a test's stand-in for a refused thread
     try {
       job->copier = std::thread([copier] { copier->Copy(true); });

@@ -38,6 +38,9 @@ struct FenceState {
   std::condition_variable cv;
   bool done = false;
   Status status;
+  /// A lazy save's copies that Wait takes part in (at the caller's
+  /// priority) before it waits: worker/snapshot.h.
+  std::shared_ptr<SharedCopies> shared;
 };
 
 /// SaveOptions::protect_host: the host boxes of `copies` that a lazy save of

@@ -50,9 +50,25 @@ bool CopyAndHash(const SnapshotCopy& c, std::byte* dst, bool guarded, StagedBox*
   return true;
 }
 
-// The copies `which` of `copies` with CopyAndHash, whole boxes spread over
-// up to `threads` threads. Returns the index (into `copies`) of the first
-// copy whose source faulted, or nullopt.
+}  // namespace
+
+void SharedCopies::Help() {
+  const size_t n = count_.load(std::memory_order_acquire);
+  if (n == 0) return;
+  for (size_t k; (k = next_.fetch_add(1)) < n;) {
+    const bool ok = copy_one_(k);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!ok) bad_ = std::min(bad_, k);
+    if (++done_ == n) cv_.notify_all();
+  }
+}
+
+namespace {
+
+// The copies `which` of `copies` with CopyAndHash, whole boxes, largest
+// first, taken one at a time by up to `threads` threads (and by waiters,
+// through options.shared). Returns the index (into `copies`) of a copy
+// whose source faulted, or nullopt.
 std::optional<size_t> CopyAndHashAll(const std::vector<SnapshotCopy>& copies,
                                      const std::vector<size_t>& which, Snapshot& out,
                                      const SnapshotOptions& options) {
@@ -60,41 +76,36 @@ std::optional<size_t> CopyAndHashAll(const std::vector<SnapshotCopy>& copies,
   for (size_t i : which) total += copies[i].size;
   const size_t n = std::clamp<size_t>(std::min(total / kMinBytesPerThread, which.size()), 1,
                                       static_cast<size_t>(std::max(1, options.threads)));
-  // Largest boxes first, each to the least loaded thread.
   std::vector<size_t> order = which;
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return copies[a].size > copies[b].size; });
-  std::vector<std::vector<size_t>> share(n);
-  std::vector<size_t> load(n, 0);
-  for (size_t i : order) {
-    const size_t t = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-    share[t].push_back(i);
-    load[t] += copies[i].size;
-  }
-  std::vector<size_t> bad(n, SIZE_MAX);
-  auto run = [&](size_t t) {
-    for (size_t i : share[t]) {
-      const SnapshotCopy& c = copies[i];
-      if (!CopyAndHash(c, out.buffer.data() + c.offset, options.guarded,
-                       &out.arrays[c.array].boxes[c.staged])) {
-        bad[t] = std::min(bad[t], i);
-        return;
-      }
-    }
+  std::shared_ptr<SharedCopies> work =
+      options.shared ? options.shared : std::make_shared<SharedCopies>();
+  work->copy_one_ = [&](size_t k) {
+    const SnapshotCopy& c = copies[order[k]];
+    return CopyAndHash(c, out.buffer.data() + c.offset, options.guarded,
+                       &out.arrays[c.array].boxes[c.staged]);
   };
+  work->count_.store(order.size(), std::memory_order_release);
   std::vector<std::thread> pool;
   for (size_t t = 1; t < n; ++t) {
     try {
-      pool.emplace_back(run, t);
+      pool.emplace_back([&work] { work->Help(); });
     } catch (const std::system_error&) {
-      run(t);  // no thread to be had: this one copies the share itself
+      break;  // no thread to be had: the others take its boxes
     }
   }
-  run(0);
+  work->Help();
   for (std::thread& t : pool) t.join();
-  const size_t first = *std::min_element(bad.begin(), bad.end());
-  if (first == SIZE_MAX) return std::nullopt;
-  return first;
+  size_t bad = SIZE_MAX;
+  {
+    // Every box taken, by a waiter too, is copied before this returns.
+    std::unique_lock<std::mutex> lock(work->mu_);
+    work->cv_.wait(lock, [&] { return work->done_ == order.size(); });
+    bad = work->bad_;
+  }
+  if (bad == SIZE_MAX) return std::nullopt;
+  return order[bad];
 }
 
 // Checks one shard of `a`; returns its byte size or the error.

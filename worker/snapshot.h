@@ -3,8 +3,14 @@
 // nothing reads caller memory again.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -48,12 +54,36 @@ struct Snapshot {
   [[nodiscard]] const std::byte* data(const StagedBox& b) const { return buffer.data() + b.offset; }
 };
 
+/// A lazy save's hashed host copies (SnapshotCopy::hash_chunk_bytes), box by
+/// box, largest first, shared with any thread that waits for them: Help,
+/// called by a caller waiting on the save's fence, takes the boxes no thread
+/// has taken yet and copies them at that thread's priority, instead of
+/// waiting for the copier (at the lowest) to get a core. The copy returns
+/// once every box taken by anyone is copied.
+class SharedCopies {
+ public:
+  /// Copies boxes until none is left to take; returns at once if the copy
+  /// has not started or every box is taken.
+  void Help();
+
+  // The copy's own (worker/snapshot.cc).
+  std::function<bool(size_t)> copy_one_;  // set before count_; false: a fault
+  std::atomic<size_t> count_{0};
+  std::atomic<size_t> next_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  size_t done_ = 0;
+  size_t bad_ = SIZE_MAX;  // the first box whose source faulted
+};
+
 struct SnapshotOptions {
   int rank = 0;     ///< for error messages
   int threads = 1;  ///< for host copies
   /// Host copies with GuardedCopy (worker/fault_guard.h): a lazy save's
   /// source freed under the copy is an error naming the array, not a crash.
   bool guarded = false;
+  /// A lazy save's: its hashed host copies are shared with waiters (Help).
+  std::shared_ptr<SharedCopies> shared;
 };
 
 /// One copy into the staging buffer, planned before the buffer exists.
