@@ -241,20 +241,22 @@ def every_step_table():
             if "modes" not in r:
                 continue
             m = r["modes"]
-            n, lz, bl = m.get("none", {}), m.get("lazy", {}), m.get("blocking", {})
+            n, lz, bl, co = (m.get(k, {}) for k in ("none", "lazy", "blocking", "continuous"))
             pct = lambda c: f"{c['slowdown_pct']:+.1f} %" if "slowdown_pct" in c else "–"
             rows.append([r.get("build", ""), f"{r['mib']:.0f}", r["ranks"], f"{r['rate_gbps']:g}", ms(r["step_s"]),
                          f"{n.get('steps_per_s', 0):.2f}", f"{lz.get('steps_per_s', 0):.2f}", pct(lz),
                          ms(lz.get("fence_wait_s", 0)), ms(lz.get("save_call_s", 0)),
                          ms(lz.get("snapshot_s", 0)), ms(lz.get("local_s", 0)),
-                         f"{bl.get('steps_per_s', 0):.2f}", pct(bl)])
+                         f"{bl.get('steps_per_s', 0):.2f}", pct(bl),
+                         f"{co['steps_per_s']:.2f} ({co.get('saves_per_step', 0):.2f})" if co else "–"])
         what = (f"`bench/run_every_step.sh`, {head.get('steps', '?')} steps × {head.get('reps', '?')} reps "
                 f"per mode, interleaved; load {head.get('load_before', '?')}")
         out += [caption(name, what), ""]
         out += table(["build", "MiB/rank", "np", "GB/s", "step", "no saves: steps/s", "lazy: steps/s",
                       "lazy slowdown (np 1: ≤ 5 % at 1 GB/s, ≤ 25 % at 4)", "fence wait", "Save call",
-                      "copy", "local commit", "blocking: steps/s", "blocking slowdown"], rows,
-                     ["---"] + ["---:"] * 13)
+                      "copy", "local commit", "blocking: steps/s", "blocking slowdown",
+                      "continuous: steps/s (saves per step)"], rows,
+                     ["---"] + ["---:"] * 14)
         out.append("")
     return out
 

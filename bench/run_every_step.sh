@@ -19,7 +19,8 @@
 # for a before/after pair under the same load); each case's object names its build.
 # Environment: BUILD_DIR [build], CKPT_DIR [/var/tmp] (the shared root),
 # LOCAL_DIR [/dev/shm] (the local tier), STEPS [20], WARMUP [3], REPS [3],
-# EVERY [100], MODES [none,lazy,blocking].
+# EVERY [100], MODES [none,lazy,blocking] (also: continuous, a lazy save whenever
+# CheckpointManager::ShouldSave says, Options::save_continuously).
 set -euo pipefail
 MIBS=${MIBS:-256 1024}
 NPS=${NPS:-1 2}
@@ -86,4 +87,17 @@ for r in runs:
           f"| {ms(lz.get('fence_wait_s', 0))} | {ms(lz.get('save_call_s', 0))} "
           f"| {ms(lz.get('snapshot_s', 0))} | {ms(lz.get('local_s', 0))} "
           f"| {bl.get('steps_per_s', 0):.2f} | {pct(bl) if bl else '-'} |")
+PY
+# Mode continuous (if run): saves at the steps ShouldSave picks.
+python3 - "$OUT" <<'PY'
+import json, sys
+runs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+runs = [r for r in runs if "continuous" in r.get("modes", {})]
+if runs:
+    print("\n| build | MiB/rank | np | GB/s | continuous: steps/s | slowdown | saves per step |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for r in runs:
+        c = r["modes"]["continuous"]
+        print(f"| {r.get('build', '')} | {r['mib']:.0f} | {r['ranks']} | {r['rate_gbps']:g} "
+              f"| {c['steps_per_s']:.2f} | {c.get('slowdown_pct', 0):+.1f} % | {c.get('saves_per_step', 0):.2f} |")
 PY
