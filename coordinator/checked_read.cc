@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "base/checksum.h"
+#include "base/guard.h"
 #include "coordinator/committed_step.h"
 #include "coordinator/plan.h"
 
@@ -97,10 +98,9 @@ Status ReadBatch::AddStoredBox(size_t handle, const io::MarkerArray& a, const io
   for (int64_t c = r0 / rows; c < last;) {
     const bool in_place = direct(c);
     int64_t e = c + 1;
-    while (
-        e < last && direct(e) == in_place &&
-        (in_place || static_cast<uint64_t>(e + 1 - c) * static_cast<uint64_t>(rows) * row_bytes <=
-                         kBounceBytes)) {
+    const uint64_t limit = in_place ? kGroupBytes : kBounceBytes;
+    while (e < last && direct(e) == in_place &&
+           static_cast<uint64_t>(e + 1 - c) * static_cast<uint64_t>(rows) * row_bytes <= limit) {
       ++e;
     }
     const Box group = Chunks(b, c, e);
@@ -145,41 +145,61 @@ Status ReadBatch::Flush() {
   if (bounce_.size() < bounce_bytes_) bounce_.resize(bounce_bytes_);
   std::vector<io::ReadRequest> requests;
   requests.reserve(items_.size());
+  // Each item is checked (and copied out) by the reader as soon as its bytes
+  // are in (ReadRequest::on_read), on the thread that read them, while the
+  // other reads go on; its outcome goes in its own slot.
+  std::vector<Status> finished(items_.size());
+  std::vector<char> ran(items_.size(), 0);
   Status s;
-  for (const Item& it : items_) {
-    void* data = it.bounced ? bounce_.data() + it.bounce_at : it.dst;
+  for (size_t i = 0; i < items_.size(); ++i) {
+    const Item& it = items_[i];
+    auto* data = it.bounced ? bounce_.data() + it.bounce_at : it.dst;
     if (!subfiles()) {
       requests.push_back({it.handle, it.box, data});
-      continue;
+    } else {
+      Result<io::ReadRequest> r = InSubfile(it, data);
+      if (!r.ok()) {
+        s = r.status();
+        break;
+      }
+      requests.push_back(*r);
     }
-    Result<io::ReadRequest> r = InSubfile(it, data);
-    if (!r.ok()) {
-      s = r.status();
-      break;
-    }
-    requests.push_back(*r);
+    requests.back().on_read = [this, i, data, &finished, &ran] {
+      // On a reader's thread: no exception may leave it.
+      finished[i] = Guarded("check of a read", [&] { return Finish(items_[i], data); });
+      ran[i] = 1;
+      return finished[i];
+    };
   }
   if (s.ok()) s = reader_.ReadMany(requests);
-
+  // A read error comes first; then the first failed check in the order
+  // queued, as if each item were checked after every read. An item the
+  // reader did not hand back (no on_read support) is checked here.
   for (size_t i = 0; s.ok() && i < items_.size(); ++i) {
-    s = Finish(items_[i], static_cast<std::byte*>(requests[i].data));
+    s = ran[i] ? finished[i] : Finish(items_[i], static_cast<std::byte*>(requests[i].data));
+  }
+  if (s.ok() && stats_ != nullptr) {
+    for (const Item& it : items_) {
+      if (it.stored == nullptr) continue;
+      const size_t bytes = BoxBytes(it.box, it.a->dtype);
+      stats_->read += bytes;
+      stats_->checked += bytes;
+    }
   }
   items_.clear();
   bounce_bytes_ = 0;
   return s;
 }
 
-// The checks and the copy that follow the read of `item` into `dst`.
-Status ReadBatch::Finish(const Item& item, std::byte* dst) {
+// The checks and the copy that follow the read of `item` into `dst`. Runs on
+// any of the reader's threads, several at once for different items: it
+// touches nothing but the item's own bytes and its destination's part.
+Status ReadBatch::Finish(const Item& item, std::byte* dst) const {
   const io::MarkerArray& a = *item.a;
   const size_t bytes = BoxBytes(item.box, a.dtype);
   if (item.whole_boxes) MHCKPT_RETURN_IF_ERROR(CheckStoredBoxes(a, item.box, dst, bytes));
   if (item.stored == nullptr) return OkStatus();
   if (verify_) MHCKPT_RETURN_IF_ERROR(CheckChunks(a, *item.stored, item.box, dst));
-  if (stats_ != nullptr) {
-    stats_->read += bytes;
-    stats_->checked += bytes;
-  }
   if (item.bounced) {
     CopyRegion(dst, item.box, item.out, item.want, Intersection(item.box, item.want),
                DTypeSize(a.dtype));

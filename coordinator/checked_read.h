@@ -6,7 +6,10 @@
 //
 // Reads are queued in a batch and made together (StepReader::ReadMany), so
 // that a reader by offset can sort and join the reads of many small arrays;
-// the checks and copies follow, in the order the reads were queued.
+// each read's checks and copies run as soon as its bytes are in, on the
+// reader's thread that read them (ReadRequest::on_read), while the others
+// are read. Errors are reported as if every check followed every read, in
+// the order the reads were queued.
 #pragma once
 
 #include <cstddef>
@@ -58,6 +61,10 @@ class ReadBatch {
   /// Bounce bytes (for chunks that do not lie whole in a destination) a
   /// batch holds before Add flushes it; one larger chunk group is let in.
   static constexpr uint64_t kBounceBytes = uint64_t{64} << 20;
+  /// Chunks read straight into a destination go in reads of at most this
+  /// many bytes (one larger chunk is let in), each checked as soon as it is
+  /// in while the next ones are read.
+  static constexpr uint64_t kGroupBytes = uint64_t{16} << 20;
 
   /// `format_version`: the marker's; `verify`: check checksums
   /// (RestoreOptions::verify_checksums); `index`: for a version-3 step with
@@ -78,9 +85,10 @@ class ReadBatch {
   /// Flushes when the bounce memory is full: that flush's error.
   Status Add(size_t handle, const io::MarkerArray& a, const Box& want, std::byte* out);
 
-  /// Reads everything queued, then checks and copies out in the order
-  /// queued. The reader's first error, or DataLoss naming the array, the
-  /// stored box, the chunk and the rank that wrote it on a mismatch.
+  /// Reads everything queued, checking and copying out each read once it is
+  /// in. The reader's first error, or (the first in the order queued)
+  /// DataLoss naming the array, the stored box, the chunk and the rank that
+  /// wrote it on a mismatch.
   Status Flush();
 
  private:
@@ -99,7 +107,7 @@ class ReadBatch {
 
   Status AddStoredBox(size_t handle, const io::MarkerArray& a, const io::MarkerBox& b,
                       const Box& want, std::byte* out);
-  Status Finish(const Item& item, std::byte* dst);
+  Status Finish(const Item& item, std::byte* dst) const;
   [[nodiscard]] bool subfiles() const { return index_ != nullptr && index_->files() > 0; }
   // With subfiles: the read of `item`, in its stored box's own dataset.
   Result<io::ReadRequest> InSubfile(const Item& item, void* data);

@@ -78,6 +78,45 @@ bool MostlyCached(int fd, uint64_t offset, uint64_t size) {
   return stat.cache * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) * 2 >= size;
 }
 
+Completions::Completions(std::span<const ReadRequest> requests,
+                         const std::vector<Segment>& buffered, const std::vector<Segment>& direct)
+    : requests_(requests) {
+  if (std::none_of(requests.begin(), requests.end(),
+                   [](const ReadRequest& r) { return static_cast<bool>(r.on_read); })) {
+    return;
+  }
+  left_ = std::make_unique<std::atomic<uint32_t>[]>(requests.size());
+  errors_.resize(requests.size());
+  for (const std::vector<Segment>* segs : {&buffered, &direct}) {
+    for (const Segment& s : *segs) left_[s.request].fetch_add(1, std::memory_order_relaxed);
+  }
+  for (size_t r = 0; r < requests.size(); ++r) {
+    if (left_[r].load(std::memory_order_relaxed) == 0) empty_.push_back(r);
+  }
+}
+
+void Completions::Read(const std::vector<Segment>& segs, size_t first, size_t last) {
+  if (!left_) return;
+  for (size_t i = first; i < last; ++i) {
+    const size_t r = segs[i].request;
+    // acq_rel: the thread that runs on_read sees every other thread's bytes.
+    if (left_[r].fetch_sub(1, std::memory_order_acq_rel) == 1) Run(r);
+  }
+}
+
+void Completions::Run(size_t request) {
+  if (requests_[request].on_read) errors_[request] = requests_[request].on_read();
+}
+
+Status Completions::Finish() {
+  if (!left_) return OkStatus();
+  for (size_t r : empty_) Run(r);
+  for (const Status& e : errors_) {
+    if (!e.ok()) return e;
+  }
+  return OkStatus();
+}
+
 std::vector<Joined> Join(const std::vector<Segment>& segs) {
   std::vector<Joined> out;
   size_t pieces = 0;
@@ -147,13 +186,14 @@ void ReadAhead::Run() {
 
 DirectReads::DirectReads(const DirectFile& direct, int buffered, const std::string& path,
                          const std::vector<Segment>& segs, const std::vector<DirectJob>& jobs,
-                         std::atomic<bool>& refused)
+                         std::atomic<bool>& refused, Completions& done)
     : direct_(direct),
       buffered_(buffered),
       path_(path),
       segs_(segs),
       jobs_(jobs),
-      refused_(refused) {
+      refused_(refused),
+      done_(done) {
   const size_t n = std::min(kDirectReadThreads, jobs.size());
   for (size_t i = 0; i < n; ++i) threads_.emplace_back([this] { Run(); });
 }
@@ -197,6 +237,7 @@ void DirectReads::Run() {
       stop_.store(true);
       return;
     }
+    done_.Read(segs_, job.first, job.last);
   }
 }
 
@@ -205,14 +246,20 @@ Status DirectReads::ReadBounced(const DirectJob& job, std::byte* bounce) {
   const uint64_t end = segs_[job.last - 1].offset + segs_[job.last - 1].size;
   const uint64_t from = begin / direct_.align * direct_.align;
   const uint64_t to = (end + direct_.align - 1) / direct_.align * direct_.align;
-  MHCKPT_RETURN_IF_ERROR(ReadSpan(from, to, end, bounce));
+  uint64_t direct = 0;
+  MHCKPT_RETURN_IF_ERROR(ReadSpan(from, to, end, bounce, &direct));
+  uint64_t wanted = 0;
   for (size_t i = job.first; i < job.last; ++i) {
     std::memcpy(segs_[i].dst, bounce + (segs_[i].offset - from), segs_[i].size);
+    wanted += segs_[i].size;
   }
+  // The bytes asked for, not the span's alignment and gaps.
+  CountDirectRead(std::min(wanted, direct));
   return OkStatus();
 }
 
-Status DirectReads::ReadSpan(uint64_t from, uint64_t to, uint64_t needed, std::byte* dst) {
+Status DirectReads::ReadSpan(uint64_t from, uint64_t to, uint64_t needed, std::byte* dst,
+                             uint64_t* direct_bytes) {
   uint64_t done = 0;
   while (from + done < needed) {
     const uint64_t offset = from + done;
@@ -233,7 +280,8 @@ Status DirectReads::ReadSpan(uint64_t from, uint64_t to, uint64_t needed, std::b
     if (n == 0) {
       return DataLoss(fmt::format("'{}' ends before byte {} (truncated?)", path_, offset));
     }
-    if (direct) CountDirectRead(static_cast<uint64_t>(n));
+    if (direct && direct_bytes == nullptr) CountDirectRead(static_cast<uint64_t>(n));
+    if (direct && direct_bytes != nullptr) *direct_bytes += static_cast<uint64_t>(n);
     done += static_cast<uint64_t>(n);
   }
   return OkStatus();

@@ -12,12 +12,15 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "base/status.h"
+#include "io/storage.h"
 
 namespace mhckpt::io::pread_internal {
 
@@ -64,6 +67,34 @@ struct Joined {
   size_t last = 0;
   uint64_t begin = 0;
   uint64_t end = 0;
+};
+
+// Per request of a batch, the segments of it not yet read: the thread that
+// reads the last one runs the request's ReadRequest::on_read there and then.
+// Thread-safe: the direct reads' threads and the batch's own report reads.
+class Completions {
+ public:
+  // Counts the segments of each request in `buffered` and `direct` (every
+  // segment of the batch, once); none if no request has an on_read.
+  Completions(std::span<const ReadRequest> requests, const std::vector<Segment>& buffered,
+              const std::vector<Segment>& direct);
+  Completions(const Completions&) = delete;
+  Completions& operator=(const Completions&) = delete;
+
+  // Segments [first, last) of `segs` are read.
+  void Read(const std::vector<Segment>& segs, size_t first, size_t last);
+
+  // Every read made: runs the on_read of requests with no bytes, and
+  // returns the first error of an on_read in the order of the requests.
+  Status Finish();
+
+ private:
+  void Run(size_t request);
+
+  std::span<const ReadRequest> requests_;
+  std::unique_ptr<std::atomic<uint32_t>[]> left_;  // null: no on_read anywhere
+  std::vector<Status> errors_;                     // per request, by the thread that ran it
+  std::vector<size_t> empty_;                      // requests of no segment
 };
 
 // Joins the sorted `segs` into requests (io/pread_reader.h).
@@ -117,14 +148,14 @@ struct DirectJob {
 
 // The direct part of a batch (io/pread_reader.h), read by up to
 // kDirectReadThreads threads at once, so that the device always has several
-// requests. A read that stops lining up (a short read) is finished through
-// `buffered`; a file system that refuses a direct read (EINVAL) has the rest
-// read buffered too, and `refused` set.
+// requests; each job read is reported to `done`. A read that stops lining up (a short read) is
+// finished through `buffered`; a file system that refuses a direct read (EINVAL) has the rest read
+// buffered too, and `refused` set.
 class DirectReads {
  public:
   DirectReads(const DirectFile& direct, int buffered, const std::string& path,
               const std::vector<Segment>& segs, const std::vector<DirectJob>& jobs,
-              std::atomic<bool>& refused);
+              std::atomic<bool>& refused, Completions& done);
   DirectReads(const DirectReads&) = delete;
   DirectReads& operator=(const DirectReads&) = delete;
   ~DirectReads();  ///< the batch failed elsewhere: no new jobs
@@ -146,8 +177,10 @@ class DirectReads {
   // Reads file bytes [from, needed) into `dst`, asking for [from, to) while
   // the reads are direct (the position and the rest line up: an aligned span
   // may end past the end of the file), else for [from, needed) through the
-  // page cache.
-  Status ReadSpan(uint64_t from, uint64_t to, uint64_t needed, std::byte* dst);
+  // page cache. Bytes read directly are added to `*direct_bytes`, or, if it
+  // is null, counted as read directly (io::Counters).
+  Status ReadSpan(uint64_t from, uint64_t to, uint64_t needed, std::byte* dst,
+                  uint64_t* direct_bytes = nullptr);
 
   static constexpr size_t kBounceAlign = 4096;  // a page: enough for every file system
 
@@ -157,6 +190,7 @@ class DirectReads {
   const std::vector<Segment>& segs_;
   const std::vector<DirectJob>& jobs_;
   std::atomic<bool>& refused_;
+  Completions& done_;
   std::atomic<size_t> next_{0};
   std::atomic<bool> stop_{false};
   std::mutex mu_;

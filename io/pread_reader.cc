@@ -24,6 +24,7 @@ namespace {
 
 // The parts of a batch (io/pread_batch.h).
 using pread_internal::Announce;
+using pread_internal::Completions;
 using pread_internal::DirectFile;
 using pread_internal::DirectJob;
 using pread_internal::DirectReads;
@@ -133,10 +134,11 @@ std::vector<Segment> PreadReader::Segments(std::span<const ReadRequest> requests
 // as the jobs of `jobs` (see the header), unless the page cache holds most
 // of them: of each segment at least kDirectReadMinBytes long whose
 // destination lines up with its file offset (equal modulo the alignment),
-// its aligned middle; then runs of shorter segments close together (gaps of
-// at most kJoinGapBytes) that span at least kDirectReadMinBytes and at most
-// kBounceReadBytes, to be read through a bounce buffer. What is left stays
-// in `segs`, in order.
+// its aligned middle; each other segment that long whole, in spans of at
+// most kBounceReadBytes read through a bounce buffer; then runs of shorter
+// segments close together (gaps of at most kJoinGapBytes) that span at
+// least kDirectReadMinBytes and at most kBounceReadBytes, through a bounce
+// buffer too. What is left stays in `segs`, in order.
 void PreadReader::TakeDirect(std::vector<Segment>& segs, std::vector<Segment>& segs_out,
                              std::vector<DirectJob>& jobs) const {
   if (direct_.fd < 0 || direct_refused_.load()) return;
@@ -146,8 +148,20 @@ void PreadReader::TakeDirect(std::vector<Segment>& segs, std::vector<Segment>& s
     const uint64_t head = (a - s.offset % a) % a;
     const uint64_t middle = s.size > head ? (s.size - head) / a * a : 0;
     const bool lined_up = (reinterpret_cast<uintptr_t>(s.dst) + head) % a == 0;
-    if (!lined_up || middle < kDirectReadMinBytes || MostlyCached(fd_, s.offset + head, middle)) {
+    if (middle < kDirectReadMinBytes || MostlyCached(fd_, s.offset + head, middle)) {
       rest.push_back(s);
+      continue;
+    }
+    if (!lined_up) {
+      // Through the bounce buffers, in spans that end on aligned offsets.
+      for (uint64_t at = 0; at < s.size;) {
+        const uint64_t from = s.offset + at;
+        const uint64_t end = std::min<uint64_t>(
+            s.offset + s.size, std::max((from + kBounceReadBytes) / a * a, from + 1));
+        jobs.push_back({segs_out.size(), segs_out.size() + 1, true});
+        segs_out.push_back({from, static_cast<size_t>(end - from), s.dst + at, s.request});
+        at = end - s.offset;
+      }
       continue;
     }
     if (head > 0) rest.push_back({s.offset, static_cast<size_t>(head), s.dst, s.request});
@@ -196,8 +210,9 @@ Status PreadReader::ReadMany(std::span<const ReadRequest> requests) {
     (void)::posix_fadvise(fd_, 0, 0, want ? POSIX_FADV_SEQUENTIAL : POSIX_FADV_RANDOM);
     readahead_ = want;
   }
-  std::optional<DirectReads> reads;  // joined before `direct` and `jobs` go
-  if (!jobs.empty()) reads.emplace(direct_, fd_, path_, direct, jobs, direct_refused_);
+  Completions done(requests, segs, direct);  // outlives the threads that report to it
+  std::optional<DirectReads> reads;          // joined before `direct` and `jobs` go
+  if (!jobs.empty()) reads.emplace(direct_, fd_, path_, direct, jobs, direct_refused_, done);
   // Why WILLNEED ahead of the reads: the kernel reads the next requests
   // while the current one is served. A window, not the whole batch, so a
   // huge restore does not push its own pages out before they are read.
@@ -216,6 +231,7 @@ Status PreadReader::ReadMany(std::span<const ReadRequest> requests) {
     }
     Status s = ReadJoined(segs, joined[k]);
     if (!s.ok()) return Fail(requests[segs[joined[k].first].request], s);
+    done.Read(segs, joined[k].first, joined[k].last);
   }
   if (reads) {
     size_t failed = 0;
@@ -223,7 +239,7 @@ Status PreadReader::ReadMany(std::span<const ReadRequest> requests) {
     if (!s.ok()) return Fail(requests[direct[failed].request], s);
   }
   CountOffsetReads(requests.size(), joined.size() + jobs.size());
-  return OkStatus();
+  return done.Finish();
 }
 
 // Reads one joined request, retrying EINTR and short reads.

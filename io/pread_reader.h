@@ -38,16 +38,24 @@
 // page cache does not already hold most of it (cachestat, Linux 6.5; a
 // warm file is read from the cache). Its head and tail, short runs and
 // unaligned destinations are read as above, through the page cache; where
-// the file system refuses O_DIRECT, everything is. Except runs of short
-// pieces lying close together (gaps of at most kJoinGapBytes, each shorter
-// than kDirectReadMinBytes: many small arrays, a rank's side by side) that
-// span at least kDirectReadMinBytes: the same threads read each run as one
-// aligned span of at most kBounceReadBytes into a bounce buffer of their own
-// and copy the pieces out. (Longer pieces that do not line up stay in the
-// page cache path: copying them out of a bounce buffer into new memory was
-// slower than the read-ahead thread's way.) New memory from the
-// library (numpy arrays it makes, pinned buffers) is page-aligned, so its
-// reads line up whenever the array's rows do.
+// the file system refuses O_DIRECT, everything is. Except two kinds that
+// the same threads read directly into a bounce buffer of their own, in
+// aligned spans of at most kBounceReadBytes, and copy out: pieces at least
+// kDirectReadMinBytes long whose destination does not line up (a rank's
+// share of an array whose rows are not a multiple of the alignment, an array
+// packed at any offset: page-aligned memory never lines up with them; read
+// through the page cache, such a share was the one rank of a restore not
+// read directly, and the slowest), and runs of short pieces lying close
+// together (gaps of at most kJoinGapBytes, each shorter than
+// kDirectReadMinBytes: many small arrays, a rank's side by side) that span
+// at least kDirectReadMinBytes. New memory from the library (numpy arrays
+// it makes, pinned buffers) is page-aligned, so its reads line up whenever
+// the array's rows do.
+//
+// A request's ReadRequest::on_read runs as soon as its last byte is in, on
+// the thread that read it (the batch's own, or a direct read's): the
+// restore's checksums and copies out of its bounce memory overlap the reads
+// that follow instead of waiting for the whole batch.
 //
 // Every read goes through the fault seam (base/fault.h, point `pread`: eio,
 // eintr, short); EINTR and short reads are retried, an early end of file is

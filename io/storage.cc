@@ -112,8 +112,12 @@ Result<size_t> StepReader::OpenBox(const ArraySpec& spec, int64_t /*file*/) {
 }
 
 Status StepReader::ReadMany(std::span<const ReadRequest> requests) {
-  for (const ReadRequest& r : requests) MHCKPT_RETURN_IF_ERROR(Read(r.array, r.box, r.data));
-  return OkStatus();
+  Status checked;  // the first on_read error, returned when every read is made
+  for (const ReadRequest& r : requests) {
+    MHCKPT_RETURN_IF_ERROR(Read(r.array, r.box, r.data));
+    if (r.on_read && checked.ok()) checked = r.on_read();
+  }
+  return checked;
 }
 
 uint64_t BytesRead() { return g_bytes_read.load(); }

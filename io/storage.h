@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -113,6 +114,11 @@ struct ReadRequest {
   size_t array = 0;
   Box box;
   void* data = nullptr;
+  /// If set, called once every byte of this request is in `data`, on the
+  /// thread that read its last byte, while the batch's other reads go on
+  /// (several may run at once, each for its own request): checks of the
+  /// bytes read overlap the reads. Its error fails the batch (see ReadMany).
+  std::function<Status()> on_read = nullptr;
 };
 
 /// Writes the arrays of one step. Closing without Flush (destruction) makes
@@ -179,7 +185,8 @@ class StepReader {
   /// Reads every request; the buffers must not overlap. A reader may order
   /// and join them (the pread reader sorts them by file offset and reads
   /// neighbours in one request); this one reads them one by one. The first
-  /// error, naming the array and box of a request it hit.
+  /// read error, naming the array and box of a request it hit; else the
+  /// error of the first request (in `requests` order) whose `on_read` failed.
   virtual Status ReadMany(std::span<const ReadRequest> requests);
   /// Collective. Closes the step (and every array opened in it).
   virtual Status Close() = 0;

@@ -52,7 +52,7 @@ class SubfileReader final : public StepReader {
     std::vector<std::vector<ReadRequest>> by_file(readers_.size());
     for (const ReadRequest& r : requests) {
       MHCKPT_ASSIGN_OR_RETURN(Handle h, Find(r.array));
-      by_file[static_cast<size_t>(h.file)].push_back({h.inner, r.box, r.data});
+      by_file[static_cast<size_t>(h.file)].push_back({h.inner, r.box, r.data, r.on_read});
     }
     for (size_t f = 0; f < by_file.size(); ++f) {
       if (!by_file[f].empty()) MHCKPT_RETURN_IF_ERROR(readers_[f]->ReadMany(by_file[f]));
