@@ -68,7 +68,14 @@ BIN=$BUILD_DIR/bin/mhckpt-bench
 if [ -n "$PEERS" ]; then bench/peers/setup_venv.sh; fi
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-MPIRUN=(mpirun --oversubscribe --mca mpi_yield_when_idle 1 --mca btl_vader_single_copy_mechanism none)
+# --bind-to none (as the restore scripts of bench/ and the peers' mpirun):
+# Open MPI binds each rank to one core at np <= 2 (to a socket above), so at
+# np 1 and 2 a rank's I/O threads (the direct reads, the read-ahead, the
+# checksums) shared one core with each other and with whatever else ran
+# there, while at np 4 they could use any: np 2 was the slow column of every
+# restore table, and a restore at 1 of a step saved at 4 looked slower than
+# one saved at 1.
+MPIRUN=(mpirun --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 --mca btl_vader_single_copy_mechanism none)
 
 DROP=()
 COLD=false

@@ -17,7 +17,7 @@ CHUNKS=(262144 1048576 4194304)
 BENCH=build/bin/mhckpt-bench
 WORK=${WORK:-build/bench-checked}
 OUT=${OUT:-$WORK/checked_restore.json}
-MPI=(mpirun --oversubscribe --mca mpi_yield_when_idle 1
+MPI=(mpirun --oversubscribe --bind-to none --mca mpi_yield_when_idle 1
      --mca btl_vader_single_copy_mechanism none)
 rm -rf "$WORK" && mkdir -p "$WORK"
 records=()

@@ -27,7 +27,7 @@ FILES=${FILES:-0}
 drop=
 [ "${DROP:-0}" = 1 ] && drop=--drop-caches
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-MPI=(mpirun --oversubscribe --mca mpi_yield_when_idle 1 --mca btl_vader_single_copy_mechanism none)
+MPI=(mpirun --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 --mca btl_vader_single_copy_mechanism none)
 
 rm -rf "$CKPT_DIR" && mkdir -p "$CKPT_DIR/json"
 out=$CKPT_DIR/samples.txt

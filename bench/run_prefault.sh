@@ -29,7 +29,7 @@ BIN=$BUILD_DIR/bin/mhckpt-bench
 sync && echo 3 2>/dev/null >/proc/sys/vm/drop_caches ||
   { echo "bench/run_prefault.sh: cannot drop the page cache (not root?)" >&2; exit 1; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-MPI=(mpirun --oversubscribe --mca mpi_yield_when_idle 1 --mca btl_vader_single_copy_mechanism none)
+MPI=(mpirun --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 --mca btl_vader_single_copy_mechanism none)
 
 work=$(mktemp -d)
 trap 'rm -rf "$work" "$CKPT_DIR"/mhckpt-prefault-*' EXIT

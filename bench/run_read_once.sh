@@ -23,7 +23,7 @@ NPS=${NPS:-"2 4"}
 BIN=$BUILD_DIR/bin/mhckpt-read-once-bench
 [ -x "$BIN" ] || { echo "bench/run_read_once.sh: $BIN not built (MHCKPT_BUILD_BENCH=OFF?)" >&2; exit 1; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-MPI=(mpirun --oversubscribe --mca mpi_yield_when_idle 1 --mca btl_vader_single_copy_mechanism none)
+MPI=(mpirun --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 --mca btl_vader_single_copy_mechanism none)
 DROP=()
 if [ "${DROP_CACHES:-1}" = 1 ] && sync && echo 3 2>/dev/null >/proc/sys/vm/drop_caches; then
   DROP=(--drop-caches)

@@ -64,7 +64,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model  # noqa: E402
 
-MPI_FLAGS = ["--oversubscribe", "--mca", "mpi_yield_when_idle", "1",
+MPI_FLAGS = ["--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1",
              "--mca", "btl_vader_single_copy_mechanism", "none"]
 ROOT_NAME = "mhckpt-bench-sharded"  # the same subdirectory as mhckpt-bench --keep
 # Metadata keys (mhckpt-bench stores bench_mib / bench_sharded as plain text;
