@@ -223,7 +223,7 @@ Result<io::ReadRequest> ReadBatch::InSubfile(const Item& item, void* data) {
   }
   Box local = item.box;
   for (size_t d = 0; d < local.start.size(); ++d) local.start[d] -= b.box.start[d];
-  return io::ReadRequest{it->second, std::move(local), data};
+  return io::ReadRequest{it->second, std::move(local), data, nullptr};
 }
 
 Box Intersection(const Box& a, const Box& b) {

@@ -352,7 +352,7 @@ class StepVerifier {
   // the index). nullopt, noted, if the box cannot be opened there.
   std::optional<io::ReadRequest> Request(const io::Marker& m, const BoxRead& read, const Box& slab,
                                          io::StepReader& reader, size_t handle, void* data) {
-    if (m.files == 0) return io::ReadRequest{handle, slab, data};
+    if (m.files == 0) return io::ReadRequest{handle, slab, data, nullptr};
     const io::MarkerArray& a = m.arrays[read.array];
     const io::MarkerBox& box = a.boxes[read.box];
     if (!index_ok_) return std::nullopt;  // no place known: noted with the index
@@ -370,7 +370,7 @@ class StepVerifier {
     }
     Box local = slab;
     for (size_t d = 0; d < local.start.size(); ++d) local.start[d] -= box.box.start[d];
-    return io::ReadRequest{it->second, std::move(local), data};
+    return io::ReadRequest{it->second, std::move(local), data, nullptr};
   }
 
   // 3, one box: slab by slab, then its checksum.

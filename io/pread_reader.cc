@@ -72,7 +72,7 @@ class PreadReader final : public StepReader {
   }
 
   Status Read(size_t array, const Box& box, void* data) override {
-    const ReadRequest r{array, box, data};
+    const ReadRequest r{array, box, data, nullptr};
     return ReadMany({&r, 1});
   }
 

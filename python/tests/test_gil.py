@@ -100,20 +100,26 @@ def test_gil_released_during_blocking_calls(comm, mgr):
 
 def test_gil_released_while_a_step_round_waits(comm, mgr):
     """reached_preemption waits (MPI_Wait) for the previous step's round while
-    a rank is behind: the GIL is released meanwhile."""
+    a rank is behind: the GIL is released meanwhile.
+
+    Which call waits depends on the MPI library's progress: a non-blocking
+    allreduce of more than two ranks may need the late rank to call into MPI
+    before even the round it posted earlier completes. So the wait lands in
+    the call for step 3 or in the one for step 4; the two are measured
+    together."""
     if comm.size == 1:
         pytest.skip("needs a rank that is behind")
     assert not mgr.reached_preemption(1)
-    assert not mgr.reached_preemption(2)  # step 1's round completes everywhere
+    assert not mgr.reached_preemption(2)
     with Counter() as counter, no_timed_switches():
         if comm.rank == 0:
-            time.sleep(0.3)  # behind: the others wait for its round of step 3
-            result = measure(counter, lambda: mgr.reached_preemption(3))
-            late = measure(counter, lambda: mgr.reached_preemption(4))
-        else:
-            result = measure(counter, lambda: mgr.reached_preemption(3))
-            late = measure(counter, lambda: mgr.reached_preemption(4))  # waits for rank 0's round 3
-    advance, seconds, answer = late
-    all_ok(comm, answer is False and result[2] is False, "no notice")
-    all_ok(comm, comm.rank == 0 or seconds > 0.1, f"did not wait: {late}")
-    all_ok(comm, comm.rank == 0 or advance >= 3, f"reached_preemption held the GIL while waiting: {late}")
+            time.sleep(0.3)  # behind: the others wait for its rounds
+        third = measure(counter, lambda: mgr.reached_preemption(3))
+        fourth = measure(counter, lambda: mgr.reached_preemption(4))
+    advance = third[0] + fourth[0]
+    seconds = third[1] + fourth[1]
+    all_ok(comm, third[2] is False and fourth[2] is False, "no notice")
+    report = (advance, seconds)
+    all_ok(comm, comm.rank == 0 or seconds > 0.1, f"did not wait: {report}")
+    all_ok(comm, comm.rank == 0 or advance >= 3,
+           f"reached_preemption held the GIL while waiting: {report}")
