@@ -303,6 +303,13 @@ def ceiling_table():
     return out
 
 
+def scale_model_table():
+    import scale_model  # noqa: PLC0415 (bench/scale_model.py: the model of docs/SCALE.md, §7)
+
+    a = scale_model.parameters([])
+    return scale_model.render(a, scale_model.model(a)).splitlines() + [""]
+
+
 SECTIONS = {
     "run": run_tables,
     "many": many_table,
@@ -312,6 +319,7 @@ SECTIONS = {
     "ceiling": ceiling_table,
     "convert": convert_table,
     "dropin": dropin_table,
+    "scale_model": scale_model_table,
 }
 
 
