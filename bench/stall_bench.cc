@@ -40,6 +40,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "bench/bench_main.h"
 #include "bench/bench_util.h"
 #include "coordinator/checkpoint_manager.h"
 
@@ -290,8 +291,6 @@ class Bench {
 }  // namespace mhckpt::bench
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   mhckpt::bench::Flags f;
   CLI::App app{"mhckpt-stall-bench: the first save, staging built ahead, and lazy saves"};
   app.add_option("--mib", f.mib, "checkpoint MiB, all ranks together");
@@ -301,26 +300,11 @@ int main(int argc, char** argv) {
   app.add_option("--lazy-threads", f.lazy_threads, "Options::snapshot_threads (0: the default)");
   app.add_option("--dir", f.dir, "checkpoint roots go below it (removed at the end)");
   app.add_option("--json", f.json, "write the figures here (rank 0)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    MPI_Finalize();
-    return app.exit(e);
-  }
-  nlohmann::json out;
-  {
-    mhckpt::bench::Bench b(f);
-    out = b.Run();
-  }
-  if (mhckpt::bench::Rank() == 0) {
-    out["ranks"] = mhckpt::bench::Size();
+  return mhckpt::bench::BenchMain(argc, argv, app, &f.json, [&] {
+    nlohmann::json out = mhckpt::bench::Bench(f).Run();
     out["mib"] = f.mib;
     out["reps"] = f.reps;
     out["lazy_threads"] = f.lazy_threads;
-    out["load_average"] = mhckpt::bench::LoadAverage();
-    fmt::print("{}\n", out.dump(1));
-    if (!f.json.empty()) std::ofstream(f.json) << out.dump(1) << "\n";
-  }
-  MPI_Finalize();
-  return 0;
+    return out;
+  });
 }

@@ -42,6 +42,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "bench/bench_main.h"
 #include "bench/bench_util.h"
 #include "coordinator/checkpoint_manager.h"
 
@@ -279,8 +280,6 @@ class Bench {
 }  // namespace mhckpt::bench
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   mhckpt::bench::Flags f;
   CLI::App app{"mhckpt-step-bench: a training loop saving at every step"};
   app.add_option("--mib", f.mib, "MiB of state per rank");
@@ -293,23 +292,6 @@ int main(int argc, char** argv) {
   app.add_option("--root", f.root, "the shared root (removed at the end)");
   app.add_option("--local", f.local, "the local tier's dir (removed at the end)");
   app.add_option("--json", f.json, "write the figures here (rank 0)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    MPI_Finalize();
-    return app.exit(e);
-  }
-  nlohmann::json out;
-  {
-    mhckpt::bench::Bench b(f);
-    out = b.Run();
-  }
-  if (mhckpt::bench::Rank() == 0) {
-    out["ranks"] = mhckpt::bench::Size();
-    out["load_average"] = mhckpt::bench::LoadAverage();
-    fmt::print("{}\n", out.dump());
-    if (!f.json.empty()) std::ofstream(f.json) << out.dump() << "\n";
-  }
-  MPI_Finalize();
-  return 0;
+  return mhckpt::bench::BenchMain(
+      argc, argv, app, &f.json, [&] { return mhckpt::bench::Bench(f).Run(); }, -1);
 }

@@ -34,6 +34,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "bench/bench_main.h"
 #include "bench/bench_util.h"
 #include "coordinator/checkpoint_manager.h"
 
@@ -230,8 +231,6 @@ class Bench {
 }  // namespace mhckpt::bench
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   mhckpt::bench::Flags f;
   CLI::App app{"mhckpt-tier-bench: the local tier against memcpy + MPI send and the shared root"};
   app.add_option("--mib", f.mib, "MiB per rank");
@@ -240,26 +239,11 @@ int main(int argc, char** argv) {
   app.add_option("--dir", f.dir, "shared root (removed at the end)");
   app.add_option("--local", f.local, "local dirs, one per node below it (removed at the end)");
   app.add_option("--json", f.json, "write the figures here (rank 0)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    MPI_Finalize();
-    return app.exit(e);
-  }
-  nlohmann::json out;
-  {
-    mhckpt::bench::Bench b(f);
-    out = b.Run();
-  }
-  if (mhckpt::bench::Rank() == 0) {
-    out["ranks"] = mhckpt::bench::Size();
+  return mhckpt::bench::BenchMain(argc, argv, app, &f.json, [&] {
+    nlohmann::json out = mhckpt::bench::Bench(f).Run();
     out["ranks_per_node"] = f.ranks_per_node;
     out["mib_per_rank"] = f.mib;
     out["reps"] = f.reps;
-    out["load_average"] = mhckpt::bench::LoadAverage();
-    fmt::print("{}\n", out.dump(1));
-    if (!f.json.empty()) std::ofstream(f.json) << out.dump(1) << "\n";
-  }
-  MPI_Finalize();
-  return 0;
+    return out;
+  });
 }
