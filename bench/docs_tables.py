@@ -273,11 +273,14 @@ def tiers_table():
                          x(r["local_vs_baseline"]) + mark(r["local_vs_baseline"] <= 2),
                          f"{r['stall_one_s']:.3f}", f"{r['stall_two_s']:.3f}",
                          x(r["stall_two_vs_one"]) + mark(r["stall_two_vs_one"] <= 1.1),
+                         f"{r['restart_restore_s']:.3f} ({x(r['restart_vs_memcpy'])})" if "restart_restore_s" in r
+                         else "–",
                          f"{r['recovery_restore_s']:.3f}", f"{r['cold_restore_s']:.3f}",
                          f"{r['cold_vs_recovery']:.1f}×" + mark(r["cold_vs_recovery"] >= 5)])
         out += [caption(name, "`bench/run_tiers.sh`; the slowest rank, median of the reps"), ""]
         out += table(["ranks (nodes)", "MiB per rank", "`memcpy` + send s", "local commit s", "ratio (≤ 2×)",
-                      "stall, 1 tier s", "stall, 2 tiers s", "ratio (≤ 1.1×)", "recovery s", "cold restore s",
+                      "stall, 1 tier s", "stall, 2 tiers s", "ratio (≤ 1.1×)", "restart s (/ `memcpy`)",
+                      "recovery s", "cold restore s",
                       "speed-up (≥ 5×)"], rows)
         out.append("")
     return out

@@ -6,6 +6,8 @@
 #                    memcpy of the rank's bytes plus an MPI send of them to the
 #                    rank that keeps its copy (target: <= 2x)
 #   stall            the time Save blocks, two tiers against one (target: <= 1.1x)
+#   restart          a new manager (processes restarted, nodes' memory intact):
+#                    Restore from the local tier, against the memcpy alone
 #   recovery         after the last node's local dir is removed: Restore from
 #                    the survivors' files and copies, against a cold Restore of
 #                    the same step from the shared root (target: >= 5x faster)
@@ -58,12 +60,13 @@ while at < len(text.strip()):
     runs.append(r)
     while at < len(text) and text[at].isspace():
         at += 1
-print("| ranks (nodes) | MiB per rank | memcpy + send s | local commit s | ratio | stall 1 tier s | stall 2 tiers s | ratio | recovery s | cold restore s | speed-up |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+print("| ranks (nodes) | MiB per rank | memcpy + send s | local commit s | ratio | stall 1 tier s | stall 2 tiers s | ratio | restart s | / memcpy | recovery s | cold restore s | speed-up |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for r in runs:
     nodes = r["ranks"] // r["ranks_per_node"]
     print(f"| {r['ranks']} ({nodes}) | {r['mib_per_rank']} | {r['baseline_s']:.3f} | {r['local_commit_s']:.3f} | "
           f"{r['local_vs_baseline']:.2f}x | {r['stall_one_s']:.3f} | {r['stall_two_s']:.3f} | "
-          f"{r['stall_two_vs_one']:.2f}x | {r['recovery_restore_s']:.3f} | {r['cold_restore_s']:.3f} | "
+          f"{r['stall_two_vs_one']:.2f}x | {r['restart_restore_s']:.3f} | {r['restart_vs_memcpy']:.2f}x | "
+          f"{r['recovery_restore_s']:.3f} | {r['cold_restore_s']:.3f} | "
           f"{r.get('cold_vs_recovery', 0):.1f}x |")
 EOF

@@ -15,6 +15,10 @@
 //   stall_one / stall_two
 //               the time Save blocks, one tier (shared root only) against two
 //               tiers (every save to both)
+//   restart     Open, then Restore of the newest step from the local tier by
+//               a new manager with every node's local dir intact: a restart of
+//               the processes after a crash, the nodes' memory kept; set
+//               against the memcpy of the baseline (the least it can cost)
 //   recovery    after the last node's local dir is removed (the node is lost,
 //               a fresh one replaces it): Open, then Restore of the newest step
 //               from the survivors' files and copies
@@ -82,7 +86,7 @@ class Bench {
       out["stall_one_s"] = Median(stall);
     }
     Clean();
-    std::vector<double> stall, local, recovery, open, cold;
+    std::vector<double> stall, local, restart, restart_open, recovery, open, cold;
     int64_t step = 0;
     {
       auto two = Open(true);
@@ -93,26 +97,32 @@ class Bench {
         local.push_back(Save(*two, step++, SaveTier::kLocal).second);
     }
     // Recovery needs a second node to keep the lost one's copies.
-    const int recovery_reps = Size() > f_.ranks_per_node ? f_.reps : 0;
-    for (int r = 0; r < recovery_reps; ++r) {
+    const bool recovery_too = Size() > f_.ranks_per_node;
+    for (int r = 0; r < f_.reps; ++r) {
       const int64_t saved = step++;
       {
         auto two = Open(true);
         Save(*two, saved, SaveTier::kPersistent);
       }
-      LoseLastNode();
-      auto t0 = Clock::now();
-      auto two = Open(true);
-      open.push_back(MaxOverRanks(Since(t0)));
-      auto tiers = two->Steps();
-      if (!tiers.ok() || tiers->empty() || tiers->back().step != saved || !tiers->back().local) {
-        Fail(fmt::format("step {} is not restorable from the local tier after the node loss",
-                         saved));
+      {
+        auto t0 = Clock::now();
+        auto two = OpenWithLocalStep(saved, "the restart");
+        restart_open.push_back(MaxOverRanks(Since(t0)));
+        restart.push_back(Restore(*two, saved, RestoreSource::kLocal));
       }
-      recovery.push_back(Restore(*two, saved, RestoreSource::kLocal));
+      if (recovery_too) LoseLastNode();
+      auto t0 = Clock::now();
+      auto two = OpenWithLocalStep(saved, "the node loss");
+      if (recovery_too) {
+        open.push_back(MaxOverRanks(Since(t0)));
+        recovery.push_back(Restore(*two, saved, RestoreSource::kLocal));
+      }
       if (!DropCaches()) Fail("cannot drop the page cache (needs root)");
       cold.push_back(Restore(*two, saved, RestoreSource::kPersistent));
     }
+    out["restart_open_s"] = Median(restart_open);
+    out["restart_restore_s"] = Median(restart);
+    out["restart_vs_memcpy"] = Median(restart) / out["baseline_memcpy_s"].get<double>();
     out["stall_two_s"] = Median(stall);
     out["local_commit_s"] = Median(local);
     out["recovery_open_s"] = Median(open);
@@ -120,7 +130,7 @@ class Bench {
     out["cold_restore_s"] = Median(cold);
     out["local_vs_baseline"] = Median(local) / out["baseline_s"].get<double>();
     out["stall_two_vs_one"] = Median(stall) / out["stall_one_s"].get<double>();
-    if (recovery_reps > 0) out["cold_vs_recovery"] = Median(cold) / Median(recovery);
+    if (recovery_too) out["cold_vs_recovery"] = Median(cold) / Median(recovery);
     Clean();
     return out;
   }
@@ -171,6 +181,16 @@ class Bench {
     auto m = CheckpointManager::Open(MPI_COMM_WORLD, f_.dir + (two_tiers ? "/two" : "/one"), o);
     Check(m.status(), "open");
     return std::move(m).value();
+  }
+
+  // A new manager, which must list `step` as restorable from the local tier.
+  std::unique_ptr<CheckpointManager> OpenWithLocalStep(int64_t step, const char* after) {
+    auto m = Open(true);
+    auto tiers = m->Steps();
+    if (!tiers.ok() || tiers->empty() || tiers->back().step != step || !tiers->back().local) {
+      Fail(fmt::format("step {} is not restorable from the local tier after {}", step, after));
+    }
+    return m;
   }
 
   // (stall, save to commit), each the maximum over the ranks.
