@@ -254,7 +254,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="default: safetensors if DST ends in .safetensors or SRC is mhckpt, else mhckpt")
     p.add_argument("--step", type=int, help="the step to write (into mhckpt) or to read (from mhckpt, Orbax)")
     a = p.parse_args(argv)
-    from mpi4py import MPI
+    from ._mpi import mpi4py_MPI
+
+    MPI = mpi4py_MPI()
 
     comm = MPI.COMM_WORLD
     src_format = a.src_format or detect(a.src)

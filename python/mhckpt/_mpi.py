@@ -39,6 +39,19 @@ def ensure_mpi() -> None:
             _exit_hook_registered = True
 
 
+MPI4PY_HINT = 'mpi4py is needed here: pip install "mhckpt[mpi]" (or: pip install mpi4py)'
+
+
+def mpi4py_MPI() -> Any:
+    """mpi4py's ``MPI`` module, or an ImportError that says how to install it
+    (the same on every rank: each process has the same packages)."""
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise ImportError(f"{MPI4PY_HINT} ({e})", name="mpi4py") from e
+    return MPI
+
+
 def comm_handle(comm: Any) -> Optional[int]:
     """The MPI_Comm handle of an mpi4py communicator (None: MPI's world)."""
     if comm is None:

@@ -61,7 +61,7 @@ def _comm(process_group: Any, no_dist: bool) -> Any:
     _mpi.ensure_mpi()
     rank, size = _core.rank_and_size(None)
     if no_dist:
-        from mpi4py import MPI
+        MPI = _mpi.mpi4py_MPI()
 
         return MPI.COMM_SELF
     import torch.distributed as dist
@@ -83,7 +83,7 @@ def _comm(process_group: Any, no_dist: bool) -> Any:
     if ranks == tuple(range(size)):
         return None
     if ranks not in _comms:
-        from mpi4py import MPI
+        MPI = _mpi.mpi4py_MPI()
 
         world = MPI.COMM_WORLD
         _comms[ranks] = world.Create_group(world.group.Incl(list(ranks)))

@@ -172,8 +172,9 @@ def test_restores_a_plain_mhckpt_step(comm, jd, root):
 def test_unsupported_features_raise(comm, jd, root):
     U = mhckpt.UnsupportedError
     for kw, name in [({"best_fn": lambda m: m["loss"]}, "best_fn"),
-                     ({"keep_time_interval": 3600}, "keep_time"),
-                     ({"step_prefix": "ckpt"}, "step_prefix"),
+                     ({"keep_time_interval": 3600}, "keep_time.*commit time"),
+                     ({"step_prefix": "ckpt"}, "step_prefix.*step_<step, 10 digits>"),
+                     ({"step_format_fixed_length": 8}, "step_format_fixed_length.*step_<step"),
                      ({"todelete_subdir": "trash"}, "todelete_subdir")]:
         with pytest.raises(U, match=name):
             ocp.CheckpointManager(root, options=ocp.CheckpointManagerOptions(**kw))
@@ -190,11 +191,86 @@ def test_unsupported_features_raise(comm, jd, root):
             mngr.save(0, args=ocp.args.StandardSave(x, save_args=save_args))
         with pytest.raises(U, match="custom_metadata"):
             mngr.save(0, args=ocp.args.StandardSave(x), custom_metadata={"a": 1})
-        for method in ("delete", "best_step", "item_metadata"):
+        for method in ("delete", "best_step"):
             with pytest.raises(U, match=method):
                 getattr(mngr, method)(0)
         assert mngr.all_steps() == []
         assert issubclass(U, NotImplementedError) and issubclass(U, mhckpt.InvalidArgumentError)
+
+
+def test_metadata_and_item_metadata(comm, jd, root):
+    """Orbax's metadata(): RootMetadata without a step, StepMetadata of a
+    step (item handlers, a tree of ArrayMetadata/ScalarMetadata per tree
+    item, JSON items' content, metrics); item_metadata(step) its items."""
+    data, shardings, state = make_state(jd)
+    state["name"] = "run1"
+    with ocp.CheckpointManager(root) as mngr:
+        root_md = mngr.metadata()
+        assert root_md.custom_metadata == {} and root_md.internal_metadata == {}
+        assert mngr.save(1, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                    meta=ocp.args.JsonSave({"lr": 0.5})),
+                         metrics={"loss": 0.25})
+        md = mngr.metadata(1)  # waits for a pending save of that step
+        assert sorted(md.item_handlers) == ["meta", "state"]
+        assert md.item_handlers["state"].endswith("StandardCheckpointHandler")
+        assert md.item_handlers["meta"].endswith("JsonCheckpointHandler")
+        assert md.metrics == {"loss": 0.25}
+        items = md.item_metadata
+        assert isinstance(items, ocp.Composite) and sorted(items) == ["meta", "state"]
+        assert items["meta"] == {"lr": 0.5}
+        tree = items["state"]
+        assert sorted(tree) == ["epoch", "name", "params"] and sorted(tree["params"]) == ["b", "count", "w"]
+        for k, v in data.items():
+            a = tree["params"][k]
+            assert type(a).__name__ == "ArrayMetadata", a
+            assert a.shape == v.shape and np.dtype(a.dtype) == v.dtype, (k, a)
+            assert a.name == f"state/params/{k}"
+        assert type(tree["epoch"]).__name__ == "ScalarMetadata" and np.dtype(tree["epoch"].dtype).kind == "i"
+        assert type(tree["name"]).__name__ == "StringMetadata"
+        assert dict(mngr.item_metadata(1)) == dict(items)
+        raises_everywhere(comm, mhckpt.NotFoundError, lambda: mngr.metadata(7))
+    with ocp.CheckpointManager(f"{root}/single") as mngr:
+        assert mngr.save(2, args=ocp.args.StandardSave({"x": np.zeros((2, 3), np.int16)}))
+        single = mngr.metadata(2)  # saved without item names: the item itself
+        assert single.item_handlers.endswith("StandardCheckpointHandler") and single.metrics == {}
+        x = mngr.item_metadata(2)["x"]
+        assert x.shape == (2, 3) and np.dtype(x.dtype) == np.int16
+        with pytest.raises(ValueError, match="step"):
+            mngr.item_metadata(None)
+    with mhckpt.CheckpointManager(f"{root}/plain") as mgr:  # a plain mhckpt step: one tree item
+        mgr.save(5, {"w": np.ones(4, np.float64)})
+    with ocp.CheckpointManager(f"{root}/plain") as mngr:
+        plain = mngr.item_metadata(5)
+        assert plain["w"].shape == (4,) and np.dtype(plain["w"].dtype) == np.float64
+
+
+@pytest.mark.skipif(int(__import__("os").environ.get("OMPI_COMM_WORLD_SIZE", "1")) > 1,
+                    reason="imports real Orbax in a child process: world size 1 only")
+def test_metadata_fields_are_orbaxs():
+    """The metadata classes have Orbax's fields, in Orbax's order (real
+    Orbax, imported in a child process so that it stays out of the suite's)."""
+    pytest.importorskip("orbax.checkpoint")
+    import dataclasses
+    import json
+    import subprocess
+    import sys
+
+    from mhckpt.orbax import _metadata
+
+    names = ["StepMetadata", "RootMetadata", "ArrayMetadata", "ScalarMetadata", "StringMetadata"]
+    code = ("import dataclasses, json\n"
+            "from orbax.checkpoint import metadata as m\n"
+            "from orbax.checkpoint._src.metadata import checkpoint as c\n"
+            "cls = {'StepMetadata': c.StepMetadata, 'RootMetadata': c.RootMetadata, "
+            "'ArrayMetadata': m.ArrayMetadata, 'ScalarMetadata': m.ScalarMetadata, "
+            "'StringMetadata': m.StringMetadata}\n"
+            "print(json.dumps({k: [f.name for f in dataclasses.fields(v)] for k, v in cls.items()}))\n")
+    p = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, timeout=120, cwd="/")
+    assert p.returncode == 0, p.stderr[-4000:]
+    theirs = json.loads(p.stdout.strip().splitlines()[-1])
+    ours = {n: [f.name for f in dataclasses.fields(getattr(_metadata, n))] for n in names}
+    assert ours == theirs
 
 
 def test_standalone_checkpointers(comm, jd, root):

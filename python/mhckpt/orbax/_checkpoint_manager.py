@@ -12,6 +12,7 @@ from .._manager import CheckpointManager as _Manager
 from ._checkpointer import Checkpointer
 from ._common import DEFAULT_ITEM_NAME, unsupported
 from ._handlers import kind_of
+from ._metadata import RootMetadata, step_metadata
 from ._options import check_options
 from ._store import METRICS_KEY, Store
 from .args import Composite
@@ -336,9 +337,28 @@ class CheckpointManager:
 
     best_step = _unsupported_method("best_step", "keeping the best steps by a metric")
     delete = _unsupported_method("delete", "old steps go by max_to_keep and keep_period")
-    item_metadata = _unsupported_method("item_metadata", "mhckpt.CheckpointManager.describe(step) tells it")
-    metadata = _unsupported_method("metadata")
     del _unsupported_method
+
+    def metadata(self, step: Optional[int] = None) -> Any:
+        """Orbax's: ``RootMetadata`` (step None; mhckpt keeps no root
+        metadata, so both of its dicts are empty), or the ``StepMetadata`` of
+        committed step ``step`` (its items' handlers and metadata, and its
+        metrics), read from the step's commit marker. Local (no collective)."""
+        if step is None:
+            return RootMetadata()
+        step = int(step)
+        if step == self._pending:
+            self.wait_until_finished()
+        return step_metadata(self._mgr.describe(step), Composite)
+
+    def item_metadata(self, step: int) -> Any:
+        """``metadata(step).item_metadata``: for each tree item a tree of
+        ``ArrayMetadata`` (shape, dtype) / ``ScalarMetadata`` /
+        ``StringMetadata`` leaves, for a JSON item its content; the item's
+        own, or a Composite of several items as the step was saved."""
+        if step is None:
+            raise ValueError("`step` must be provided: item_metadata exists only for a step")
+        return self.metadata(step).item_metadata
 
     def close(self) -> None:
         """Waits for a pending save, raising its failure as Orbax does, and

@@ -83,15 +83,20 @@ class CheckpointManagerOptions:
     lightweight_initialize: bool = False
 
 
+_STEP_NAMES = ("mhckpt names every step directory step_<step, 10 digits> (its C++ core lists, commits, "
+               "recovers and converts steps by that name); the step numbers are yours, only the "
+               "directory names differ from Orbax's")
+
 # field -> why it is not supported
 _UNSUPPORTED_OPTIONS = {
-    "keep_time_interval": "keeping steps by time (keep_period keeps steps by number)",
+    "keep_time_interval": ("keeping steps by time: a step's commit marker records no commit time and "
+                           "mhckpt's retention runs in its C++ core by step number; use keep_period"),
     "best_fn": "keeping the best steps by a metric",
     "best_mode": "keeping the best steps by a metric",
     "keep_checkpoints_without_metrics": "keeping the best steps by a metric",
-    "step_prefix": "mhckpt names step directories itself",
-    "step_format_fixed_length": "mhckpt names step directories itself",
-    "step_name_format": "mhckpt names step directories itself",
+    "step_prefix": _STEP_NAMES,
+    "step_format_fixed_length": _STEP_NAMES,
+    "step_name_format": _STEP_NAMES,
     "todelete_subdir": "old steps are deleted, not moved",
     "todelete_full_path": "old steps are deleted, not moved",
     "preservation_policy": "use max_to_keep and keep_period",
