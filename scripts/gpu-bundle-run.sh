@@ -55,18 +55,19 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_vader_single_copy_mechanism=none
 export OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_hwloc_base_binding_policy=none
 
-# The machine's CUDA runtime and NCCL: the toolkit's, then the Python wheels'
-# (nvidia-nccl-cu13, nvidia-cuda-runtime); the bundle's fallback/ comes last,
-# after the machine's own library directories.
+# The machine's NCCL and CUDA runtime: the Python wheels' first
+# (nvidia-nccl-cu13; nvidia-cuda-runtime, torch's own, so that torch and jax
+# load what their wheels would), then the toolkit's; the bundle's fallback/
+# comes last, after the machine's own library folders.
 cuda_dirs=()
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-  [ -e "$d/libcudart.so.13" ] && cuda_dirs+=("$d")
-done
-site=$("$PY" -c 'import site, sys; print(" ".join(site.getsitepackages() + [site.getusersitepackages()]))' 2>/dev/null)
+site=$("$PY" -c 'import site; print(" ".join(site.getsitepackages() + [site.getusersitepackages()]))' 2>/dev/null)
 for s in $site; do
   for lib in "$s"/nvidia/*/lib/libnccl.so.2 "$s"/nvidia/*/lib/libcudart.so.13; do
     [ -e "$lib" ] && cuda_dirs+=("$(dirname "$lib")")
   done
+done
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+  [ -e "$d/libcudart.so.13" ] && cuda_dirs+=("$d")
 done
 ld=$L:$L/hdf5/openmpi
 for d in "${cuda_dirs[@]}"; do ld+=:$d; done
@@ -145,7 +146,7 @@ ldd_step() {
     fi
   done < <(find "$B/bin" "$S/bin" "$L" "$B/fallback" -type f \( -name '*.so*' -o -perm -u+x \) \
     ! -name '*.txt' ! -name '*.h' ! -name '*.cmake' ! -name '*.pc' ! -name '*.settings' \
-    -exec sh -c 'file -b "$1" | grep -q ELF' _ {} \; -print)
+    -exec sh -c 'head -c 4 "$1" | grep -q ELF' _ {} \; -print)
   echo "checked $n ELF files"
   return $bad
 }
@@ -153,7 +154,10 @@ ldd_step() {
 extension_step() {
   # scikit-build-core through pip, as a user installs it; the bundle's prefix
   # for CMake's find_package, the build directory outside the repository.
-  export CMAKE_ARGS="-DCMAKE_PREFIX_PATH=$S -DHDF5_ROOT=$L/hdf5/openmpi -DMPI_HOME=$S ${MHCKPT_BUNDLE_CMAKE_ARGS:-}"
+  # (CMAKE_POLICY_VERSION_MINIMUM: CMake 4 refuses the old policy ranges of
+  # some packages' CMake files; earlier CMake ignores it.)
+  export CMAKE_ARGS="-DCMAKE_PREFIX_PATH=$S -DHDF5_ROOT=$L/hdf5/openmpi -DMPI_HOME=$S \
+-DCMAKE_POLICY_VERSION_MINIMUM=3.5 ${MHCKPT_BUNDLE_CMAKE_ARGS:-}"
   export CMAKE_BUILD_PARALLEL_LEVEL=$JOBS SKBUILD_BUILD_DIR=$WORK/build-python
   "$PY" -m pip install --no-build-isolation --no-deps --no-index --no-cache-dir -q \
     --target "$WORK/site" "$REPO" || return 1
@@ -195,7 +199,7 @@ export -f env_step ldd_step extension_step mpi pytest_gpu stall
 
 step env 60 env_step
 step ldd 60 ldd_step
-step mpirun 30 mpi 2 hostname
+step mpirun 30 mpi 2 uname -n
 step mpi4py 60 mpi 2 "$PY" -c 'from mpi4py import MPI; c = MPI.COMM_WORLD
 print(c.rank, c.size, MPI.Get_library_version().splitlines()[0])'
 step extension "${MHCKPT_BUNDLE_EXTENSION_LIMIT:-240}" extension_step
