@@ -18,6 +18,8 @@
 #      against a plain cudaMemcpy D2H of the same bytes (one JSON line per
 #      world size).
 # Exits non-zero on any failure; prints "skipped: no GPU" and exits 0 without one.
+# On a bare, offline GPU machine (no Debian packages, no network) use the
+# bundle of scripts/gpu-bundle.sh instead (docs/TESTING.md, "The GPU check offline").
 # MHCKPT_GPU_CHECK_PYTHON=1 also runs the torch CUDA tests (needs python/.venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
