@@ -16,7 +16,8 @@
 //                                   (the election at Open);
 //   coordinator/local_sources.h     which copy a restore reads a piece from,
 //                                   and what to try after one failed;
-//   coordinator/local_restore.cc    the restore (RestoreLocal).
+//   coordinator/local_restore.cc    the restore (RestoreLocal), with
+//     local_restore_serve.cc        its serving and exchange of pieces.
 //
 // A local step of each node is a step directory of the node's local dir, as
 // in a shared root (io/layout.h), with its own commit marker — the same
