@@ -94,4 +94,4 @@ def test_a_bad_stream_is_an_agreed_error(mgr, device, comm):
     x = torch.ones(4, device=device)
     bad = [("x", "float32", [4], [([0], [4], x, "not a stream")])]
     with pytest.raises(mhckpt.InvalidArgumentError, match="stream"):
-        mgr._impl.save(1, bad, {}, ("", ""))
+        mgr._impl.save(1, bad, {}, "", False, False, None, ("", ""))
