@@ -33,15 +33,8 @@ class ArrayMetadata:
 
 
 @dataclasses.dataclass
-class ScalarMetadata:
-    """A Python number or bool leaf."""
-
-    name: str
-    directory: Any = None
-    shape: Tuple[int, ...] = ()
-    sharding: Any = None
-    dtype: Any = None
-    storage: Any = None
+class ScalarMetadata(ArrayMetadata):
+    """A Python number or bool leaf (an array of shape (), as in Orbax)."""
 
 
 @dataclasses.dataclass
