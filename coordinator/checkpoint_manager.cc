@@ -461,6 +461,8 @@ Result<StepDescription> CheckpointManager::Describe(int64_t step) const {
   return DescribeMarker(*m);
 }
 
+Status CheckpointManager::Delete(int64_t step) { return impl_->Delete(step); }
+
 Status CheckpointManager::Restore(int64_t step, std::span<const ArrayToRestore> arrays,
                                   const RestoreOptions& options) {
   return impl_->Restore(step, arrays, options);

@@ -57,6 +57,10 @@ Status CheckOptions(const Options& o, int rank) {
   }
   if (o.max_to_keep < 0) return bad(fmt::format("max_to_keep {} is negative", o.max_to_keep));
   if (o.keep_period < 0) return bad(fmt::format("keep_period {} is negative", o.keep_period));
+  if (o.keep_best.metric.size() > kMaxMetadataKeyBytes) {
+    return bad(fmt::format("keep_best.metric has {} bytes, more than a metadata key may ({})",
+                           o.keep_best.metric.size(), kMaxMetadataKeyBytes));
+  }
   if (!std::isfinite(o.collective_timeout_seconds) || o.collective_timeout_seconds < 0 ||
       o.collective_timeout_seconds > kMaxTimeoutSeconds) {
     return bad(fmt::format("collective_timeout_seconds {} is outside 0 (off) to {:.0f}",

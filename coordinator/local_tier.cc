@@ -14,6 +14,7 @@
 #include "coordinator/agree.h"
 #include "coordinator/local_parity.h"
 #include "coordinator/local_recovery.h"
+#include "coordinator/retention.h"
 #include "coordinator/root_upkeep.h"
 #include "io/mapped_file.h"
 #include "io/posix_file.h"
@@ -271,15 +272,37 @@ void LocalTier::Abandon(const Comm& comm, int64_t step) {
   }
 }
 
-// Save step 5, after an agreed commit: the steps past the newest keep_ leave
-// the view unless held on some rank; the node's lowest rank drops them
-// (LocalStore::Drop: the first becomes the next save's spare).
+Status LocalTier::Delete(const Comm& comm, int64_t step) {
+  // Why a vote: a reader on any rank (a drain, a partner's restore) keeps
+  // the step's files on every node.
+  if (comm.AllreduceMax(holds_.IsHeld(step) ? 1 : 0) != 0) {
+    return FailedPrecondition(
+        fmt::format("local step {} is held by a reader (a drain of it to the shared root, or a "
+                    "restore); delete it once that has ended",
+                    step));
+  }
+  Status s;
+  if (nodes_.leads(comm.rank())) s = store_.Remove(step);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    view_.erase(step);
+  }
+  return AgreeAll(s, comm);
+}
+
+// Save step 5, after an agreed commit: the steps the retention policy no
+// longer keeps (StepsToDelete, the shared root's policy with the newest keep_
+// and no keep_period) leave the view unless held on some rank; the node's
+// lowest rank drops them (LocalStore::Drop: the first becomes the next save's
+// spare).
 void LocalTier::Keep(const Comm& comm) {
   std::vector<int64_t> past, held;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto extra = static_cast<int64_t>(view_.size()) - keep_;
-    for (auto it = view_.begin(); extra > 0; ++it, --extra) past.push_back(it->first);
+    std::vector<int64_t> steps;
+    steps.reserve(view_.size());
+    for (const auto& [step, s] : view_) steps.push_back(step);
+    past = StepsToDelete(steps, keep_, /*keep_period=*/0);
   }
   for (int64_t step : past) held.push_back(holds_.IsHeld(step) ? 1 : 0);
   // Why a vote: a step held on any rank stays on every node, and the view

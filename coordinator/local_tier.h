@@ -138,6 +138,10 @@ class LocalTier {
   Status Commit(const Comm& comm, const io::Marker& marker, const std::string& text);
   /// Collective: removes step `step` on every node (a failed save).
   void Abandon(const Comm& comm, int64_t step);
+  /// Collective: removes committed step `step` on every node
+  /// (CheckpointManager::Delete; its node markers first). FailedPrecondition
+  /// if a rank holds it; the agreed outcome.
+  Status Delete(const Comm& comm, int64_t step);
 
   /// Keeps local step `step`'s files as they are while it lives: no save
   /// recycles or removes a held step on any node (save step 5 votes over

@@ -85,8 +85,8 @@ void ManagerImpl::Adopt(std::unique_ptr<io::RootStore> store,
   store_ = std::move(store);
   root_lock_ = std::move(root_lock);
   if (comm_.rank() == 0) {
-    retention_ =
-        std::make_unique<Retention>(store_.get(), options_.max_to_keep, options_.keep_period);
+    retention_ = std::make_unique<Retention>(store_.get(), options_.max_to_keep,
+                                             options_.keep_period, options_.keep_best);
   }
   caller_comm_ = std::move(caller_comm);
 }
@@ -278,6 +278,46 @@ Status ManagerImpl::Verify(int64_t step, const VerifyOptions& options, VerifyRep
     Watchdog::Guard phase(watchdog_, "verify", step);
     return RunVerify(step, options, report);
   });
+}
+
+Status ManagerImpl::Delete(int64_t step) {
+  // Saves in flight first: a step being committed, drained or retired is
+  // settled before it is looked for. Their error is Delete's, and nothing
+  // is deleted.
+  MHCKPT_RETURN_IF_ERROR(WaitUntilFinished());
+  return RunOnIoThread([&] {
+    Watchdog::Guard phase(watchdog_, "delete", step);
+    return RunDelete(step);
+  });
+}
+
+// 1. Which tiers hold the step: rank 0 lists the shared root (broadcast);
+//    the local tier's view is agreed. Neither: NotFound.
+// 2. The shared root (rank 0, Retention::Retire: its marker first, so the
+//    step is no longer committed; the files freed in the background). Agreed.
+// 3. The local tier (LocalTier::Delete), agreed: a crash between 2 and 3
+//    leaves a local step the next job restores or deletes again.
+Status ManagerImpl::RunDelete(int64_t step) {
+  std::vector<int64_t> shared{0};
+  Status listed;
+  if (comm_.rank() == 0) {
+    Result<std::vector<int64_t>> steps = store_->CommittedSteps();
+    listed = steps.status();
+    if (steps.ok()) shared[0] = std::binary_search(steps->begin(), steps->end(), step) ? 1 : 0;
+  }
+  MHCKPT_RETURN_IF_ERROR(AgreeAll(listed, comm_));
+  comm_.BroadcastValues(&shared, 0);
+  const bool local = local_ && local_->Find(step) != nullptr;
+  if (shared[0] == 0 && !local) {
+    return NotFound(fmt::format("step {} is not committed in '{}'{}", step, root(),
+                                local_ ? " nor in the local tier" : ""));
+  }
+  if (shared[0] != 0) {
+    Status s = comm_.rank() == 0 ? retention_->Retire(step) : OkStatus();
+    MHCKPT_RETURN_IF_ERROR(AgreeAll(s, comm_));
+  }
+  if (local) return local_->Delete(comm_, step);
+  return OkStatus();
 }
 
 Status ManagerImpl::OpenLocalTier() {

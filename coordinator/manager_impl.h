@@ -96,6 +96,9 @@ class ManagerImpl {
                                 const RestoreOptions& options);
   /// Collective, on the I/O thread after pending saves (verify.cc).
   Status Verify(int64_t step, const VerifyOptions& options, VerifyReport* report);
+  /// Collective: WaitUntilFinished, then on the I/O thread the step leaves
+  /// both tiers (CheckpointManager::Delete).
+  Status Delete(int64_t step);
   /// Collective, after Adopt, with Options::local_dir: opens the local tier
   /// and recovers what it holds (coordinator/local_tier.h).
   Status OpenLocalTier();
@@ -160,6 +163,8 @@ class ManagerImpl {
                     const RestoreOptions& options);
   /// Collective, on the I/O thread.
   Status RunVerify(int64_t step, const VerifyOptions& options, VerifyReport* report);
+  /// Collective, on the I/O thread.
+  Status RunDelete(int64_t step);
 
   /// Runs `fn` where HDF5 may be touched (the I/O thread, or inline when
   /// synchronous) and returns its status.

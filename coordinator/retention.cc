@@ -1,13 +1,21 @@
 #include "coordinator/retention.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
+#include <iterator>
+#include <set>
 #include <utility>
 
 #include "base/guard.h"
 #include "base/log.h"
 #include "base/status.h"
 #include "coordinator/io_thread.h"
+#include "io/marker.h"
 #include "io/root_store.h"
 
 namespace mhckpt::internal {
@@ -27,24 +35,98 @@ std::vector<int64_t> StepsToDelete(const std::vector<int64_t>& committed, int ma
   return out;
 }
 
-Retention::Retention(io::RootStore* store, int max_to_keep, int64_t keep_period)
-    : store_(store), max_to_keep_(max_to_keep), keep_period_(keep_period) {}
+std::vector<int64_t> BestStepsToDelete(const std::vector<int64_t>& committed,
+                                       const std::vector<std::optional<double>>& metrics,
+                                       int max_to_keep, int64_t keep_period, const KeepBest& best) {
+  std::vector<int64_t> out;
+  if (max_to_keep <= 0 || committed.size() <= static_cast<size_t>(max_to_keep)) return out;
+  // (metric, step), worst first: higher is better, or lower; then later.
+  std::vector<std::pair<double, int64_t>> ranked;
+  for (size_t i = 0; i < committed.size(); ++i) {
+    if (metrics[i]) ranked.emplace_back(best.maximize ? *metrics[i] : -*metrics[i], committed[i]);
+  }
+  std::sort(ranked.begin(), ranked.end());
+  std::set<int64_t> kept;
+  for (size_t i = ranked.size() > static_cast<size_t>(max_to_keep)
+                      ? ranked.size() - static_cast<size_t>(max_to_keep)
+                      : 0;
+       i < ranked.size(); ++i) {
+    kept.insert(ranked[i].second);
+  }
+  for (size_t i = 0; i < committed.size(); ++i) {
+    const int64_t step = committed[i];
+    if (kept.count(step) != 0 || (keep_period > 0 && step % keep_period == 0)) continue;
+    if (!metrics[i] && best.keep_without_metric) continue;
+    out.push_back(step);
+  }
+  return out;
+}
+
+std::optional<double> MetricOf(const UserMetadata& metadata, const std::string& key) {
+  auto it = metadata.find(key);
+  if (it == metadata.end()) return std::nullopt;
+  const std::string& text = it->second;
+  double v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || std::isnan(v)) return std::nullopt;
+  return v;
+}
+
+Retention::Retention(io::RootStore* store, int max_to_keep, int64_t keep_period, KeepBest best)
+    : store_(store), max_to_keep_(max_to_keep), keep_period_(keep_period), best_(std::move(best)) {}
 
 Retention::~Retention() = default;
+
+Result<std::vector<int64_t>> Retention::ToDelete(const std::vector<int64_t>& steps) {
+  if (best_.metric.empty()) return StepsToDelete(steps, max_to_keep_, keep_period_);
+  std::vector<std::optional<double>> metrics;
+  metrics.reserve(steps.size());
+  for (int64_t step : steps) {
+    auto it = metrics_.find(step);
+    if (it == metrics_.end()) {
+      Result<io::Marker> m = store_->ReadMarker(step);
+      // A marker that cannot be read stops the run (logged): nothing is
+      // ranked, and nothing deleted, on a guess.
+      if (!m.ok()) return m.status();
+      it = metrics_.emplace(step, MetricOf(m->user_metadata, best_.metric)).first;
+    }
+    metrics.push_back(it->second);
+  }
+  // Forget the steps gone otherwise (another job's Delete).
+  for (auto it = metrics_.begin(); it != metrics_.end();) {
+    it = std::binary_search(steps.begin(), steps.end(), it->first) ? std::next(it)
+                                                                   : metrics_.erase(it);
+  }
+  return BestStepsToDelete(steps, metrics, max_to_keep_, keep_period_, best_);
+}
 
 double Retention::Run(int64_t step) {
   const auto t0 = std::chrono::steady_clock::now();
   // Guarded: the caller records the run whatever happens, or waiters hang.
   Status gc = Guarded("rank 0: retention", [&] {
+    std::lock_guard<std::mutex> lock(mu_);
     MHCKPT_ASSIGN_OR_RETURN(std::vector<int64_t> committed, store_->CommittedSteps());
-    for (int64_t old : StepsToDelete(committed, max_to_keep_, keep_period_)) {
-      MHCKPT_ASSIGN_OR_RETURN(std::string retired, store_->RetireStep(old));
+    MHCKPT_ASSIGN_OR_RETURN(std::vector<int64_t> old, ToDelete(committed));
+    for (int64_t s : old) {
+      MHCKPT_ASSIGN_OR_RETURN(std::string retired, store_->RetireStep(s));
+      metrics_.erase(s);
       if (!retired.empty()) RemoveInBackground(std::move(retired));
     }
     return OkStatus();
   });
   if (!gc.ok()) Logger()->warn("mhckpt: retention after step {}: {}", step, gc.ToString());
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Status Retention::Retire(int64_t step) {
+  return Guarded("rank 0: delete", [&]() -> Status {
+    std::lock_guard<std::mutex> lock(mu_);
+    MHCKPT_ASSIGN_OR_RETURN(std::string retired, store_->RetireStep(step));
+    metrics_.erase(step);  // its number may come back, with another marker
+    if (retired.empty()) return NotFound(fmt::format("step {} is not committed", step));
+    RemoveInBackground(std::move(retired));
+    return OkStatus();
+  });
 }
 
 void Retention::RemoveInBackground(std::string dir) {

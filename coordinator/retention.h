@@ -1,11 +1,19 @@
-// Retention (Options::max_to_keep, keep_period): which committed steps of
-// the shared root a policy deletes, and the one object that deletes them.
+// Retention: which committed steps a policy deletes (StepsToDelete: the
+// shared root's Options::max_to_keep and keep_period, and the local tier's
+// local_max_to_keep, LocalTier::Keep), and the one object that deletes the
+// shared root's.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "base/status.h"
+#include "coordinator/options.h"
 
 namespace mhckpt::io {
 class RootStore;
@@ -21,6 +29,20 @@ class IoThread;
 std::vector<int64_t> StepsToDelete(const std::vector<int64_t>& committed, int max_to_keep,
                                    int64_t keep_period);
 
+/// The same by a metric (Options::keep_best): `metrics[i]` is the metric of
+/// `committed[i]` (nullopt: none). When more than `max_to_keep` steps are
+/// committed (0: keep all), the best `max_to_keep` with a metric are kept
+/// (between equal metrics the later step), those without one as
+/// `best.keep_without_metric` says, and multiples of `keep_period`. The
+/// newest step may go. Orbax's BestN with EveryNSteps, step for step.
+std::vector<int64_t> BestStepsToDelete(const std::vector<int64_t>& committed,
+                                       const std::vector<std::optional<double>>& metrics,
+                                       int max_to_keep, int64_t keep_period, const KeepBest& best);
+
+/// The metric `key` of a step's user metadata: its value read whole as a
+/// number; nullopt when absent, not a number, or NaN.
+std::optional<double> MetricOf(const UserMetadata& metadata, const std::string& key);
+
 /// Rank 0's retention of one shared root: the only owner of the policy, of
 /// the runs and of the thread that frees retired steps. A run retires the
 /// steps the policy no longer keeps (marker first, then the directory
@@ -28,14 +50,15 @@ std::vector<int64_t> StepsToDelete(const std::vector<int64_t>& committed, int ma
 /// hands their removal to its deleter thread, so that freeing their blocks
 /// delays neither WaitUntilFinished nor the next save.
 ///
-/// Runs happen on one thread at a time: the I/O thread, or in drain mode
+/// Runs follow commits on one thread: the I/O thread, or in drain mode
 /// (Options::persistent_deadline_seconds) only the drain thread, the only one
-/// that commits to the shared root then. The manager counts the runs still
-/// to come under its own lock (its waits also count saves and drains).
+/// that commits to the shared root then; a Delete's Retire comes from the I/O
+/// thread, and a lock keeps it apart from a run. The manager counts the runs
+/// still to come under its own lock (its waits also count saves and drains).
 class Retention {
  public:
   /// `store` outlives this object.
-  Retention(io::RootStore* store, int max_to_keep, int64_t keep_period);
+  Retention(io::RootStore* store, int max_to_keep, int64_t keep_period, KeepBest best = {});
   /// Finishes the removals already handed to the deleter thread, then joins.
   ~Retention();
   Retention(const Retention&) = delete;
@@ -56,6 +79,11 @@ class Retention {
   /// step is committed either way). Returns its seconds.
   double Run(int64_t step);
 
+  /// Retires `step` now (CheckpointManager::Delete) and hands its files to
+  /// the deleter: OK, NotFound if it is not committed, or the store's error.
+  /// Runs and retires happen one at a time (a lock).
+  Status Retire(int64_t step);
+
   /// Blocks until every removal handed to the deleter so far has ended (for
   /// tests).
   void WaitForRemovals();
@@ -63,12 +91,21 @@ class Retention {
   [[nodiscard]] bool enabled() const { return max_to_keep_ > 0; }
 
  private:
+  // The steps the policy deletes now, of the committed `steps`.
+  Result<std::vector<int64_t>> ToDelete(const std::vector<int64_t>& steps);
   void RemoveInBackground(std::string dir);
 
   io::RootStore* const store_;
   const int max_to_keep_;
   const int64_t keep_period_;
-  // Made on the first retired step, by the one thread that runs retention.
+  const KeepBest best_;
+  // Runs and Retire, one at a time: in drain mode a Delete from the I/O
+  // thread may meet a run on the drain thread.
+  std::mutex mu_;
+  // keep_best: each step's metric, read from its marker once (a step's
+  // marker never changes).
+  std::map<int64_t, std::optional<double>> metrics_;
+  // Made on the first retired step, under mu_.
   std::unique_ptr<IoThread> deleter_;
 };
 

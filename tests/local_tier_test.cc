@@ -558,6 +558,66 @@ TEST(TwoTiers, AFailedSaveLeavesEveryCommittedStep) {
   }
 }
 
+// Delete removes a step from both tiers on every node, durably (a new job
+// lists the same), or from the one tier that holds it; a missing step is an
+// agreed NotFound; the tiers' other steps restore as saved, and saves go on.
+TEST(TwoTiers, DeleteRemovesAStepFromEveryTierAndNode) {
+  using Listing = std::pair<std::vector<int64_t>, std::vector<int64_t>>;
+  const std::string dir = FreshDir();
+  {
+    auto m = OpenTwoTier(dir);
+    ASSERT_TRUE(m);
+    for (int64_t step = 0; step < 3; ++step) {
+      Step s(step, Rank(), Size());
+      ASSERT_TRUE(m->Save(step, s.arrays, {}, step == 1 ? kLocalOnly : kBothTiers).ok());
+    }
+    ASSERT_TRUE(m->WaitUntilFinished().ok());
+    ASSERT_EQ(Tiers(*m), (Listing{{0, 2}, {1, 2}}));
+    ASSERT_TRUE(m->Delete(2).ok());
+    EXPECT_EQ(Tiers(*m), (Listing{{0}, {1}}));
+    ASSERT_TRUE(m->Delete(1).ok());
+    EXPECT_EQ(Tiers(*m), (Listing{{0}, {}}));
+    Status missing = m->Delete(1);
+    EXPECT_EQ(missing.code(), StatusCode::kNotFound) << missing.ToString();
+    EXPECT_TRUE(SameOnAllRanks(missing));
+    EXPECT_TRUE(RestoreAndCheck(*m, 0, Size(), Rank()).ok());
+    Step s3(3, Rank(), Size());
+    ASSERT_TRUE(m->Save(3, s3.arrays, {}, kLocalOnly).ok());
+    ASSERT_TRUE(m->WaitUntilFinished().ok());
+    EXPECT_EQ(Tiers(*m), (Listing{{0}, {3}}));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto m = OpenTwoTier(dir);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(Tiers(*m), (Listing{{0}, {3}}));
+  EXPECT_TRUE(RestoreAndCheck(*m, 3, Size(), Rank(), RestoreSource::kLocal).ok());
+}
+
+// In drain mode Delete waits for the drain that reads the step (held at a
+// gate mid-write, released a second later), then removes the step from both
+// tiers: nothing of it is left to commit late.
+TEST(TwoTiersDrain, DeleteWaitsForTheStepsDrain) {
+  const std::string dir = FreshDir();
+  const std::string gate = dir + "/release";
+  Options o = TwoTierOptions(dir, Rank(), Size());
+  o.persistent_deadline_seconds = 300;  // never reached here
+  auto m = OpenGated(
+      dir, o, fmt::format("rank={},point=mid_write,action=wait,file={},step=1", Size() - 1, gate));
+  if (!m) return;  // failed, or skipped without a drain thread
+  Step s0(0, Rank(), Size()), s1(1, Rank(), Size());
+  ASSERT_TRUE(m->Save(0, s0.arrays, {}, kBothTiers).ok());
+  ASSERT_TRUE(m->Save(1, s1.arrays, {}, kBothTiers).ok());  // its drain waits at the gate
+  std::thread release;
+  if (Rank() == Size() - 1) release = OpenGateLater(gate, std::chrono::milliseconds(1000));
+  Status deleted = m->Delete(1);
+  if (release.joinable()) release.join();
+  fault::Configure("").IgnoreError();
+  ASSERT_TRUE(deleted.ok()) << deleted.ToString();
+  EXPECT_EQ(Tiers(*m), (std::pair<std::vector<int64_t>, std::vector<int64_t>>{{0}, {0}}));
+  EXPECT_TRUE(RestoreAndCheck(*m, 0, Size(), Rank(), RestoreSource::kPersistent).ok());
+  EXPECT_TRUE(RestoreAndCheck(*m, 0, Size(), Rank(), RestoreSource::kLocal).ok());
+}
+
 // In drain mode retention runs on the drain thread only. The drain of step
 // 2 retires step 0 and waits (a gate at `retention` on rank 0, step 0's
 // marker gone); meanwhile a local-only save must not run retention of its

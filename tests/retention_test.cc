@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <limits>
+#include <optional>
 #include <vector>
 
 #include "base/fault.h"
@@ -23,11 +25,44 @@ TEST(Retention, KeepsNewestAndPeriodSteps) {
   EXPECT_EQ(StepsToDelete({5}, 1, 0), std::vector<int64_t>{});
 }
 
+// Orbax's BestN with EveryNSteps, as its preservation policies compute them
+// (orbax/checkpoint/_src/checkpoint_managers/preservation_policy.py 0.12.8).
+TEST(Retention, KeepsTheBestByAMetricAsOrbaxDoes) {
+  const std::vector<int64_t> steps{1, 2, 3, 4, 5, 6};
+  const std::vector<std::optional<double>> acc{0.5, 0.9, std::nullopt, 0.7, 0.9, 0.1};
+  KeepBest max{"acc", true, true};
+  // The best two: 0.9 at 2 and at 5; without a metric: 3, kept.
+  EXPECT_EQ(BestStepsToDelete(steps, acc, 2, 0, max), (std::vector<int64_t>{1, 4, 6}));
+  // Equal metrics: the later step is better (Python's stable sort).
+  EXPECT_EQ(BestStepsToDelete(steps, acc, 1, 0, max), (std::vector<int64_t>{1, 2, 4, 6}));
+  KeepBest min{"acc", false, false};
+  // Lowest first; 3 goes, having no metric; the newest step 6 (0.1) stays,
+  // and 4 is a multiple of keep_period.
+  EXPECT_EQ(BestStepsToDelete(steps, acc, 2, 4, min), (std::vector<int64_t>{2, 3, 5}));
+  // No more steps than max_to_keep, or 0: nothing goes, metric or not.
+  EXPECT_EQ(BestStepsToDelete(steps, acc, 6, 0, min), std::vector<int64_t>{});
+  EXPECT_EQ(BestStepsToDelete(steps, acc, 0, 0, min), std::vector<int64_t>{});
+}
+
+TEST(Retention, AMetricIsAWholeNumberInTheMetadata) {
+  const UserMetadata m{{"loss", "0.25"},    {"int", "7"},   {"exp", "-1e-3"},
+                       {"inf", "Infinity"}, {"nan", "NaN"}, {"text", "\"0.25\""},
+                       {"tail", "0.25x"},   {"empty", ""}};
+  EXPECT_EQ(MetricOf(m, "loss"), 0.25);
+  EXPECT_EQ(MetricOf(m, "int"), 7.0);
+  EXPECT_EQ(MetricOf(m, "exp"), -1e-3);
+  EXPECT_EQ(MetricOf(m, "inf"), std::numeric_limits<double>::infinity());
+  for (const char* none : {"nan", "text", "tail", "empty", "absent"}) {
+    EXPECT_EQ(MetricOf(m, none), std::nullopt) << none;
+  }
+}
+
 // A committed step in `store` (no arrays).
-void CommitStep(io::RootStore& store, int64_t step) {
+void CommitStep(io::RootStore& store, int64_t step, UserMetadata metadata = {}) {
   ASSERT_TRUE(store.CreateStep(step).ok());
   io::Marker m;
   m.step = step;
+  m.user_metadata = std::move(metadata);
   m.world_size = 1;
   m.chunk_bytes = io::kChunkBytes;
   m.index.bytes = io::kIndexHeaderBytes;
@@ -64,6 +99,40 @@ TEST(Retention, RetiresWhatThePolicyDropsAndRemovesItInTheBackground) {
   r.WaitForRemovals();
   EXPECT_TRUE(store->RetiredSteps().value().empty());
   EXPECT_TRUE(store->StepsWithoutMarker().value().empty());
+}
+
+TEST(Retention, ByAMetricReadFromEachStepsMarker) {
+  auto store = io::MemoryRootStore::New("memory-root");
+  ASSERT_TRUE(store->Create().ok());
+  Retention r(store.get(), 2, 0, KeepBest{"loss", false, true});
+  const char* loss[] = {"0.9", "0.3", "0.5", "0.4", "0.8"};
+  for (int64_t step = 1; step <= 5; ++step) {
+    CommitStep(*store, step, {{"loss", loss[step - 1]}});
+    r.Run(step);
+  }
+  CommitStep(*store, 6);  // no metric: kept
+  r.Run(6);
+  EXPECT_EQ(store->CommittedSteps().value(), (std::vector<int64_t>{2, 4, 6}));
+  // A step number that comes back is read again, not taken from before.
+  ASSERT_TRUE(r.Retire(4).ok());
+  CommitStep(*store, 4, {{"loss", "0.1"}});
+  CommitStep(*store, 7, {{"loss", "0.2"}});
+  r.Run(7);
+  EXPECT_EQ(store->CommittedSteps().value(), (std::vector<int64_t>{4, 6, 7}));
+  r.WaitForRemovals();
+}
+
+TEST(Retention, RetireDeletesOneStepAndSaysWhenThereIsNone) {
+  auto store = io::MemoryRootStore::New("memory-root");
+  ASSERT_TRUE(store->Create().ok());
+  Retention r(store.get(), 0, 0);
+  CommitStep(*store, 1);
+  CommitStep(*store, 2);
+  ASSERT_TRUE(r.Retire(2).ok());
+  EXPECT_EQ(store->CommittedSteps().value(), std::vector<int64_t>{1});
+  EXPECT_EQ(r.Retire(2).code(), StatusCode::kNotFound);
+  r.WaitForRemovals();
+  EXPECT_TRUE(store->RetiredSteps().value().empty());
 }
 
 TEST(Retention, AFailedRunIsLoggedNotThrown) {

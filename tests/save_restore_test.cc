@@ -371,6 +371,71 @@ TEST(SaveRestore, RetentionKeepsNewestAndEveryKthStep) {
   w.Expect(3);
 }
 
+// keep_best: max_to_keep keeps the best steps by a metric in their
+// metadata (lower is better here), the newest included only if it is among
+// them; steps without the metric are kept.
+TEST(SaveRestore, RetentionKeepsTheBestStepsByAMetric) {
+  const std::string dir = FreshDir();
+  Options o;
+  o.max_to_keep = 2;
+  o.keep_best = {"loss", /*maximize=*/false, /*keep_without_metric=*/true};
+  auto mgr = OpenForTest(dir, o);
+  ASSERT_TRUE(mgr);
+  const char* loss[] = {"0.9", "0.2", "0.5", "0.3", "0.8", ""};
+  for (int step = 1; step <= 6; ++step) {
+    Saved a{{"x", DType::kInt32, {4}, {}}, {}};
+    a.Add(FullBox({4}), step);
+    UserMetadata m;
+    if (*loss[step - 1] != '\0') m["loss"] = loss[step - 1];
+    ASSERT_TRUE(mgr->Save(step, std::vector<ArrayToSave>{a.array}, m).ok());
+  }
+  ASSERT_TRUE(mgr->WaitUntilFinished().ok());
+  EXPECT_EQ(mgr->CommittedSteps().value(), (std::vector<int64_t>{2, 4, 6}));
+  Wanted w{{"x", DType::kInt32, {}}, {4}, {}};
+  w.Add(FullBox({4}));
+  ASSERT_TRUE(mgr->Restore(2, std::vector<ArrayToRestore>{w.array}).ok());
+  w.Expect(2);
+}
+
+// Delete: after the saves in flight, the step is gone on every rank (no
+// marker, not listed), the others restore as saved, a missing step is
+// NotFound on every rank, and a step number deleted may be saved again.
+TEST(SaveRestore, DeleteRemovesOneCommittedStepEverywhere) {
+  const std::string dir = FreshDir();
+  auto mgr = OpenForTest(dir, Options{});
+  ASSERT_TRUE(mgr);
+  std::vector<Saved> saved;
+  for (int step = 1; step <= 3; ++step) {
+    Saved a{{"x", DType::kFloat64, {4 * Size(), 3}, {}}, {}};
+    a.Add(RowBox({4 * Size(), 3}, Size(), Rank()), 10 + step);
+    saved.push_back(a);
+    ASSERT_TRUE(mgr->Save(step, std::vector<ArrayToSave>{saved.back().array}).ok());
+  }
+  // No WaitUntilFinished: Delete waits for step 2's commit itself.
+  ASSERT_TRUE(mgr->Delete(2).ok());
+  EXPECT_EQ(mgr->CommittedSteps().value(), (std::vector<int64_t>{1, 3}));
+  EXPECT_FALSE(std::filesystem::exists(io::MarkerPath(dir, 2)));
+  Status missing = mgr->Delete(2);
+  EXPECT_EQ(missing.code(), StatusCode::kNotFound) << missing.ToString();
+  EXPECT_TRUE(SameOnAllRanks(missing));
+  for (int step : {1, 3}) {
+    Wanted w{{"x", DType::kFloat64, {}}, {4 * Size(), 3}, {}};
+    w.Add(FullBox({4 * Size(), 3}));
+    ASSERT_TRUE(mgr->Restore(step, std::vector<ArrayToRestore>{w.array}).ok());
+    // Every rank's rows: each was filled from the same seed and the full shape.
+    w.Expect(10 + step);
+  }
+  Saved again{{"x", DType::kFloat64, {4 * Size(), 3}, {}}, {}};
+  again.Add(RowBox({4 * Size(), 3}, Size(), Rank()), 99);
+  ASSERT_TRUE(mgr->Save(2, std::vector<ArrayToSave>{again.array}).ok());
+  ASSERT_TRUE(mgr->Delete(3).ok());
+  EXPECT_EQ(mgr->CommittedSteps().value(), (std::vector<int64_t>{1, 2}));
+  Wanted w{{"x", DType::kFloat64, {}}, {4 * Size(), 3}, {}};
+  w.Add(FullBox({4 * Size(), 3}));
+  ASSERT_TRUE(mgr->Restore(2, std::vector<ArrayToRestore>{w.array}).ok());
+  w.Expect(99);
+}
+
 // Retention retires old steps at once (marker, then a rename out of the
 // listing) and removes their files in the background: after
 // WaitUntilFinished the old steps are neither listed nor under their step

@@ -29,6 +29,10 @@ class CheckpointManager:
         with ``MPI_THREAD_MULTIPLE`` unless someone has initialised MPI).
       max_to_keep: keep the newest N committed steps (0: all).
       keep_period: also keep steps that are multiples of this (0: none).
+      best_metric: keep the best ``max_to_keep`` steps by this key of their
+        ``save(metadata=...)`` (a number) instead of the newest; steps
+        without it are kept if ``keep_without_metric``; the newest may go.
+      best_mode: ``"max"`` (higher is better) or ``"min"``.
       async_save: commit on a background thread (needs MPI_THREAD_MULTIPLE;
         otherwise ``save`` commits before returning).
       staging_budget_bytes: most host staging memory (0: one save's worth).
@@ -132,6 +136,9 @@ class CheckpointManager:
         *,
         max_to_keep: int = 0,
         keep_period: int = 0,
+        best_metric: Optional[str] = None,
+        best_mode: str = "max",
+        keep_without_metric: bool = True,
         async_save: bool = True,
         staging_budget_bytes: int = 0,
         verify_replicas: bool = False,
@@ -169,6 +176,11 @@ class CheckpointManager:
         o = _core.Options()
         o.max_to_keep = max_to_keep
         o.keep_period = keep_period
+        if best_mode not in ("max", "min"):
+            raise ValueError("best_mode=%r: want 'max' or 'min'" % (best_mode,))
+        o.best_metric = "" if best_metric is None else str(best_metric)
+        o.best_maximize = best_mode == "max"
+        o.keep_without_metric = bool(keep_without_metric)
         o.async_save = async_save
         o.staging_budget_bytes = staging_budget_bytes
         o.verify_replicas = verify_replicas
@@ -618,6 +630,13 @@ class CheckpointManager:
         ranks). Raises DataLossError naming the array and box of the first
         damage, NotFoundError if the step is not committed."""
         return self._impl.verify(int(step))
+
+    def delete(self, step: int) -> None:
+        """Deletes committed step ``step`` from every tier that holds it
+        (collective), once the saves in flight have ended (their error is
+        raised, and nothing deleted). Raises NotFoundError if no tier holds
+        it, FailedPreconditionError if a reader still holds its local copy."""
+        self._impl.delete(int(step))
 
     # ---------------------------------------------------------------- details
 

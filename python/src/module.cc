@@ -2,8 +2,8 @@
 // (coordinator/checkpoint_manager.h). Pytree walking, shardings and targets
 // live in the Python modules; this file only
 //   - turns (name, dtype, shape, [(start, count, buffer)]) lists into
-//     ArrayToSave / ArrayToRestore, taking each buffer by pointer through the
-//     buffer protocol or DLPack (nanobind's ndarray), with no copy;
+//     ArrayToSave / ArrayToRestore (convert.h), taking each buffer by pointer
+//     through the buffer protocol or DLPack (nanobind's ndarray), with no copy;
 //   - releases the GIL around every call that blocks (save's snapshot,
 //     restore, wait, verify, close, and the per-step rounds of
 //     reached_preemption and should_save, which may wait for a rank behind);
@@ -29,296 +29,11 @@
 #include <vector>
 
 #include "base/fault.h"
+#include "convert.h"
 #include "coordinator/checkpoint_manager.h"
-
-namespace nb = nanobind;
 
 namespace mhckpt::python {
 namespace {
-
-// Set by mhckpt/_errors.py: (code name, message) -> exception instance.
-nb::object& ErrorFactory() {
-  static nb::object* factory = new nb::object();  // never destroyed: outlives the interpreter
-  return *factory;
-}
-
-[[noreturn]] void Raise(const Status& s) {
-  nb::object exc;
-  if (ErrorFactory().is_valid()) exc = ErrorFactory()(StatusCodeName(s.code()), s.message());
-  if (!exc.is_valid()) throw std::runtime_error(s.ToString());
-  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
-  throw nb::python_error();
-}
-
-void Check(const Status& s) {
-  if (!s.ok()) Raise(s);
-}
-
-template <typename T>
-T Check(Result<T> r) {
-  if (!r.ok()) Raise(r.status());
-  return std::move(r).value();
-}
-
-// Thrown while converting one rank's arguments; becomes that rank's Status,
-// which the rest agree on (a rank must not skip the collective call).
-struct LocalError {
-  std::string message;
-};
-
-// SaveOptions::tier by name, as Python passes it ("" is automatic).
-SaveTier TierFromName(const std::string& name) {
-  if (name.empty()) return SaveTier::kAuto;
-  if (name == "local") return SaveTier::kLocal;
-  if (name == "persistent") return SaveTier::kPersistent;
-  throw LocalError{"tier '" + name + "' is not None, 'local' or 'persistent'"};
-}
-
-// RestoreOptions::source by name.
-RestoreSource SourceFromName(const std::string& name) {
-  if (name == "any") return RestoreSource::kAny;
-  if (name == "local") return RestoreSource::kLocal;
-  if (name == "persistent") return RestoreSource::kPersistent;
-  throw LocalError{"source '" + name + "' is not 'any', 'local' or 'persistent'"};
-}
-
-DType ParseDType(const std::string& name, const std::string& array) {
-  std::optional<DType> d = DTypeFromName(name);
-  if (!d) throw LocalError{"array '" + array + "': unknown dtype '" + name + "'"};
-  return *d;
-}
-
-// A buffer as mhckpt sees it: a pointer, its memory kind and, for device
-// memory, its CUDA device. Takes any object with the buffer protocol or
-// DLPack, without a copy; refuses what the C++ core cannot take as one
-// row-major run of `count` elements of `dtype`. nanobind calls __dlpack__()
-// without a stream, which makes the producer synchronise nothing: the order
-// with the producer's work comes from the stream each shard names (ShardSpec).
-struct PyBuffer {
-  void* data;
-  Memory memory;
-  int device;
-};
-
-template <typename Array>
-PyBuffer Buffer(nb::handle obj, const std::vector<int64_t>& count, DType dtype,
-                const std::string& what) {
-  Array a;
-  if (!nb::try_cast(obj, a)) {
-    throw LocalError{what + ": " + nb::type_name(obj.type()).c_str() +
-                     " is not a buffer (buffer protocol or DLPack)" +
-                     (std::is_same_v<Array, nb::ndarray<>> ? " or is read-only" : "")};
-  }
-  int64_t expect = 1;
-  for (size_t i = a.ndim(); i-- > 0;) {
-    if (a.shape(i) > 1 && a.stride(i) != expect) throw LocalError{what + ": not C-contiguous"};
-    expect *= static_cast<int64_t>(a.shape(i));
-  }
-  std::optional<int64_t> volume = Volume(count);
-  if (!volume) throw LocalError{what + ": invalid box extents"};
-  size_t need = static_cast<size_t>(*volume) * DTypeSize(dtype);
-  if (a.nbytes() != need) {
-    throw LocalError{what + ": the buffer holds " + std::to_string(a.nbytes()) +
-                     " bytes, the box " + ShapeToString(count) + " of " +
-                     std::string(DTypeName(dtype)) + " needs " + std::to_string(need)};
-  }
-  Memory memory;
-  switch (a.device_type()) {
-    case nb::device::cpu::value:
-    case nb::device::cuda_host::value: memory = Memory::kHost; break;
-    case nb::device::cuda::value: memory = Memory::kCuda; break;
-    default:
-      throw LocalError{what + ": the buffer is on a device mhckpt does not support (DLPack " +
-                       "device type " + std::to_string(a.device_type()) + ")"};
-  }
-  // The caller's Python objects (in `specs`) keep the memory alive for the
-  // call (and a lazy save's HeldBuffers until its copy ends).
-  return {const_cast<void*>(static_cast<const void*>(a.data())), memory,
-          memory == Memory::kCuda ? static_cast<int>(a.device_id()) : -1};
-}
-
-std::string BoxWhat(const std::string& name, const std::vector<int64_t>& start,
-                    const std::vector<int64_t>& count) {
-  return "array '" + name + "' box " + BoxToString({start, count});
-}
-
-// (start, count, buffer object[, stream]) of one box; the buffer is
-// converted in C++ so that a bad one is this rank's error, not an exception
-// before the collective. `stream`: for device memory, the producer's
-// cudaStream_t as an integer (torch.cuda.current_stream().cuda_stream), on
-// which the buffer's last writes (save) or pending uses (restore) were
-// issued; mhckpt's copies are ordered after that stream's work and the stream
-// waits for them. Absent, None or 0: the legacy default stream.
-using ShardSpec = nb::tuple;
-using SaveSpec = std::tuple<std::string, std::string, std::vector<int64_t>, std::vector<ShardSpec>>;
-using RestoreSpec = std::tuple<std::string, std::string, std::vector<ShardSpec>>;
-// ("", "") for no error, else (StatusCode name, message) of an error found in Python.
-using PyError = std::pair<std::string, std::string>;
-
-struct ParsedShard {
-  Box box;
-  nb::handle obj;
-  void* stream = nullptr;
-};
-
-ParsedShard ParseShard(const ShardSpec& spec, const std::string& name) {
-  ParsedShard p;
-  if ((spec.size() != 3 && spec.size() != 4) || !nb::try_cast(spec[0], p.box.start) ||
-      !nb::try_cast(spec[1], p.box.count)) {
-    throw LocalError{"array '" + name + "': a shard is (start, count, buffer[, stream])"};
-  }
-  p.obj = spec[2];
-  uintptr_t stream = 0;
-  if (spec.size() == 4 && !spec[3].is_none() && !nb::try_cast(spec[3], stream)) {
-    throw LocalError{"array '" + name + "': a shard's stream is an integer cudaStream_t or None"};
-  }
-  // A cudaStream_t that Python holds as an integer.
-  p.stream = reinterpret_cast<void*>(stream);  // NOLINT(performance-no-int-to-ptr)
-  return p;
-}
-
-// The buffers of a lazy save, held from Save until its copy has ended: the
-// Python objects that Save took pointers into, each of which owns its memory
-// (a numpy array its data, a tensor its storage, a jax.Array its device
-// buffer). A temporary the Python layer made for the call (a contiguous copy
-// of a strided array) would otherwise be freed when Save returns, under the
-// copy. Not nanobind's views: a DLPack view of a jax.Array is an external
-// reference, which would make XLA refuse to donate the array during the copy
-// instead of the save failing, as documented (the Python layer's check).
-// Release drops them, with the GIL; once the interpreter has gone, it leaks
-// them instead.
-class HeldBuffers {
- public:
-  HeldBuffers() = default;
-  HeldBuffers(const HeldBuffers&) = delete;
-  HeldBuffers& operator=(const HeldBuffers&) = delete;
-  ~HeldBuffers() { Release(); }
-
-  // With the GIL.
-  void Add(nb::handle obj) {
-    std::lock_guard<std::mutex> lock(mu_);
-    objects_.push_back(nb::borrow(obj));
-  }
-
-  // Any thread, with or without the GIL; once (later calls do nothing).
-  void Release() {
-    std::vector<nb::object> objects;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      objects.swap(objects_);
-    }
-    if (objects.empty()) return;
-    if (Py_IsInitialized() == 0) {
-      for (nb::object& o : objects) (void)o.release();  // leaked
-      return;
-    }
-    nb::gil_scoped_acquire gil;
-    objects.clear();
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<nb::object> objects_;
-};
-
-// `held`, if given, gets every buffer (a lazy save's, HeldBuffers).
-std::vector<ArrayToSave> ToSave(const std::vector<SaveSpec>& specs, HeldBuffers* held = nullptr) {
-  std::vector<ArrayToSave> arrays;
-  arrays.reserve(specs.size());
-  for (const auto& [name, dtype, shape, shards] : specs) {
-    ArrayToSave a{name, ParseDType(dtype, name), shape, {}};
-    for (const ShardSpec& spec : shards) {
-      ParsedShard p = ParseShard(spec, name);
-      PyBuffer b = Buffer<nb::ndarray<nb::ro>>(p.obj, p.box.count, a.dtype,
-                                               BoxWhat(name, p.box.start, p.box.count));
-      if (held != nullptr) held->Add(p.obj);
-      a.shards.push_back(
-          Shard{p.box, b.data, b.memory, b.device, b.memory == Memory::kCuda ? p.stream : nullptr});
-    }
-    arrays.push_back(std::move(a));
-  }
-  return arrays;
-}
-
-std::vector<ArrayToRestore> ToRestore(const std::vector<RestoreSpec>& specs) {
-  std::vector<ArrayToRestore> arrays;
-  arrays.reserve(specs.size());
-  for (const auto& [name, dtype, shards] : specs) {
-    ArrayToRestore a{name, ParseDType(dtype, name), {}};
-    for (const ShardSpec& spec : shards) {
-      ParsedShard p = ParseShard(spec, name);
-      PyBuffer b = Buffer<nb::ndarray<>>(p.obj, p.box.count, a.dtype,
-                                         BoxWhat(name, p.box.start, p.box.count));
-      a.shards.push_back(Destination{p.box, b.data, b.memory, b.device,
-                                     b.memory == Memory::kCuda ? p.stream : nullptr});
-    }
-    arrays.push_back(std::move(a));
-  }
-  return arrays;
-}
-
-StatusCode CodeFromName(const std::string& name) {
-  for (int c = 0; c <= static_cast<int>(StatusCode::kInternal); ++c) {
-    if (name == StatusCodeName(static_cast<StatusCode>(c))) return static_cast<StatusCode>(c);
-  }
-  return StatusCode::kInternal;
-}
-
-nb::dict TimingsToDict(const SaveTimings& t) {
-  nb::dict d;
-  d["budget_wait"] = t.budget_wait;
-  d["snapshot"] = t.snapshot;
-  d["plan"] = t.plan;
-  d["write"] = t.write;
-  d["flush"] = t.flush;
-  d["commit"] = t.commit;
-  d["gc"] = t.gc;
-  d["plan_cached"] = t.plan_cached;
-  d["local_bytes"] = t.local_bytes;
-  d["written_bytes"] = t.written_bytes;
-  return d;
-}
-
-nb::dict DescriptionToDict(const StepDescription& m) {
-  nb::list arrays;
-  for (const StoredArray& a : m.arrays) {
-    nb::list boxes;
-    for (const StoredBox& b : a.boxes) {
-      nb::dict box;
-      box["start"] = b.box.start;
-      box["count"] = b.box.count;
-      box["writer"] = b.writer;
-      box["checksum"] = b.checksum;
-      boxes.append(box);
-    }
-    nb::dict d;
-    d["name"] = a.name;
-    d["dtype"] = std::string(DTypeName(a.dtype));
-    d["shape"] = a.shape;
-    d["replicated"] = a.replicated;
-    d["boxes"] = boxes;
-    arrays.append(d);
-  }
-  nb::dict d;
-  d["format_version"] = m.format_version;
-  d["files"] = m.files;
-  d["step"] = m.step;
-  d["world_size"] = m.world_size;
-  d["created_unix_ms"] = m.created_unix_ms;
-  d["total_bytes"] = m.total_bytes;
-  d["arrays"] = arrays;
-  d["user_metadata"] = m.user_metadata;
-  if (m.preemption) {
-    nb::dict p;
-    p["notice_unix_ms"] = m.preemption->notice_unix_ms;
-    p["grace_seconds"] = m.preemption->grace_seconds;
-    p["saved_after_seconds"] = m.preemption->saved_after_seconds;
-    d["preemption"] = p;
-  } else {
-    d["preemption"] = nb::none();
-  }
-  return d;
-}
 
 // MPI_Comm from an mpi4py handle (an address-sized integer), or the world.
 MPI_Comm CommFromHandle(std::optional<uintptr_t> handle) {
@@ -505,6 +220,10 @@ class PyManager {
     uint64_t bytes = 0;
     Blocking([&](CheckpointManager& mgr) { return mgr.Verify(step, &bytes); });
     return bytes;
+  }
+
+  void Delete(int64_t step) {
+    Blocking([&](CheckpointManager& mgr) { return mgr.Delete(step); });
   }
 
   std::vector<int64_t> Steps() const { return Check(Mgr().CommittedSteps()); }
@@ -697,6 +416,15 @@ NB_MODULE(_core, m) {
       .def_rw("remove_uncommitted_on_open", &Options::remove_uncommitted_on_open)
       .def_rw("max_to_keep", &Options::max_to_keep)
       .def_rw("keep_period", &Options::keep_period)
+      .def_prop_rw(
+          "best_metric", [](const Options& o) { return o.keep_best.metric; },
+          [](Options& o, const std::string& m) { o.keep_best.metric = m; })
+      .def_prop_rw(
+          "best_maximize", [](const Options& o) { return o.keep_best.maximize; },
+          [](Options& o, bool b) { o.keep_best.maximize = b; })
+      .def_prop_rw(
+          "keep_without_metric", [](const Options& o) { return o.keep_best.keep_without_metric; },
+          [](Options& o, bool b) { o.keep_best.keep_without_metric = b; })
       .def_rw("staging_budget_bytes", &Options::staging_budget_bytes)
       .def_rw("verify_replicas", &Options::verify_replicas)
       .def_rw("collective_timeout_seconds", &Options::collective_timeout_seconds)
@@ -754,6 +482,7 @@ NB_MODULE(_core, m) {
       .def("restore", &PyManager::Restore)
       .def("restore_latest", &PyManager::RestoreLatest)
       .def("verify", &PyManager::Verify)
+      .def("delete", &PyManager::Delete, nb::arg("step"))
       .def("reached_preemption", &PyManager::ReachedPreemption, nb::arg("step"))
       .def("should_save", &PyManager::ShouldSave, nb::arg("step"))
       .def("steps", &PyManager::Steps)
