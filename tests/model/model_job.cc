@@ -16,6 +16,7 @@
 //            job can predict every box.
 //   wait     WaitUntilFinished (after every lazy save's fence)
 //   steps    Steps() and LatestStep()
+//   delete   step: Delete(step), then Steps() and LatestStep()
 //   restore  step, source (any|local|persistent), seed, arrays: [{name,
 //            dtype, shape, seed, restore}] — `restore` is the new sharding
 //            (rows_rev, cols2, all, one, rand); every byte returned is compared
@@ -291,6 +292,11 @@ class Job {
     if (kind == "wait") return Wait();
     if (kind == "steps") {
       json res = StatusJson(OkStatus());
+      AddSteps(&res);
+      return res;
+    }
+    if (kind == "delete") {
+      json res = StatusJson(mgr_->Delete(op.at("step").get<int64_t>()));
       AddSteps(&res);
       return res;
     }

@@ -19,6 +19,8 @@ restart, kill, damage or node loss):
   wait     WaitUntilFinished
   steps    Steps() and LatestStep()
   restore  a step into a new sharding, from any, the local or the shared tier
+  delete   a step, after a wait: gone from both tiers, or NotFound if neither
+           holds it (drawn from a random stream of its own)
   release  the held drain goes on
   restart  the job ends; a new one at another world size reopens and restores
            every step it lists
@@ -113,6 +115,9 @@ class Gen:
 
     def __init__(self, seed, n_ops, lazy_waits=False, no_abandon=False):
         self.r = random.Random(seed)
+        # Deletes are drawn from a stream of their own, so that a seed's other
+        # operations are the ones it had before deletes were added.
+        self.rd = random.Random(seed * 7919 + 1)
         self.lazy_waits = lazy_waits
         self.no_abandon = no_abandon
         self.n_ops = n_ops
@@ -250,6 +255,10 @@ class Gen:
                 ops.append({"op": "damage", "node": r.randrange(4), "pick": r.randrange(1000)})
             else:
                 ops.append({"op": "lose", "node": r.randrange(nodes_of(np, self.rpn))})
+            if saved and not held and self.rd.random() < 0.07:
+                # Mostly a recent step; sometimes one that may be gone.
+                pick = saved[-3:] if self.rd.random() < 0.8 else saved
+                ops.append({"op": "delete", "step": self.rd.choice(pick)})
         if held:
             ops.append({"op": "release"})
         return ops
@@ -478,7 +487,7 @@ class Runner:
         self.mpiexec = shlex.split(args.mpiexec)
         self.np_flag = args.np_flag
         self.verbose = args.verbose
-        self.stats = {"ops": 0, "jobs": 0, "restores": 0, "kills": 0, "faults": 0,
+        self.stats = {"ops": 0, "jobs": 0, "restores": 0, "kills": 0, "faults": 0, "deletes": 0,
                       "bytes": 0, "damaged_lost": 0,
                       "latest": 0}
 
@@ -627,6 +636,11 @@ class Runner:
                         arrays.append(b)
                 out.append({"op": "latest", "source": op["source"], "arrays": arrays})
                 owner.append(k)
+            elif kind == "delete":
+                # Delete waits for the saves in flight itself; the wait before
+                # it settles them in the model first.
+                out.extend([{"op": "wait"}, {"op": "delete", "step": op["step"]}])
+                owner.extend([k, k])
             elif kind == "release":
                 f = self.held_file_at_expand
                 out.append({"op": "release", "file": f} if f else {"op": "steps"})
@@ -852,6 +866,34 @@ class Runner:
             self.check_all(where, jop, ranks, model)
         elif kind == "latest":
             self.latest(where, jop, ranks, model)
+        elif kind == "delete":
+            self.delete(where, jop, ranks, model)
+
+    def delete(self, where, jop, ranks, model):
+        """After the wait before it: a step the model lists in either tier is
+        deleted from both (OK), any other is NotFound; a step whose drain may
+        still read it (abandoned at a gate in this job) may be refused while
+        held. Then every rank lists the model's steps."""
+        self.same_status(where, ranks)
+        self.stats["deletes"] += 1
+        step = jop["step"]
+        code, status = ranks[0]["code"], ranks[0]["status"]
+        rec = model.steps.get(step)
+        listed = rec is not None and "yes" in (rec.local, rec.persistent)
+        unknown = rec is not None and "maybe" in (rec.local, rec.persistent)
+        if code == "FAILED_PRECONDITION" and step in self.gated:
+            model.compare_steps(where, ranks)
+            return
+        if code == "OK" and not (listed or unknown):
+            raise Failure("%s: Delete of a step the model does not hold returned OK" % where)
+        if code == "NOT_FOUND" and listed:
+            raise Failure("%s: Delete: %s, but the model holds step %d" % (where, status, step))
+        if code not in ("OK", "NOT_FOUND"):
+            raise Failure("%s: Delete: %s" % (where, status))
+        if rec is not None:
+            rec.local, rec.persistent = "no", "no"
+            rec.holdings, rec.damaged = {}, set()
+        model.compare_steps(where, ranks)
 
     def save(self, where, jop, dop, ranks, model):
         step = jop["step"]
@@ -1242,10 +1284,11 @@ def main():
             break
     st = runner.stats
     print("model: %d sequences, %d operations, %d jobs, %d restores (%.1f MiB compared), "
-          "%d RestoreLatest, %d injected errors, %d kills, %d restores of a step with no intact "
-          "copy left failed with DataLoss, %d failing seeds %s, %.0f s" % (
+          "%d RestoreLatest, %d deletes, %d injected errors, %d kills, %d restores of a step with "
+          "no intact copy left failed with DataLoss, %d failing seeds %s, %.0f s" % (
               len(cases), st["ops"], st["jobs"], st["restores"], st["bytes"] / 2**20,
-              st["latest"], st["faults"], st["kills"], st["damaged_lost"], len(failures), failures,
+              st["latest"], st["deletes"], st["faults"], st["kills"], st["damaged_lost"],
+              len(failures), failures,
               time.time() - t0))
     return 1 if failures else 0
 
