@@ -500,6 +500,8 @@ SaveTimings CheckpointManager::LastSaveTimings() const { return impl_->last_timi
 
 size_t CheckpointManager::StagingBytes() const { return impl_->pool().allocated_bytes(); }
 
+size_t CheckpointManager::PinnedStagingBytes() const { return impl_->pool().pinned_bytes(); }
+
 bool CheckpointManager::async() const { return impl_->async(); }
 const std::string& CheckpointManager::root() const { return impl_->root(); }
 

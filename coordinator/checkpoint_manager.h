@@ -365,6 +365,11 @@ class CheckpointManager {
   [[nodiscard]] SaveTimings LastSaveTimings() const;
   /// Local. Host staging memory held now (kept between saves), in bytes.
   [[nodiscard]] size_t StagingBytes() const;
+  /// Local. Of StagingBytes, the bytes pinned (page-locked) for device
+  /// copies; 0 without CUDA. A buffer that could not be pinned when it was
+  /// lent (no device in use yet, or CUDA refused) is tried again at its
+  /// next use, so this may grow after a later save.
+  [[nodiscard]] size_t PinnedStagingBytes() const;
   /// Local. True if saves run on the background I/O thread.
   [[nodiscard]] bool async() const;
   [[nodiscard]] const std::string& root() const;

@@ -44,7 +44,8 @@ ManagerImpl::ManagerImpl(Comm comm, std::string root, const Options& options, bo
       device_broadcasts_(options.collective_timeout_seconds),
       drains_(options.persistent_deadline_seconds) {
   if (CudaAvailable()) {
-    // Pinned once per buffer; buffers are reused, so pinning is not per save.
+    // Pinned once per buffer (at its first use, or a later one if that
+    // failed); buffers are reused, so pinning is not per save.
     pool_.SetHooks(PinHostMemory, UnpinHostMemory);
   }
   pool_.SetCarryOver(options.carry_staging_over);

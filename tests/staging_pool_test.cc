@@ -38,6 +38,57 @@ TEST(StagingPool, ReserveMapsAheadAndTheFirstAcquireTakesIt) {
   EXPECT_EQ(b->data()[(6 << 20) - 1], std::byte{3});
 }
 
+// A buffer that could not be pinned is not marked pinned, is tried again at
+// its next use, and is unpinned at the end only if pinning succeeded.
+TEST(StagingPool, AFailedPinIsRetriedAtTheNextUse) {
+  int tries = 0, freed = 0;
+  {
+    StagingPool pool(8 << 20);
+    pool.SetHooks([&](void*, size_t) { return ++tries >= 2; },  // fails once, as CUDA may
+                  [&](void*) { ++freed; });
+    {
+      auto b = pool.Acquire(1 << 20);
+      ASSERT_TRUE(b.ok());
+      EXPECT_FALSE(b->pinned());
+      EXPECT_EQ(pool.pinned_bytes(), 0u);
+    }
+    {
+      auto b = pool.Acquire(1 << 20);  // the same buffer, pinned now
+      ASSERT_TRUE(b.ok());
+      EXPECT_TRUE(b->pinned());
+      EXPECT_EQ(pool.pinned_bytes(), pool.allocated_bytes());
+    }
+    auto b = pool.Acquire(1 << 20);
+    ASSERT_TRUE(b.ok());
+    EXPECT_TRUE(b->pinned());
+    EXPECT_EQ(tries, 2) << "a pinned buffer was pinned again";
+  }
+  EXPECT_EQ(freed, 1);
+}
+
+// Negative control: with a hook that never succeeds, nothing is reported
+// pinned and nothing is unpinned, however often the buffer is used.
+TEST(StagingPool, ABufferThatCannotBePinnedIsNeverReportedPinned) {
+  int tries = 0, freed = 0;
+  {
+    StagingPool pool(8 << 20);
+    pool.SetHooks(
+        [&](void*, size_t) {
+          ++tries;
+          return false;
+        },
+        [&](void*) { ++freed; });
+    for (int i = 0; i < 3; ++i) {
+      auto b = pool.Acquire(1 << 20);
+      ASSERT_TRUE(b.ok());
+      EXPECT_FALSE(b->pinned());
+    }
+    EXPECT_EQ(pool.pinned_bytes(), 0u);
+  }
+  EXPECT_EQ(tries, 3);
+  EXPECT_EQ(freed, 0);
+}
+
 TEST(StagingPool, ReserveBeyondTheBudgetIsANoOp) {
   StagingPool pool(4 << 20);
   ASSERT_TRUE(pool.Reserve(16 << 20).ok());

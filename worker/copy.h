@@ -146,6 +146,8 @@ class PinnedBuffer {
   PinnedBuffer& operator=(const PinnedBuffer&) = delete;
   [[nodiscard]] std::byte* data() const { return data_; }
   [[nodiscard]] size_t size() const { return size_; }
+  /// Whether cudaHostAlloc gave the memory (else it is plain, pageable).
+  [[nodiscard]] bool pinned() const { return pinned_; }
 
  private:
   std::byte* data_ = nullptr;
@@ -159,10 +161,11 @@ class PinnedBuffer {
 Result<int> DeviceOfPointer(const void* data);
 
 /// Pins (page-locks) host memory for fast DMA, in the thread's current
-/// context or on a device noted before; a no-op without CUDA. A failure
-/// (or no device known yet) leaves the memory pageable, copies slower, and
-/// is logged once per process.
-void PinHostMemory(void* data, size_t bytes);
+/// context or on a device noted before; returns whether it did (false
+/// without CUDA). A failure (or no device known yet) leaves the memory
+/// pageable, copies slower, and is logged once per process; the staging
+/// pool tries again at the buffer's next use.
+bool PinHostMemory(void* data, size_t bytes);
 void UnpinHostMemory(void* data);
 
 }  // namespace mhckpt::internal

@@ -480,23 +480,26 @@ Result<int> DeviceOfPointer(const void* data) {
   return attr.device;
 }
 
-void PinHostMemory(void* data, size_t bytes) {
+bool PinHostMemory(void* data, size_t bytes) {
   static std::atomic<bool> warned{false};
-  if (!CudaAvailable() || bytes == 0) return;
+  if (!CudaAvailable() || bytes == 0) return false;
   ScopedDevice scope;
   if (!HostMemoryContext(scope, -1)) {
-    WarnOnce(warned, fmt::format("staging buffer of {} bytes left pageable: no CUDA device in use "
-                                 "yet on this thread (device copies from it are slower)",
+    WarnOnce(warned, fmt::format("staging buffer of {} bytes left pageable for now: no CUDA device "
+                                 "in use yet on this thread (tried again at its next use)",
                                  bytes));
-    return;
+    return false;
   }
   cudaError_t e = cudaHostRegister(data, bytes, cudaHostRegisterPortable);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     WarnOnce(warned, fmt::format("cudaHostRegister of a {}-byte staging buffer failed: {}; it "
-                                 "stays pageable (device copies from it are slower)",
+                                 "stays pageable until a later use pins it (device copies from "
+                                 "it are slower)",
                                  bytes, cudaGetErrorString(e)));
+    return false;
   }
+  return true;
 }
 
 void UnpinHostMemory(void* data) {

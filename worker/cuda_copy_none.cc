@@ -55,7 +55,7 @@ Status ScopedDevice::Use(int) { return FailedPrecondition("mhckpt was built with
 
 void NoteDevice(int, const void*) {}
 
-void PinHostMemory(void*, size_t) {}
+bool PinHostMemory(void*, size_t) { return false; }
 void UnpinHostMemory(void*) {}
 
 PinnedBuffer::PinnedBuffer(size_t bytes, int)

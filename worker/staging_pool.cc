@@ -60,6 +60,7 @@ StagingBuffer& StagingBuffer::operator=(StagingBuffer&& o) noexcept {
     std::swap(owner_, o.owner_);
     std::swap(data_, o.data_);
     std::swap(size_, o.size_);
+    std::swap(pinned_, o.pinned_);
   }
   return *this;
 }
@@ -80,6 +81,7 @@ void StagingBuffer::Release() {
   pool_ = nullptr;
   data_ = nullptr;
   size_ = 0;
+  pinned_ = false;
 }
 
 StagingPool::StagingPool(size_t budget_bytes) : budget_(budget_bytes) {}
@@ -112,7 +114,7 @@ StagingPool::~StagingPool() {
   while (!blocks_.empty()) FreeBlock(blocks_.size() - 1);
 }
 
-void StagingPool::SetHooks(std::function<void(void*, size_t)> on_new,
+void StagingPool::SetHooks(std::function<bool(void*, size_t)> on_new,
                            std::function<void(void*)> on_free) {
   std::lock_guard<std::mutex> lock(mu_);
   on_new_ = std::move(on_new);
@@ -122,6 +124,13 @@ void StagingPool::SetHooks(std::function<void(void*, size_t)> on_new,
 size_t StagingPool::allocated_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   return allocated_;
+}
+
+size_t StagingPool::pinned_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const Block& b : blocks_) n += b.hooked ? b.size : 0;
+  return n;
 }
 
 int StagingPool::waiting() const {
@@ -152,7 +161,7 @@ Status StagingPool::Reserve(size_t bytes) {
       return IoError(
           fmt::format("cannot map {} bytes of staging memory: {}", want, std::strerror(errno)));
     }
-    blocks_.push_back(Block{p, want, false, true, false});
+    blocks_.push_back(Block{p, want, false, true});
     allocated_ += want;
   }
   if (toucher_.joinable()) toucher_.join();
@@ -201,13 +210,7 @@ Result<StagingBuffer> StagingPool::Acquire(size_t bytes, double* waited_seconds)
       continue;
     }
     if (best < blocks_.size()) {
-      blocks_[best].in_use = true;
-      // Pinned at first use: a device to pin for is known by then.
-      if (!blocks_[best].hooked && on_new_) on_new_(blocks_[best].data, blocks_[best].size);
-      blocks_[best].hooked = true;
-      out.pool_ = this;
-      out.data_ = blocks_[best].data;
-      out.size_ = bytes;
+      Lend(best, bytes, &out);
       break;
     }
     // 2. Make room: free blocks nobody uses are too small to serve anyone now.
@@ -221,12 +224,9 @@ Result<StagingBuffer> StagingPool::Acquire(size_t bytes, double* waited_seconds)
         Carried& c = CarriedBuffer();
         std::lock_guard<std::mutex> carried(c.mu);
         if (c.data != nullptr && c.size >= want && (allocated_ + c.size <= budget || !any_in_use)) {
-          blocks_.push_back(Block{c.data, c.size, true, false, true});
-          if (on_new_) on_new_(c.data, c.size);
+          blocks_.push_back(Block{c.data, c.size, false});
           allocated_ += c.size;
-          out.pool_ = this;
-          out.data_ = c.data;
-          out.size_ = bytes;
+          Lend(blocks_.size() - 1, bytes, &out);
           c.data = nullptr;
           c.size = 0;
           break;
@@ -237,12 +237,9 @@ Result<StagingBuffer> StagingPool::Acquire(size_t bytes, double* waited_seconds)
         return IoError(
             fmt::format("cannot map {} bytes of staging memory: {}", want, std::strerror(errno)));
       }
-      if (on_new_) on_new_(p, want);
-      blocks_.push_back(Block{p, want, true});
+      blocks_.push_back(Block{p, want, false});
       allocated_ += want;
-      out.pool_ = this;
-      out.data_ = p;
-      out.size_ = bytes;
+      Lend(blocks_.size() - 1, bytes, &out);
       break;
     }
     // 4. Wait for an earlier save to give its buffer back.
@@ -255,6 +252,19 @@ Result<StagingBuffer> StagingPool::Acquire(size_t bytes, double* waited_seconds)
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   return out;
+}
+
+void StagingPool::Lend(size_t index, size_t bytes, StagingBuffer* out) {
+  Block& b = blocks_[index];
+  b.in_use = true;
+  // Pinned at first use, when a device to pin for is known; tried again at
+  // every use until it succeeds: a block marked pinned after a failure would
+  // stay pageable for good, and its copies slow.
+  if (!b.hooked && on_new_) b.hooked = on_new_(b.data, b.size);
+  out->pool_ = this;
+  out->data_ = b.data;
+  out->size_ = bytes;
+  out->pinned_ = b.hooked;
 }
 
 void StagingPool::Return(std::byte* data) {

@@ -39,6 +39,10 @@ class StagingBuffer {
 
   [[nodiscard]] std::byte* data() const { return data_; }
   [[nodiscard]] size_t size() const { return size_; }
+  /// Whether the pool's on_new hook succeeded on the memory when it was
+  /// lent (for device copies: page-locked, so DMA runs at full speed).
+  /// False for Borrowed memory.
+  [[nodiscard]] bool pinned() const { return pinned_; }
 
  private:
   friend class StagingPool;
@@ -47,6 +51,7 @@ class StagingBuffer {
   std::shared_ptr<void> owner_;  // Borrowed's
   std::byte* data_ = nullptr;
   size_t size_ = 0;
+  bool pinned_ = false;
 };
 
 class StagingPool {
@@ -83,11 +88,17 @@ class StagingPool {
   /// copies into touched memory. Set before the first Acquire.
   void SetCarryOver(bool carry) { carry_over_ = carry; }
 
-  /// Called on every new buffer (e.g. to pin it for DMA) and before it is
-  /// unmapped. Set before the first Acquire.
-  void SetHooks(std::function<void(void*, size_t)> on_new, std::function<void(void*)> on_free);
+  /// `on_new` prepares a buffer (pins it for DMA) and says whether it
+  /// succeeded; it runs when a buffer is lent and has not succeeded on it
+  /// yet, so a buffer that could not be pinned (no device known yet, or
+  /// CUDA refused) is tried again at its next use rather than left pageable
+  /// for good. `on_free` undoes it before the buffer is unmapped, only where
+  /// `on_new` succeeded. Set before the first Acquire.
+  void SetHooks(std::function<bool(void*, size_t)> on_new, std::function<void(void*)> on_free);
 
   [[nodiscard]] size_t allocated_bytes() const;
+  /// Of allocated_bytes, those on which on_new succeeded (pinned).
+  [[nodiscard]] size_t pinned_bytes() const;
   /// How many Acquire calls are waiting for a buffer to come back.
   [[nodiscard]] int waiting() const;
   [[nodiscard]] size_t budget_bytes() const { return budget_; }
@@ -99,10 +110,13 @@ class StagingPool {
     size_t size;
     bool in_use;
     bool touching = false;  ///< Reserve's thread is still touching it
-    bool hooked = true;     ///< on_new_ has run on it (Reserve's: at first use)
+    bool hooked = false;    ///< on_new_ has succeeded on it (tried at each use until then)
   };
   void Return(std::byte* data);
   void FreeBlock(size_t index);  // mu_ held
+  // Lends blocks_[index] to `out`, running on_new_ first if it has not
+  // succeeded on the block yet. mu_ held.
+  void Lend(size_t index, size_t bytes, StagingBuffer* out);
 
   const size_t budget_;
   mutable std::mutex mu_;
@@ -110,7 +124,7 @@ class StagingPool {
   std::vector<Block> blocks_;
   size_t allocated_ = 0;
   int waiting_ = 0;
-  std::function<void(void*, size_t)> on_new_;
+  std::function<bool(void*, size_t)> on_new_;
   std::function<void(void*)> on_free_;
   std::thread toucher_;  // Reserve's
   bool carry_over_ = false;
