@@ -267,11 +267,18 @@ void ManagerImpl::WaitForRetention() {
 
 Status ManagerImpl::Restore(int64_t step, std::span<const ArrayToRestore> arrays,
                             const RestoreOptions& options) {
+  // Here, on the caller's thread: cudaStreamPerThread names its stream only
+  // here, not on the I/O thread that copies (worker/copy.h).
+  StreamProxies callers;
+  std::vector<ArrayToRestore> resolved;
+  const std::span<const ArrayToRestore> wanted = callers.Resolve(arrays, &resolved);
   // FIFO on the I/O thread: pending saves finish first.
-  return RunOnIoThread([&] {
+  Status s = RunOnIoThread([&] {
     Watchdog::Guard phase(watchdog_, "restore", step);
-    return RunRestore(step, arrays, options);
+    return RunRestore(step, wanted, options);
   });
+  callers.Finish();
+  return s;
 }
 
 Status ManagerImpl::Verify(int64_t step, const VerifyOptions& options, VerifyReport* report) {

@@ -34,6 +34,7 @@
 #include "coordinator/committed_step.h"
 #include "coordinator/manager_impl.h"
 #include "coordinator/root_upkeep.h"
+#include "worker/copy.h"
 
 namespace mhckpt {
 namespace internal {
@@ -69,8 +70,13 @@ Result<std::string> ListSharedRoot(io::RootStore& store) {
 
 }  // namespace
 
-Result<int64_t> ManagerImpl::RestoreLatest(std::span<const ArrayToRestore> arrays,
+Result<int64_t> ManagerImpl::RestoreLatest(std::span<const ArrayToRestore> given,
                                            const RestoreOptions& options) {
+  // Here, on the caller's thread: cudaStreamPerThread names its stream only
+  // here, not on the I/O thread that copies (worker/copy.h).
+  StreamProxies callers;
+  std::vector<ArrayToRestore> resolved;
+  const std::span<const ArrayToRestore> arrays = callers.Resolve(given, &resolved);
   Result<int64_t> restored = NotFound("no step restored");
   Status done = RunOnIoThread([&]() -> Status {
     const int rank = comm_.rank();
@@ -157,6 +163,7 @@ Result<int64_t> ManagerImpl::RestoreLatest(std::span<const ArrayToRestore> array
     }
     return NotFound(fmt::format("no committed step restores intact: {}", fmt::join(skipped, "; ")));
   });
+  callers.Finish();
   if (!done.ok()) return done;
   return restored;
 }

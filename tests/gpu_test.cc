@@ -16,6 +16,7 @@
 #include "io/storage.h"
 #include "tests/test_util.h"
 #include "worker/copy.h"
+#include "worker/staging_pool.h"
 
 namespace mhckpt {
 namespace {
@@ -65,6 +66,10 @@ TEST(Gpu, SavedThenFreedDeviceBuffersRestoreBitExact) {
   cudaFree(d_b);
   Status s = mgr->WaitUntilFinished();
   ASSERT_TRUE(s.ok()) << s.ToString();
+  // The device copies went into pinned staging (pageable memory would copy
+  // slower, and silently).
+  EXPECT_GT(mgr->StagingBytes(), 0u);
+  EXPECT_EQ(mgr->PinnedStagingBytes(), mgr->StagingBytes());
 
   // Back into device memory, with another sharding.
   auto [lo2, hi2] = SplitRange(shape[0], p, p - 1 - r);
@@ -188,7 +193,10 @@ TEST(Gpu, SaveWithoutTheWaitCopiesTheOldBytes) {
 // stream still has a cudaMemsetAsync(0xEE) queued behind a 500 ms host
 // function: the saved values if the copies waited for the stream, 0xEE if they
 // landed first and the memset overwrote them.
-std::vector<std::byte> RestoredWhileTheStreamWrites(std::vector<std::byte>* expected) {
+// `per_thread`: the caller's stream is its cudaStreamPerThread, which names
+// another stream on mhckpt's I/O thread, where the copies run.
+std::vector<std::byte> RestoredWhileTheStreamWrites(std::vector<std::byte>* expected,
+                                                    bool per_thread = false) {
   StreamOrderCase c = OrderCase();
   *expected = Fill(DType::kFloat32, c.shape, c.mine, 41);
   auto mgr = OpenForTest(FreshDir());
@@ -200,8 +208,9 @@ std::vector<std::byte> RestoredWhileTheStreamWrites(std::vector<std::byte>* expe
   Status s = mgr->WaitUntilFinished();
   EXPECT_TRUE(s.ok()) << s.ToString();
   void* d = ToDevice(std::vector<std::byte>(c.bytes));
-  cudaStream_t stream = nullptr;
-  EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  cudaStream_t stream = cudaStreamPerThread;
+  if (!per_thread)
+    EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   DelayStream(stream);
   EXPECT_EQ(cudaMemsetAsync(d, 0xEE, c.bytes, stream), cudaSuccess);  // the model still writes
   ArrayToRestore want{"w", DType::kFloat32, {Destination{c.mine, d, Memory::kCuda, -1, stream}}};
@@ -210,7 +219,7 @@ std::vector<std::byte> RestoredWhileTheStreamWrites(std::vector<std::byte>* expe
   EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   std::vector<std::byte> got = FromDevice(d, c.bytes);
   cudaFree(d);
-  cudaStreamDestroy(stream);
+  if (!per_thread) cudaStreamDestroy(stream);
   return got;
 }
 
@@ -227,6 +236,71 @@ TEST(Gpu, RestoreWithoutTheWaitIsOverwritten) {
   WithoutTheWait off;
   std::vector<std::byte> expected;
   EXPECT_FALSE(RestoredWhileTheStreamWrites(&expected) == expected);
+}
+
+// Restore is called from a thread whose cudaStreamPerThread still writes the
+// destination; the copies run on the I/O thread, whose cudaStreamPerThread
+// is another stream. Restore resolves the stream on the calling thread: the
+// restored bytes land after the queued memset, and win.
+TEST(Gpu, RestoreWaitsForTheCallersPerThreadStream) {
+  MHCKPT_NEED_GPU();
+  std::vector<std::byte> expected;
+  EXPECT_TRUE(RestoredWhileTheStreamWrites(&expected, /*per_thread=*/true) == expected);
+}
+
+// Negative control: with cudaStreamPerThread left for the I/O thread to
+// resolve, the copies wait for that thread's own (idle) stream, land before
+// the caller's memset and are overwritten, so the test above can fail.
+TEST(Gpu, RestoreWithThePerThreadStreamResolvedOnTheIoThreadIsOverwritten) {
+  MHCKPT_NEED_GPU();
+  internal::SetResolveCallerStreamsForTest(false);
+  std::vector<std::byte> expected;
+  std::vector<std::byte> got = RestoredWhileTheStreamWrites(&expected, /*per_thread=*/true);
+  internal::SetResolveCallerStreamsForTest(true);
+  EXPECT_FALSE(got == expected);
+}
+
+// Staging memory lent by a pool with mhckpt's hooks is page-locked for
+// CUDA, and the pool says so.
+TEST(Gpu, PinnedStagingIsPageLockedForCuda) {
+  MHCKPT_NEED_GPU();
+  internal::StagingPool pool(size_t{8} << 20);
+  pool.SetHooks(internal::PinHostMemory, internal::UnpinHostMemory);
+  auto b = pool.Acquire(size_t{1} << 20);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_TRUE(b->pinned());
+  EXPECT_EQ(pool.pinned_bytes(), pool.allocated_bytes());
+  cudaPointerAttributes attr{};
+  ASSERT_EQ(cudaPointerGetAttributes(&attr, b->data()), cudaSuccess);
+  EXPECT_EQ(attr.type, cudaMemoryTypeHost);
+}
+
+// A buffer whose pinning failed (here: refused once by the hook, as CUDA
+// may refuse) is not reported pinned, is not registered with CUDA, and is
+// pinned at its next use.
+TEST(Gpu, StagingNotPinnedAtFirstIsPinnedAtItsNextUse) {
+  MHCKPT_NEED_GPU();
+  int tries = 0;
+  internal::StagingPool pool(size_t{8} << 20);
+  pool.SetHooks([&](void* p, size_t n) { return ++tries > 1 && internal::PinHostMemory(p, n); },
+                internal::UnpinHostMemory);
+  std::byte* data = nullptr;
+  {
+    auto b = pool.Acquire(size_t{1} << 20);
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    EXPECT_FALSE(b->pinned());
+    data = b->data();
+    cudaPointerAttributes attr{};
+    ASSERT_EQ(cudaPointerGetAttributes(&attr, data), cudaSuccess);
+    EXPECT_EQ(attr.type, cudaMemoryTypeUnregistered);
+  }
+  auto b = pool.Acquire(size_t{1} << 20);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(b->data(), data);
+  EXPECT_TRUE(b->pinned());
+  cudaPointerAttributes attr{};
+  ASSERT_EQ(cudaPointerGetAttributes(&attr, data), cudaSuccess);
+  EXPECT_EQ(attr.type, cudaMemoryTypeHost);
 }
 
 // Lazy saves of device memory: Save records an event on the caller's stream

@@ -62,7 +62,10 @@ struct Destination {
   /// on that stream before Restore (which may still read or write `data`),
   /// and the stream is made to wait for them (nullptr: the legacy default
   /// stream, which does not order streams made with cudaStreamNonBlocking —
-  /// pass those explicitly). Restore returns after the copies.
+  /// pass those explicitly). cudaStreamPerThread is the per-thread stream
+  /// of the thread that calls Restore, although the copies run on mhckpt's
+  /// I/O thread (Restore orders them with it on the calling thread).
+  /// Restore returns after the copies.
   int device = -1;
   void* stream = nullptr;
 };

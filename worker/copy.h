@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "worker/array.h"
 
 namespace mhckpt::internal {
 
@@ -100,6 +101,53 @@ Status MarkCallerStreams(std::span<CopyTask> tasks, CallerStreamMark* mark,
 /// first copy on the stream that reported it.
 Status CopyDeviceToHostAfter(std::span<const CopyTask> tasks, const CallerStreamMark& mark,
                              std::optional<size_t>* failed);
+
+/// Restore's device destinations are given on the caller's thread, but
+/// copied to on the I/O thread, where cudaStreamPerThread names that
+/// thread's own stream, not the caller's: the copies would be ordered with
+/// neither the caller's earlier work nor its later work. StreamProxies,
+/// used on the caller's thread, stands a stream of mhckpt's own (one per
+/// device, non-blocking) in for each such stream. Resolve, at the API call,
+/// makes the proxy wait on an event recorded on the caller's per-thread
+/// stream, so that the proxy carries the caller's order to any thread, and
+/// names it in the destinations the I/O thread gets. Finish, once the
+/// restore has returned, makes the caller's stream wait for an event
+/// recorded on the proxy (the copies ended before the restore returned;
+/// this also orders anything the I/O thread queued on the proxy). Every
+/// other stream (a stream of the caller's, the legacy default stream)
+/// names the same stream on every thread and is left as it is.
+class StreamProxies {
+ public:
+  StreamProxies() = default;
+  ~StreamProxies();  ///< Finish, if it was not called
+  StreamProxies(const StreamProxies&) = delete;
+  StreamProxies& operator=(const StreamProxies&) = delete;
+
+  /// `arrays` itself if none of its device destinations names
+  /// cudaStreamPerThread; else a copy in `*storage` with those streams
+  /// replaced by proxies (and their devices resolved). Never fails, so that
+  /// a rank does not leave the restore's collectives: where a proxy cannot
+  /// be made, the caller's per-thread stream is synchronised here instead
+  /// (its earlier work is then done) and the destination names the legacy
+  /// default stream, logged once.
+  std::span<const ArrayToRestore> Resolve(std::span<const ArrayToRestore> arrays,
+                                          std::vector<ArrayToRestore>* storage);
+  /// Each proxied caller stream waits for its proxy; the proxies go.
+  void Finish();
+
+ private:
+  struct Proxy {
+    int device = -1;
+    void* stream = nullptr;  // cudaStream_t, ours
+    void* event = nullptr;   // cudaEvent_t
+  };
+  std::vector<Proxy> proxies_;
+};
+
+/// Tests only: false makes StreamProxies::Resolve leave cudaStreamPerThread
+/// as it is (the I/O thread then orders the copies with its own stream: the
+/// bug the per-thread stream tests must catch).
+void SetResolveCallerStreamsForTest(bool resolve);
 
 /// Tests only: false makes the copies above start at once, without waiting
 /// for the caller streams (the bug the ordering tests must catch);

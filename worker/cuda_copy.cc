@@ -56,6 +56,7 @@ namespace {
 constexpr int kStreamsPerDevice = 4;
 
 std::atomic<bool> wait_for_callers{true};  // false only in the negative-control tests
+std::atomic<bool> resolve_callers{true};   // false only in the negative-control tests
 std::atomic<int> noted_device{-1};         // a device mhckpt was asked to use
 
 Status CudaError(std::string_view what, cudaError_t e) {
@@ -391,6 +392,88 @@ Status CopyDeviceToHostAfter(std::span<const CopyTask> tasks, const CallerStream
                              std::optional<size_t>* failed) {
   return Copy(tasks, cudaMemcpyDeviceToHost, &mark, failed);
 }
+
+void SetResolveCallerStreamsForTest(bool resolve) { resolve_callers.store(resolve); }
+
+std::span<const ArrayToRestore> StreamProxies::Resolve(std::span<const ArrayToRestore> arrays,
+                                                       std::vector<ArrayToRestore>* storage) {
+  static std::atomic<bool> warned{false};
+  auto per_thread = [](const Destination& d) {
+    return d.memory == Memory::kCuda && static_cast<cudaStream_t>(d.stream) == cudaStreamPerThread;
+  };
+  bool any = false;
+  for (const ArrayToRestore& a : arrays) {
+    for (const Destination& d : a.shards) any = any || per_thread(d);
+  }
+  if (!any || !resolve_callers.load() || !CudaAvailable()) return arrays;
+  storage->assign(arrays.begin(), arrays.end());
+  // On the caller's thread, with its context put back at the end: here
+  // cudaStreamPerThread is the caller's stream on each device.
+  ScopedDevice scope;
+  for (ArrayToRestore& a : *storage) {
+    for (Destination& d : a.shards) {
+      if (!per_thread(d)) continue;
+      Result<int> device = d.device >= 0 ? Result<int>(d.device) : DeviceOfPointer(d.data);
+      if (!device.ok()) continue;  // the restore's copy reports it, on every rank alike
+      d.device = *device;
+      auto it = std::find_if(proxies_.begin(), proxies_.end(),
+                             [&](const Proxy& p) { return p.device == d.device; });
+      if (it != proxies_.end()) {
+        d.stream = it->stream;
+        continue;
+      }
+      cudaStream_t stream = nullptr;
+      cudaEvent_t event = nullptr;
+      cudaError_t e = scope.Use(d.device).ok() ? cudaSuccess : cudaErrorInvalidDevice;
+      if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+      if (e == cudaSuccess) e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+      if (e == cudaSuccess) e = cudaEventRecord(event, cudaStreamPerThread);
+      if (e == cudaSuccess) e = cudaStreamWaitEvent(stream, event, 0);
+      if (e == cudaSuccess) {
+        proxies_.push_back({d.device, stream, event});
+        d.stream = stream;
+        continue;
+      }
+      // No proxy: the caller's earlier work is waited for here, and the
+      // copies are ordered with the legacy default stream, the same on
+      // every thread (the restore returns after them).
+      (void)cudaGetLastError();
+      if (event != nullptr) (void)cudaEventDestroy(event);
+      if (stream != nullptr) (void)cudaStreamDestroy(stream);
+      const cudaError_t synced = cudaStreamSynchronize(cudaStreamPerThread);
+      (void)cudaGetLastError();
+      WarnOnce(warned,
+               fmt::format("restore on device {}: no stream to order the copies with the "
+                           "caller's cudaStreamPerThread ({}); synchronised it instead ({})",
+                           d.device, cudaGetErrorString(e), cudaGetErrorString(synced)));
+      d.stream = nullptr;
+    }
+  }
+  return *storage;
+}
+
+void StreamProxies::Finish() {
+  if (proxies_.empty()) return;
+  ScopedDevice scope;
+  for (const Proxy& p : proxies_) {
+    auto stream = static_cast<cudaStream_t>(p.stream);
+    auto event = static_cast<cudaEvent_t>(p.event);
+    // The caller's stream, on this (the caller's) thread, after the proxy.
+    if (!scope.Use(p.device).ok() || cudaEventRecord(event, stream) != cudaSuccess ||
+        cudaStreamWaitEvent(cudaStreamPerThread, event, 0) != cudaSuccess) {
+      // The copies have completed (the restore returned after them): only
+      // the order of work still queued on the proxy is lost.
+      (void)cudaGetLastError();
+    }
+    // Released once the work queued on them has ended.
+    (void)cudaEventDestroy(event);
+    (void)cudaStreamDestroy(stream);
+    (void)cudaGetLastError();
+  }
+  proxies_.clear();
+}
+
+StreamProxies::~StreamProxies() { Finish(); }
 
 CallerStreamMark::~CallerStreamMark() { Reset(); }
 

@@ -18,6 +18,15 @@ Result<int> DeviceOfPointer(const void*) {
 }
 
 void SetWaitForCallerStreamsForTest(bool) {}
+void SetResolveCallerStreamsForTest(bool) {}
+
+// Without CUDA no destination is on a device (Restore refuses them).
+std::span<const ArrayToRestore> StreamProxies::Resolve(std::span<const ArrayToRestore> arrays,
+                                                       std::vector<ArrayToRestore>*) {
+  return arrays;
+}
+void StreamProxies::Finish() {}
+StreamProxies::~StreamProxies() = default;
 
 // No device copy is ever planned without CUDA (device boxes fail the input
 // checks); these only keep the lazy save's calls linkable.
