@@ -32,6 +32,8 @@
 //                   release the holder exactly then)
 //   h5_write        a dataset write (use an errno action)
 //   h5_read         a dataset read (errno action)
+//   nccl_enqueue    a restore's NCCL broadcast is about to be queued
+//                   (coordinator/device_broadcast_nccl.cc; any error action)
 //   pread           a read by offset of array bytes (io/pread_reader.h;
 //                   errno actions, also `short` and `eintr`)
 //   data_fsync      the data file's flush to disk (HDF5: H5Fflush, which ends

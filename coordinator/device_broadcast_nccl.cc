@@ -9,18 +9,28 @@
 //      rank calls ncclCommAbort. The outcome is agreed (MPI allreduce): if any
 //      rank failed, every rank aborts its communicator and restore uses MPI.
 //   2. Broadcast: on a non-blocking stream of ours, never the legacy default
-//      stream. Our stream waits on an event recorded on the caller's stream;
-//      ncclBroadcast is queued (its enqueue may report ncclInProgress: polled
-//      to the end); an event recorded after it is waited on by the caller's
-//      stream. The rank then polls that event and ncclCommGetAsyncError with
-//      the deadline; on an error or at the deadline it aborts the
-//      communicator (later broadcasts fail at once) and returns the error,
-//      which restore agrees on with the other ranks through MPI.
+//      stream. First an MPI allreduce: can every rank take part (none has
+//      aborted its communicator)? The root has read the bytes by then, so
+//      the deadline below counts NCCL's time, not the read's. Then the
+//      watchdog's clock restarts and the deadline (kNcclShareOfWatchdog of
+//      its timeout) starts. Our stream waits on an event recorded on the
+//      caller's stream; ncclBroadcast is queued (its enqueue may report
+//      ncclInProgress: polled to the end); an event recorded after it is
+//      waited on by the caller's stream. A second allreduce: did every
+//      rank's enqueue succeed? A rank that failed would never join the
+//      broadcast, and the others would wait inside it until the deadline:
+//      instead every rank aborts its communicator and fails at once. The
+//      rank then polls that event and ncclCommGetAsyncError with the
+//      deadline; on an error or at the deadline it aborts the communicator
+//      (later broadcasts fail, the next one's first allreduce tells every
+//      rank) and returns the error, which restore agrees on with the other
+//      ranks through MPI before the watchdog's timeout.
 //   3. Destroy: ncclCommFinalize, polled with the deadline, then
 //      ncclCommDestroy; ncclCommAbort instead after an error.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <set>
@@ -28,14 +38,18 @@
 
 #include <fmt/format.h>
 
+#include "base/fault.h"
 #include "base/log.h"
 #include "coordinator/device_broadcast.h"
+#include "coordinator/watchdog.h"
 #include "worker/copy.h"
 
 namespace mhckpt::internal {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+std::atomic<bool> agree_enqueue{true};  // false only in the negative-control test
 
 // What rank 0 needs to decide: whether this rank can take part, and its GPU.
 struct Candidate {
@@ -78,29 +92,34 @@ Result<bool> NothingElse() { return true; }
 class NcclBroadcaster final : public DeviceBroadcaster {
  public:
   NcclBroadcaster(ncclComm_t comm, int device, cudaStream_t stream, cudaEvent_t ready,
-                  cudaEvent_t done, double timeout_seconds)
+                  cudaEvent_t done, double timeout_seconds, Watchdog* watchdog)
       : comm_(comm),
         device_(device),
         stream_(stream),
         ready_(ready),
         done_(done),
         timeout_(std::chrono::duration_cast<Clock::duration>(
-            std::chrono::duration<double>(timeout_seconds))) {}
+            std::chrono::duration<double>(timeout_seconds))),
+        watchdog_(watchdog) {}
   ~NcclBroadcaster() override;
   NcclBroadcaster(const NcclBroadcaster&) = delete;
   NcclBroadcaster& operator=(const NcclBroadcaster&) = delete;
 
   [[nodiscard]] int device() const override { return device_; }
-  Status Broadcast(void* data, size_t bytes, int root, void* stream) override;
+  Status Broadcast(const Comm& comm, void* data, size_t bytes, int root, void* stream) override;
 
  private:
-  Status Queue(void* data, size_t bytes, int root, cudaStream_t caller);
+  Status Queue(void* data, size_t bytes, int root, cudaStream_t caller, Clock::time_point deadline);
+  // After an error: aborts the communicator, so that our stream's kernel
+  // ends (a peer may never arrive); every later broadcast fails.
+  void Break();
 
   ncclComm_t comm_;
   int device_;
   cudaStream_t stream_;
   cudaEvent_t ready_, done_;
   Clock::duration timeout_;
+  Watchdog* watchdog_;   // may be null
   bool broken_ = false;  // aborted after an error: every later broadcast fails
 };
 
@@ -123,14 +142,16 @@ NcclBroadcaster::~NcclBroadcaster() {
 }
 
 // Step 2 up to the wait: the order with the caller's stream, and the enqueue.
-Status NcclBroadcaster::Queue(void* data, size_t bytes, int root, cudaStream_t caller) {
+Status NcclBroadcaster::Queue(void* data, size_t bytes, int root, cudaStream_t caller,
+                              Clock::time_point deadline) {
   cudaError_t e = cudaEventRecord(ready_, caller);
   if (e != cudaSuccess) return CudaError("event record on the caller's stream", e);
   if ((e = cudaStreamWaitEvent(stream_, ready_, 0)) != cudaSuccess) return CudaError("wait", e);
+  MHCKPT_RETURN_IF_ERROR(fault::Hit("nccl_enqueue"));  // a test's refused enqueue
   ncclResult_t r = ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_);
   if (r != ncclSuccess && r != ncclInProgress) return NcclError("broadcast", r);
   // The enqueue of a non-blocking communicator may still run: to its end first.
-  MHCKPT_RETURN_IF_ERROR(Poll(comm_, Clock::now() + timeout_, "broadcast enqueue", NothingElse));
+  MHCKPT_RETURN_IF_ERROR(Poll(comm_, deadline, "broadcast enqueue", NothingElse));
   if ((e = cudaEventRecord(done_, stream_)) != cudaSuccess) return CudaError("event record", e);
   if ((e = cudaStreamWaitEvent(caller, done_, 0)) != cudaSuccess) {
     return CudaError("caller's stream wait", e);
@@ -138,28 +159,49 @@ Status NcclBroadcaster::Queue(void* data, size_t bytes, int root, cudaStream_t c
   return OkStatus();
 }
 
-Status NcclBroadcaster::Broadcast(void* data, size_t bytes, int root, void* stream) {
+void NcclBroadcaster::Break() {
+  if (broken_) return;
+  broken_ = true;
+  (void)ncclCommAbort(comm_);
+  comm_ = nullptr;
+  (void)cudaStreamSynchronize(stream_);
+  (void)cudaGetLastError();
+}
+
+Status NcclBroadcaster::Broadcast(const Comm& comm, void* data, size_t bytes, int root,
+                                  void* stream) {
   const std::string what = fmt::format("broadcast of {} bytes from rank {}", bytes, root);
-  if (broken_) return FailedPrecondition(fmt::format("NCCL {}: aborted after an error", what));
   ScopedDevice scope;
-  MHCKPT_RETURN_IF_ERROR(scope.Use(device_));
-  Status s = Queue(data, bytes, root, static_cast<cudaStream_t>(stream));
+  Status s = broken_ ? FailedPrecondition(fmt::format("NCCL {}: aborted after an error", what))
+                     : scope.Use(device_);
+  // Why an allreduce: a rank that cannot take part never joins the
+  // broadcast; the others must not enter it. It also waits for the root's
+  // read, which the NCCL deadline below must not count.
+  if (comm.AllreduceMax(s.ok() ? 0 : 1) != 0) {
+    Break();
+    return s.ok() ? FailedPrecondition(fmt::format(
+                        "NCCL {}: another rank's communicator was aborted after an error", what))
+                  : s;
+  }
+  if (watchdog_ != nullptr) watchdog_->Restart();
+  const Clock::time_point deadline = Clock::now() + timeout_;
+  s = Queue(data, bytes, root, static_cast<cudaStream_t>(stream), deadline);
+  // Why an allreduce before the wait: a rank whose enqueue failed never
+  // joins, and NCCL does not tell its peers; they would wait inside the
+  // broadcast until the deadline. Every rank learns it here and aborts.
+  if (agree_enqueue.load() && comm.AllreduceMax(s.ok() ? 0 : 1) != 0) {
+    Break();
+    return s.ok() ? IoError(fmt::format("NCCL {}: another rank could not queue it", what)) : s;
+  }
   if (s.ok()) {
-    s = Poll(comm_, Clock::now() + timeout_, what, [this]() -> Result<bool> {
+    s = Poll(comm_, deadline, what, [this]() -> Result<bool> {
       cudaError_t e = cudaEventQuery(done_);
       if (e == cudaErrorNotReady) return false;
       if (e != cudaSuccess) return CudaError("event query", e);
       return true;
     });
   }
-  if (!s.ok()) {
-    // A peer may never arrive: abort, so that our stream's kernel ends.
-    broken_ = true;
-    (void)ncclCommAbort(comm_);
-    comm_ = nullptr;
-    (void)cudaStreamSynchronize(stream_);
-    (void)cudaGetLastError();
-  }
+  if (!s.ok()) Break();
   return s;
 }
 
@@ -226,9 +268,12 @@ Status MakeStream(int device, cudaStream_t* stream, cudaEvent_t* ready, cudaEven
 
 }  // namespace
 
+void SetAgreeBroadcastEnqueueForTest(bool agree) { agree_enqueue.store(agree); }
+
 std::unique_ptr<DeviceBroadcaster> DeviceBroadcaster::Create(const Comm& comm, int device,
                                                              std::string* why,
-                                                             double timeout_seconds) {
+                                                             double timeout_seconds,
+                                                             Watchdog* watchdog) {
   if (!(timeout_seconds > 0)) timeout_seconds = 1e9;  // no deadline: the watchdog's choice
   Candidate mine = Probe(device);
   std::vector<std::string> all =
@@ -249,6 +294,7 @@ std::unique_ptr<DeviceBroadcaster> DeviceBroadcaster::Create(const Comm& comm, i
     return nullptr;
   }
   std::memcpy(&id, decision.data() + 1, sizeof(id));
+  if (watchdog != nullptr) watchdog->Restart();  // the init's deadline is a share of it
   Status local;
   ncclComm_t nc = InitOnDevice(comm, id, device, timeout_seconds, &local);
   cudaStream_t stream = nullptr;
@@ -268,7 +314,8 @@ std::unique_ptr<DeviceBroadcaster> DeviceBroadcaster::Create(const Comm& comm, i
     *why = "NCCL init failed or timed out on a rank (its log says why)";
     return nullptr;
   }
-  return std::make_unique<NcclBroadcaster>(nc, device, stream, ready, done, timeout_seconds);
+  return std::make_unique<NcclBroadcaster>(nc, device, stream, ready, done, timeout_seconds,
+                                           watchdog);
 }
 
 }  // namespace mhckpt::internal

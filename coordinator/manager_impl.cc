@@ -41,7 +41,7 @@ ManagerImpl::ManagerImpl(Comm comm, std::string root, const Options& options, bo
       pool_(options.staging_budget_bytes),
       watchdog_(comm_, options.collective_timeout_seconds),
       engine_(io::MakeEngine(StorageFor(options))),
-      device_broadcasts_(options.collective_timeout_seconds),
+      device_broadcasts_(options.collective_timeout_seconds, &watchdog_),
       drains_(options.persistent_deadline_seconds) {
   if (CudaAvailable()) {
     // Pinned once per buffer (at its first use, or a later one if that

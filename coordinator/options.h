@@ -163,7 +163,8 @@ struct Options {
   /// A collective phase (plan, write, flush, commit, restore, verify) that
   /// takes longer than this on any rank aborts the job (MPI_Abort) with a
   /// message naming the phase, the step and the rank, instead of hanging on
-  /// a dead or stuck peer. 0 disables the watchdog.
+  /// a dead or stuck peer. 0 disables the watchdog. A restore's NCCL waits
+  /// end at half of it, in an error the ranks agree on, not an abort.
   double collective_timeout_seconds = 3600;
   /// Threads copying host boxes into staging (0: up to 4, as the machine has).
   int snapshot_threads = 0;

@@ -113,7 +113,7 @@ constexpr int kSharedReadTag = 14;
 DeviceBroadcaster* DeviceBroadcasts::For(const Comm& comm, int device) {
   if (!tried_) {
     tried_ = true;
-    broadcaster_ = DeviceBroadcaster::Create(comm, device, &why_, timeout_seconds_);
+    broadcaster_ = DeviceBroadcaster::Create(comm, device, &why_, timeout_seconds_, watchdog_);
     if (!broadcaster_ && comm.rank() == 0) {
       Logger()->info("mhckpt: device broadcasts go through MPI: {}", why_);
     }
@@ -139,9 +139,9 @@ Status ReadAndBroadcast(ReadBatch& batch, size_t handle, const io::MarkerArray& 
 }
 
 Status ReadAndBroadcastOnDevices(ReadBatch& batch, size_t handle, const io::MarkerArray& a,
-                                 const Destination& whole, int rank, DeviceBroadcaster& nccl,
-                                 PinnedBuffer& bounce, Status local) {
-  if (rank == 0 && local.ok()) {
+                                 const Destination& whole, const Comm& comm,
+                                 DeviceBroadcaster& nccl, PinnedBuffer& bounce, Status local) {
+  if (comm.rank() == 0 && local.ok()) {
     local = Guarded("restore", [&] {
       Landing land(whole, a.dtype, bounce);  // only the root reads: only it pins memory
       MHCKPT_RETURN_IF_ERROR(batch.Add(handle, a, whole.box, static_cast<std::byte*>(land.host())));
@@ -149,7 +149,7 @@ Status ReadAndBroadcastOnDevices(ReadBatch& batch, size_t handle, const io::Mark
       return land.Finish();
     });
   }
-  Status sent = nccl.Broadcast(whole.data, BoxBytes(whole.box, a.dtype), 0, whole.stream);
+  Status sent = nccl.Broadcast(comm, whole.data, BoxBytes(whole.box, a.dtype), 0, whole.stream);
   return local.ok() ? sent : local;
 }
 

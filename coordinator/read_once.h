@@ -28,6 +28,7 @@
 #include "base/types.h"
 #include "coordinator/checked_read.h"
 #include "coordinator/device_broadcast.h"
+#include "coordinator/watchdog.h"
 #include "io/marker.h"
 #include "worker/array.h"
 #include "worker/copy.h"
@@ -65,8 +66,11 @@ class Landing {
 // restore that can use it.
 class DeviceBroadcasts {
  public:
-  /// NCCL calls are bounded by `timeout_seconds` (0: no bound).
-  explicit DeviceBroadcasts(int timeout_seconds = 0) : timeout_seconds_(timeout_seconds) {}
+  /// `watchdog_timeout_seconds`: the watchdog's (<= 0: none). NCCL's waits
+  /// are bounded by a share of it, each restarting `watchdog` (may be null)
+  /// as it begins (kNcclShareOfWatchdog, coordinator/device_broadcast.h).
+  explicit DeviceBroadcasts(double watchdog_timeout_seconds = 0, Watchdog* watchdog = nullptr)
+      : timeout_seconds_(NcclDeadlineSeconds(watchdog_timeout_seconds)), watchdog_(watchdog) {}
 
   /// Collective. The broadcaster, if NCCL can serve these ranks each on
   /// `device` (its first whole-array device destination; -1: none) and no
@@ -75,7 +79,8 @@ class DeviceBroadcasts {
   DeviceBroadcaster* For(const Comm& comm, int device);
 
  private:
-  int timeout_seconds_;
+  double timeout_seconds_;  // NCCL's deadline (0: none)
+  Watchdog* watchdog_;
   std::unique_ptr<DeviceBroadcaster> broadcaster_;
   bool tried_ = false;
   std::string why_;  // why there is none
@@ -89,9 +94,10 @@ Status ReadAndBroadcast(ReadBatch& batch, size_t handle, const io::MarkerArray& 
 
 // Step 3 for an array every rank wants whole into device memory, with NCCL:
 // rank 0 reads it into its GPU, NCCL copies it to the others' GPUs.
+// Collective over `comm` (DeviceBroadcaster::Broadcast agrees through it).
 Status ReadAndBroadcastOnDevices(ReadBatch& batch, size_t handle, const io::MarkerArray& a,
-                                 const Destination& whole, int rank, DeviceBroadcaster& nccl,
-                                 PinnedBuffer& bounce, Status local);
+                                 const Destination& whole, const Comm& comm,
+                                 DeviceBroadcaster& nccl, PinnedBuffer& bounce, Status local);
 
 // Step 3 for small replicated arrays that every rank wants whole and that
 // go through MPI: rank 0 reads a packet of them (one batch: sorted, joined

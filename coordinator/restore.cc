@@ -338,7 +338,7 @@ class RestoreRun {
     // Why a broadcast: every rank wants the whole array; one read serves all.
     // Every rank takes part, even one that failed to open it.
     if (IsBroadcast(i) && nccl_ != nullptr && !f[kOnHost] && !f[kOtherDevice]) {
-      local_ = ReadAndBroadcastOnDevices(batch, h, a, it->second->shards[0], rank_, *nccl_, bounce_,
+      local_ = ReadAndBroadcastOnDevices(batch, h, a, it->second->shards[0], comm_, *nccl_, bounce_,
                                          local_);
     } else if (IsBroadcast(i) && PacketBroadcast::Packs(a)) {
       packets.Add(h, a, it->second->shards[0], local_);

@@ -32,6 +32,17 @@ void Watchdog::Enter(const char* phase, int64_t step) {
   cv_.notify_all();
 }
 
+void Watchdog::Restart() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (phase_ == nullptr) return;
+    deadline_ = std::chrono::steady_clock::now() +
+                std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout_);
+  }
+  cv_.notify_all();
+}
+
 void Watchdog::Leave() {
   if (!thread_.joinable()) return;
   std::lock_guard<std::mutex> lock(mu_);

@@ -31,6 +31,13 @@ class Watchdog {
   void Enter(const char* phase, int64_t step);
   /// No phase is running.
   void Leave();
+  /// The running phase (if any) goes on with a fresh timeout from now: for
+  /// a wait inside it bounded by a deadline of its own, a share of the
+  /// timeout (NCCL's, coordinator/device_broadcast.h), so that its error,
+  /// which the ranks can agree on, comes before the abort.
+  void Restart();
+  /// The timeout given; <= 0 when disabled.
+  [[nodiscard]] double timeout_seconds() const { return timeout_.count(); }
 
   /// Enters a phase for the lifetime of the guard.
   class Guard {

@@ -4,15 +4,19 @@
 #include <cuda.h>  // types only
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
+#include <mpi.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <string>
 #include <thread>
 
+#include "base/fault.h"
 #include "coordinator/checkpoint_manager.h"
+#include "coordinator/device_broadcast.h"
 #include "io/storage.h"
 #include "tests/test_util.h"
 #include "worker/copy.h"
@@ -485,6 +489,89 @@ TEST(Gpu, ReplicatedArrayIsReadOnceIntoEveryGpu) {
   EXPECT_EQ(io::BytesRead() - before, r == 0 ? values.size() : 0u);
   EXPECT_TRUE(FromDevice(d, values.size()) == values);
   cudaFree(d);
+}
+
+// NCCL's deadline is a share of the watchdog's timeout, so that a hung
+// broadcast ends in an agreed error before the watchdog's MPI_Abort.
+TEST(GpuNccl, DeadlineIsHalfTheWatchdogsTimeout) {
+  EXPECT_EQ(internal::NcclDeadlineSeconds(8), 4);
+  EXPECT_LT(internal::NcclDeadlineSeconds(3600), 3600);
+  EXPECT_EQ(internal::NcclDeadlineSeconds(0), 0);  // no watchdog: no deadline
+}
+
+// A replicated array restored whole into every rank's GPU (NCCL's path) while
+// the last rank's enqueue of the broadcast fails (fault point nccl_enqueue).
+// Returns the restore's outcome; `seconds` gets the longest restore over the
+// ranks, `skip` why NCCL did not serve it (then nothing else is meaningful).
+// The watchdog's timeout is 8 s, NCCL's deadline 4 s.
+Status RestoreWithARefusedEnqueue(double* seconds, std::string* skip) {
+  constexpr double kWatchdog = 8;
+  int count = 0;
+  EXPECT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+  if (Size() < 2 || count < Size()) {
+    *skip = "needs two ranks, each on a GPU of its own (NCCL refuses a shared one)";
+    return OkStatus();
+  }
+  Options o;
+  o.collective_timeout_seconds = kWatchdog;
+  auto mgr = OpenForTest(FreshDir(), o);
+  EXPECT_TRUE(mgr);
+  if (!mgr) return Internal("no manager");
+  const std::vector<int64_t> shape{4096, 1024};  // 16 MiB: the root blocks on a missing peer
+  auto values = Fill(DType::kFloat32, shape, FullBox(shape), 5);
+  std::vector<ArrayToSave> arrays{
+      {"emb", DType::kFloat32, shape, {Shard{FullBox(shape), values.data()}}}};
+  EXPECT_TRUE(mgr->Save(1, arrays).ok());
+  Status s = mgr->WaitUntilFinished();
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  void* d = nullptr;
+  EXPECT_EQ(cudaMalloc(&d, values.size()), cudaSuccess);
+  EXPECT_TRUE(
+      fault::Configure("rank=" + std::to_string(Size() - 1) + ",point=nccl_enqueue,action=eio")
+          .ok());
+  ArrayToRestore want{"emb", DType::kFloat32, {Destination{FullBox(shape), d, Memory::kCuda}}};
+  const auto start = std::chrono::steady_clock::now();
+  s = mgr->Restore(1, {&want, 1});
+  double mine = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const int64_t fired = fault::Fired();
+  EXPECT_TRUE(fault::Configure("").ok());
+  cudaFree(d);
+  MPI_Allreduce(&mine, seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  if (testing::SumOverRanks(static_cast<uint64_t>(fired)) == 0) {
+    *skip = "NCCL did not serve the restore (not built, or its init failed)";
+  }
+  return s;
+}
+
+// Fixed: every rank learns of the failed enqueue before it waits, aborts its
+// communicator and fails at once, with the same error; nobody waits for
+// NCCL's deadline, and the watchdog does not abort the job.
+TEST(GpuNccl, AFailedEnqueueOnOneRankFailsEveryRankAtOnce) {
+  MHCKPT_NEED_GPU();
+  double seconds = 0;
+  std::string skip;
+  Status s = RestoreWithARefusedEnqueue(&seconds, &skip);
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(testing::SameOnAllRanks(s)) << s.ToString();
+  EXPECT_LT(seconds, internal::NcclDeadlineSeconds(8)) << "a rank waited for NCCL's deadline";
+}
+
+// Negative control: without the agreement after the enqueue, the ranks that
+// queued the broadcast wait inside it for the rank that never joins, until
+// NCCL's deadline (4 s). The restore still fails with an agreed error, not
+// the watchdog's MPI_Abort (8 s): the deadline is half its timeout.
+TEST(GpuNccl, WithoutTheAgreementTheOthersWaitForTheDeadline) {
+  MHCKPT_NEED_GPU();
+  internal::SetAgreeBroadcastEnqueueForTest(false);
+  double seconds = 0;
+  std::string skip;
+  Status s = RestoreWithARefusedEnqueue(&seconds, &skip);
+  internal::SetAgreeBroadcastEnqueueForTest(true);
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(testing::SameOnAllRanks(s)) << s.ToString();
+  EXPECT_GE(seconds, 0.9 * internal::NcclDeadlineSeconds(8));
 }
 
 // Saved from device buffers at one world size, restored into device buffers
