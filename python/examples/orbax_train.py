@@ -123,19 +123,25 @@ def fingerprint(tree) -> dict:
     return out
 
 
-def main() -> None:
-    args = parse_args()
-    if args.backend == "orbax":
+def start_job(backend: str, port: int):
+    """Imports the backend's ``ocp`` and starts this JAX process (one per MPI
+    rank). Returns (ocp, rank, number of processes, the state's shardings,
+    the replicated sharding)."""
+    if backend == "orbax":
         import orbax.checkpoint as ocp
     else:
         import mhckpt.orbax as ocp
 
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", 0))
     nproc = int(os.environ.get("OMPI_COMM_WORLD_SIZE", 1))
-    jax.distributed.initialize(f"127.0.0.1:{args.port}", num_processes=nproc, process_id=rank)
+    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=nproc, process_id=rank)
     mesh = Mesh(np.array(jax.devices()), ("d",))
-    shardings = make_shardings(mesh)
-    replicated = NamedSharding(mesh, P())
+    return ocp, rank, nproc, make_shardings(mesh), NamedSharding(mesh, P())
+
+
+def main() -> None:
+    args = parse_args()
+    ocp, rank, nproc, shardings, replicated = start_job(args.backend, args.port)
     train_step = make_train_step(shardings, replicated)
 
     def log(*a):

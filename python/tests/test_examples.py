@@ -208,3 +208,39 @@ def test_dcp_code_with_mhckpt_torch(tmp_path):
     pytest.importorskip("torch.distributed.fsdp")
     resume = None if os.environ.get("MHCKPT_LONG_TESTS") == "1" else ["mhckpt"]
     _same_with_either_import("dcp_train.py", tmp_path, ["dcp", "mhckpt"], 2, 3, "--async-save", resume=resume)
+
+
+def test_orbax_best_checkpoints_with_mhckpt_orbax(tmp_path):
+    """Keeping the best checkpoints (orbax_best.py: best_fn with best_mode
+    'max' and 'min', keep_checkpoints_without_metrics both ways, max_to_keep=2,
+    keep_period), best_step() and delete(), with Orbax and with mhckpt.orbax:
+    saved at 2 processes, reopened at 3, where best_step() is restored and
+    three more steps saved. Everything each run saw is the same for both."""
+    pytest.importorskip("jax")
+    pytest.importorskip("orbax.checkpoint")
+    reports = {}
+    for backend in ("orbax", "mhckpt"):
+        for phase, nproc in (("save", 2), ("resume", 3)):
+            report = tmp_path / f"{backend}_{phase}.json"
+            run_ok("orbax_best.py", nproc, "--backend", backend, "--ckpt", str(tmp_path / backend),
+                   "--phase", phase, "--report", str(report))
+            reports[backend, phase] = json.loads(report.read_text())
+    for phase in ("save", "resume"):
+        assert reports["mhckpt", phase] == reports["orbax", phase], f"orbax_best.py --phase {phase}: they differ"
+    # Orbax's rules, as both applied them: the best 2 with metrics (equal
+    # ones: the later step), those without metrics or not, keep_period's.
+    save, resume = reports["orbax", "save"], reports["orbax", "resume"]
+    assert (save["accuracy"]["steps"], save["accuracy"]["best"]) == ([2, 5, 7, 8], 8)
+    assert (save["loss"]["steps"], save["loss"]["best"]) == ([0, 4, 5, 8], 8)
+    assert save["accuracy"]["delete"] == {"7": ["deleted", [2, 5, 8], 8],
+                                          "9": ["FileNotFoundError", "Requested deleting a non-existent step: 9."],
+                                          "100": ["FileNotFoundError",
+                                                  "Requested deleting a non-existent step: 100."]}
+    assert (resume["accuracy"]["opened"], resume["loss"]["opened"]) == (
+        {"steps": [2, 5, 8], "best": 8}, {"steps": [0, 4, 5, 8], "best": 8})
+    assert (resume["accuracy"]["steps"], resume["accuracy"]["best"]) == ([2, 10, 11, 12], 10)
+    assert (resume["loss"]["steps"], resume["loss"]["best"]) == ([0, 4, 8, 10, 12], 10)
+    for name in ("accuracy", "loss"):
+        assert save[name]["restored_final_best"] == save[name]["saved"]["8"]
+        assert resume[name]["restored_best"] == save[name]["saved"]["8"]  # at 3 processes
+        assert resume[name]["restored_final_best"] == resume[name]["saved"]["10"]

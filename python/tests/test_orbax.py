@@ -171,7 +171,7 @@ def test_restores_a_plain_mhckpt_step(comm, jd, root):
 
 def test_unsupported_features_raise(comm, jd, root):
     U = mhckpt.UnsupportedError
-    for kw, name in [({"best_fn": lambda m: m["loss"]}, "best_fn"),
+    for kw, name in [({"preservation_policy": object()}, "preservation_policy.*best_fn"),
                      ({"keep_time_interval": 3600}, "keep_time.*commit time"),
                      ({"step_prefix": "ckpt"}, "step_prefix.*step_<step, 10 digits>"),
                      ({"step_format_fixed_length": 8}, "step_format_fixed_length.*step_<step"),
@@ -191,11 +191,46 @@ def test_unsupported_features_raise(comm, jd, root):
             mngr.save(0, args=ocp.args.StandardSave(x, save_args=save_args))
         with pytest.raises(U, match="custom_metadata"):
             mngr.save(0, args=ocp.args.StandardSave(x), custom_metadata={"a": 1})
-        for method in ("delete", "best_step"):
-            with pytest.raises(U, match=method):
-                getattr(mngr, method)(0)
         assert mngr.all_steps() == []
         assert issubclass(U, NotImplementedError) and issubclass(U, mhckpt.InvalidArgumentError)
+
+
+def test_best_fn_delete_and_best_step(comm, jd, root):
+    """Orbax's BestN: the best max_to_keep steps by best_fn (between equal
+    values the later step), steps without metrics kept as
+    keep_checkpoints_without_metrics says, the newest step dropped when it
+    is not among the best; best_step(); delete() (examples: test_examples.py
+    compares all of it with real Orbax)."""
+    x = np.arange(4, dtype=np.float32)
+    accuracy = {1: 0.5, 2: 0.9, 3: 0.7, 4: None, 5: 0.9, 6: 0.1}
+    options = ocp.CheckpointManagerOptions(max_to_keep=2, best_fn=lambda m: m["accuracy"])
+    with ocp.CheckpointManager(root, options=options) as mngr:
+        assert mngr.best_step() is None
+        for s, a in accuracy.items():
+            assert mngr.save(s, args=ocp.args.StandardSave({"x": x + s}),
+                             metrics=None if a is None else {"accuracy": a})
+        assert mngr.all_steps() == [2, 4, 5] and mngr.best_step() == 5  # 1, 3 and the newest, 6, dropped
+        mngr.wait_until_finished()
+        assert mngr.all_steps() == [2, 4, 5] and not mngr.is_saving_in_progress()
+        assert mngr._mgr.describe(5)["metadata"]["orbax.best"] == 0.9
+        mngr.delete(2)
+        assert mngr.all_steps() == [4, 5]
+        for gone in (2, 6, 7):
+            raises_everywhere(comm, FileNotFoundError, lambda g=gone: mngr.delete(g),
+                              contains=[f"non-existent step: {gone}"])
+    options = ocp.CheckpointManagerOptions(max_to_keep=2, best_fn=lambda m: m["accuracy"], best_mode="min",
+                                           keep_checkpoints_without_metrics=False)
+    with ocp.CheckpointManager(root, options=options) as mngr:
+        assert mngr.all_steps() == [4, 5] and mngr.best_step() == 5  # the one step with metrics
+        assert mngr.save(7, args=ocp.args.StandardSave({"x": x + 7}), metrics={"accuracy": 0.3})
+        assert mngr.all_steps() == [5, 7] and mngr.best_step() == 7  # 4, without metrics, dropped
+        got = mngr.restore(mngr.best_step(), args=ocp.args.StandardRestore({"x": x}))
+        all_equal_bytes(comm, got["x"], x + 7, "best step")
+    with pytest.raises(ValueError, match="best_mode"):
+        ocp.CheckpointManager(root, options=ocp.CheckpointManagerOptions(best_fn=len, best_mode="top"))
+    with ocp.CheckpointManager(root, options=ocp.CheckpointManagerOptions(read_only=True)) as ro:
+        ro.delete(7)  # read-only: a warning, nothing deleted (Orbax's)
+        assert ro.all_steps() == [5, 7] and ro.best_step() == 7  # without best_fn: the latest
 
 
 def test_metadata_and_item_metadata(comm, jd, root):

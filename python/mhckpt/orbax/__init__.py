@@ -29,7 +29,7 @@ made by every process in the same order, as with Orbax.
 from __future__ import annotations
 
 # The modules: _options (CheckpointManagerOptions), checkpoint_managers (the
-# save decision policies), _handlers (SaveArgs,
+# save decision policies), _retention (the steps kept: max_to_keep, best_fn), _handlers (SaveArgs,
 # RestoreArgs, the handlers), _trees (pytree helpers), _store (the items of a
 # step in mhckpt and the metadata recording them), _checkpointer (the
 # checkpointers), _checkpoint_manager (CheckpointManager). Names importable

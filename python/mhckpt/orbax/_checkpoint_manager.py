@@ -1,11 +1,12 @@
 """Orbax's ``CheckpointManager`` on an mhckpt checkpoint root."""
 from __future__ import annotations
 
+import logging
 import os
 import pathlib
 import signal
 from collections.abc import Mapping
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Set
 
 from .._errors import NotFoundError
 from .._manager import CheckpointManager as _Manager
@@ -14,7 +15,8 @@ from ._common import DEFAULT_ITEM_NAME, unsupported
 from ._handlers import kind_of
 from ._metadata import RootMetadata, step_metadata
 from ._options import check_options
-from ._store import METRICS_KEY, Store
+from ._retention import kept, metric_value, ranked
+from ._store import BEST_KEY, METRICS_KEY, Store
 from .args import Composite
 from .checkpoint_managers import Facts, compile_policy, default_policy
 
@@ -98,9 +100,15 @@ class CheckpointManager:
             preemption=bool(signals), preemption_signals=signals,
             preemption_grace_seconds=float(preemption_grace_seconds),
             save_continuously=continuous is not None, min_save_interval_seconds=continuous or 0.0,
+            best_metric=BEST_KEY if o.best_fn is not None else None, best_mode=o.best_mode,
+            keep_without_metric=bool(o.keep_checkpoints_without_metrics),
         )
         self._store = Store(self._mgr)
-        self._pending: Optional[int] = None  # the last step saved, until it is seen committed
+        self._pending: Set[int] = set()  # steps saved, until they are seen committed
+        # Steps the retention policy drops (decided at save, as Orbax does;
+        # the core deletes them once that save is committed): not listed.
+        self._dropped: Set[int] = set()
+        self._best: Dict[int, Optional[float]] = {}  # step -> best_fn value (BEST_KEY), read once
         self._preemption_step: Optional[int] = None  # the agreed one, once reached
 
     # --------------------------------------------------------------- catalogue
@@ -110,11 +118,14 @@ class CheckpointManager:
         return self._directory
 
     def all_steps(self, read: bool = False) -> List[int]:
-        """The committed steps, and the one being saved in the background."""
-        steps = self._mgr.all_steps()
-        if self._pending is not None and self._pending not in steps:
-            steps = sorted(steps + [self._pending])
-        return steps
+        """The committed steps, and the one being saved in the background,
+        less those that the retention policy dropped at a save (Orbax's
+        catalogue; mhckpt deletes them once that save is committed)."""
+        committed = set(self._mgr.all_steps())
+        self._pending -= committed
+        steps = committed | self._pending
+        self._dropped &= steps  # those already deleted are gone from the listing too
+        return sorted(steps - self._dropped)
 
     def latest_step(self) -> Optional[int]:
         steps = self.all_steps()
@@ -122,6 +133,51 @@ class CheckpointManager:
 
     def reload(self) -> None:
         """Nothing to do: the steps are read from the directory at each call."""
+
+    def best_step(self) -> Optional[int]:
+        """The best step by ``options.best_fn`` among the steps that have
+        metrics (between equal values the later step), as Orbax ranks them;
+        None if none has. Without ``best_fn``: :meth:`latest_step`. A step's
+        value is ``best_fn(metrics)`` as computed when it was saved (stored
+        with it). Local."""
+        if self._options.best_fn is None:
+            return self.latest_step()
+        steps = self.all_steps()
+        best = ranked(steps, self._best_values(steps), self._options.best_mode)
+        return best[-1] if best else None
+
+    def delete(self, step: int) -> None:
+        """Deletes step ``step`` (waiting for saves in progress first).
+        Collective: every process calls it with the same step. Raises
+        FileNotFoundError, on every process, if the step does not exist. A
+        read-only manager deletes nothing (a warning, as Orbax)."""
+        step = int(step)
+        if self._options.read_only:
+            logging.getLogger(__name__).warning("%s is read only, delete will be skipped", self._directory)
+            return
+        try:
+            # A step that retention dropped may still be on disk: gone for Orbax.
+            self._mgr._agree(NotFoundError(f"step {step}") if step in self._dropped else None)
+            try:
+                self._mgr.delete(step)
+            finally:
+                self._pending.clear()  # delete waited for the saves in progress
+        except NotFoundError:
+            raise FileNotFoundError(f"Requested deleting a non-existent step: {step}.") from None
+        self._best.pop(step, None)
+
+    def _best_values(self, steps: List[int]) -> Dict[int, Optional[float]]:
+        """{step: its best_fn value, or None}, read from the steps' markers once."""
+        values: Dict[int, Optional[float]] = {}
+        for s in steps:
+            if s not in self._best:
+                try:
+                    self._best[s] = metric_value(self._mgr.describe(s)["metadata"].get(BEST_KEY))
+                except NotFoundError:  # deleted since it was listed
+                    values[s] = None
+                    continue
+            values[s] = self._best[s]
+        return values
 
     def should_save(self, step: int) -> bool:
         """True if ``step`` is newer than the latest step and the options'
@@ -170,15 +226,11 @@ class CheckpointManager:
         return reached and step == self._preemption_step
 
     def is_saving_in_progress(self) -> bool:
-        """Whether the last save started is still being written (local): it
+        """Whether a save started is still being written (local): its step
         is not yet committed in the directory. A save that failed counts as
-        in progress until :meth:`wait_until_finished` raises its failure."""
-        if self._pending is None:
-            return False
-        if self._pending in self._mgr.all_steps():
-            self._pending = None
-            return False
-        return True
+        in progress until :meth:`wait_until_finished` raises its failure; one
+        whose step the retention policy dropped at once (best_fn) does not."""
+        return bool(set(self.all_steps()) & self._pending)
 
     # ------------------------------------------------------------------ saving
 
@@ -197,14 +249,31 @@ class CheckpointManager:
             return False
         if not force and not self.should_save(step):
             return False
-        if step in self.all_steps():
+        steps = self.all_steps()  # before the save: its retention may run before save returns
+        if step in steps:
             raise StepAlreadyExistsError(f"Checkpoint for step {step} already exists.")
         request, single = self._save_request(items, save_kwargs, args)
+        best = None
+        if self._options.best_fn is not None and metrics is not None:
+            best = metric_value(float(self._options.best_fn(metrics)))
         if self._options.prevent_write_metrics:
             metrics = None
-        self._store.save(step, request, single, metrics)
-        self._pending = step
+        self._store.save(step, request, single, metrics, best)
+        self._best[step] = best
+        self._dropped.discard(step)
+        self._drop_old_steps(steps + [step])
+        self._pending.add(step)
         return True
+
+    def _drop_old_steps(self, steps: List[int]) -> None:
+        """What Orbax does once a save has started: the steps its retention
+        policy no longer keeps leave the catalogue (the newest one too, if
+        it is not among the best)."""
+        o = self._options
+        values = self._best_values(steps) if o.best_fn is not None else None
+        self._dropped |= set(steps) - kept(steps, values, max_to_keep=o.max_to_keep, keep_period=o.keep_period,
+                                           best_mode=o.best_mode,
+                                           keep_without_metrics=o.keep_checkpoints_without_metrics)
 
     def _set_mode(self, single: bool) -> None:
         if self._single is None:
@@ -254,7 +323,7 @@ class CheckpointManager:
         try:
             self._mgr.wait_until_finished()
         finally:
-            self._pending = None
+            self._pending.clear()
 
     def check_for_errors(self) -> None:
         """As :meth:`wait_until_finished` (mhckpt reports a save's outcome once it is committed)."""
@@ -274,7 +343,7 @@ class CheckpointManager:
             if step is None:
                 raise NotFoundError(f"no committed step in {self._directory}{_orbax_hint(self._directory)}")
         step = int(step)
-        if step == self._pending:
+        if step in self._pending:
             self.wait_until_finished()
         if step not in self._mgr.all_steps() and (self._directory / str(step)).is_dir():
             raise NotFoundError(
@@ -328,17 +397,6 @@ class CheckpointManager:
         """The metrics saved with step ``step``, or None."""
         return self._mgr.describe(int(step))["metadata"].get(METRICS_KEY)
 
-    def _unsupported_method(name: str, hint: str = ""):
-        def method(self, *a, **k):
-            raise unsupported(f"CheckpointManager.{name}", hint)
-
-        method.__name__ = name
-        return method
-
-    best_step = _unsupported_method("best_step", "keeping the best steps by a metric")
-    delete = _unsupported_method("delete", "old steps go by max_to_keep and keep_period")
-    del _unsupported_method
-
     def metadata(self, step: Optional[int] = None) -> Any:
         """Orbax's: ``RootMetadata`` (step None; mhckpt keeps no root
         metadata, so both of its dicts are empty), or the ``StepMetadata`` of
@@ -347,7 +405,7 @@ class CheckpointManager:
         if step is None:
             return RootMetadata()
         step = int(step)
-        if step == self._pending:
+        if step in self._pending:
             self.wait_until_finished()
         return step_metadata(self._mgr.describe(step), Composite)
 
@@ -368,7 +426,7 @@ class CheckpointManager:
                 self.wait_until_finished()
         finally:
             self._mgr.close()
-            self._pending = None
+            self._pending.clear()
 
     def __enter__(self) -> "CheckpointManager":
         return self
@@ -378,7 +436,7 @@ class CheckpointManager:
             self.close()
         else:  # the block's exception, not a save's, goes on
             self._mgr.close()
-            self._pending = None
+            self._pending.clear()
 
     def __repr__(self) -> str:
         return f"mhckpt.orbax.CheckpointManager({str(self._directory)!r})"

@@ -35,7 +35,8 @@ class CheckpointManagerOptions:
 
     Supported: ``save_interval_steps``, ``save_on_steps``, ``should_save_fn``,
     ``save_decision_policy`` (the policies of :mod:`mhckpt.orbax.checkpoint_managers`
-    or Orbax's own, continuous checkpointing included), ``max_to_keep``, ``keep_period``, ``read_only``, ``create``,
+    or Orbax's own, continuous checkpointing included), ``max_to_keep``, ``keep_period``,
+    ``best_fn``, ``best_mode``, ``keep_checkpoints_without_metrics``, ``read_only``, ``create``,
     ``enable_async_checkpointing``, ``async_options.timeout_secs``,
     ``prevent_write_metrics``, and fields that change only how Orbax does its
     own bookkeeping (``cleanup_tmp_directories``: mhckpt always removes
@@ -91,15 +92,12 @@ _STEP_NAMES = ("mhckpt names every step directory step_<step, 10 digits> (its C+
 _UNSUPPORTED_OPTIONS = {
     "keep_time_interval": ("keeping steps by time: a step's commit marker records no commit time and "
                            "mhckpt's retention runs in its C++ core by step number; use keep_period"),
-    "best_fn": "keeping the best steps by a metric",
-    "best_mode": "keeping the best steps by a metric",
-    "keep_checkpoints_without_metrics": "keeping the best steps by a metric",
     "step_prefix": _STEP_NAMES,
     "step_format_fixed_length": _STEP_NAMES,
     "step_name_format": _STEP_NAMES,
     "todelete_subdir": "old steps are deleted, not moved",
     "todelete_full_path": "old steps are deleted, not moved",
-    "preservation_policy": "use max_to_keep and keep_period",
+    "preservation_policy": "use max_to_keep, keep_period and best_fn",
     "temporary_path_class": "mhckpt commits with its own marker",
     "atomicity_options": "mhckpt commits with its own marker",
     "enable_per_process_directory_creation": "",
@@ -144,6 +142,8 @@ def check_options(o: Any) -> CheckpointManagerOptions:
         raise unsupported("AsyncOptions(barrier_sync_fn=..., post_finalization_callback=...)",
                           "wait_until_finished() returns once the step is committed")
     out = CheckpointManagerOptions(**values)
+    if out.best_mode not in ("min", "max"):
+        raise ValueError('`best_mode` must be one of: "min", "max"')
     if out.save_interval_steps is not None and out.save_interval_steps < 0:
         raise ValueError("save_interval_steps must be >= 0")
     if out.save_decision_policy is not None:

@@ -4,7 +4,7 @@ the layout of the items go into the commit marker's metadata under the
 keys below (``python -m mhckpt convert`` writes them too)."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .. import _leaves, _pytree
 from .._errors import InvalidArgumentError, NotFoundError
@@ -26,6 +26,7 @@ ITEMS_KEY = "orbax.items"  # {item name: "tree" | "json"}
 SINGLE_KEY = "orbax.single"  # saved without item names (one "default" item)
 JSON_KEY = "orbax.json"  # {item name: JSON item}
 METRICS_KEY = "orbax.metrics"
+BEST_KEY = "orbax.best"  # best_fn(metrics): the number the core's retention ranks steps by
 SEQUENCES_KEY = "orbax.sequences"  # {item name: paths of its lists and tuples}
 
 
@@ -37,8 +38,8 @@ class Store:
         self.mgr = mgr
 
     def save(self, step: int, items: Dict[str, Tuple[str, Any, Any]], single: bool,
-             metrics: Any = None) -> None:
-        """items: {name: (kind, item, save_args)}."""
+             metrics: Any = None, best: Optional[float] = None) -> None:
+        """items: {name: (kind, item, save_args)}; best: ``best_fn(metrics)``."""
         state: Dict[str, Any] = {}
         js: Dict[str, Any] = {}
         sequences: Dict[str, List[str]] = {}
@@ -57,6 +58,8 @@ class Store:
             meta[JSON_KEY] = json_safe("JSON item", js)
         if metrics is not None:
             meta[METRICS_KEY] = json_safe("metrics", metrics)
+        if best is not None:
+            meta[BEST_KEY] = best
         self.mgr.save(step, state, metadata=meta)
 
     def layout(self, step: int) -> Tuple[Dict[str, Any], Dict[str, str], bool]:
