@@ -18,7 +18,7 @@
 #              them: gpu, gpu.contexts, the 2 -> 3 reshard), donation and
 #              save_restore at 2 ranks; exit 77 or "[  SKIPPED ]" is skipped;
 #   torch.*    python/tests/test_torch_cuda.py at 1 and 2 ranks;
-#   jax.*      the JAX GPU tests (python/tests/test_jax_gpu.py), skipped while none exists;
+#   jax.*      python/tests/test_jax_gpu.py at 1 and 2 ranks (2: saved at 2, restored at 1);
 #   stall.*    mhckpt-gpu-stall, 1 GiB at 1 and 2 ranks (its JSON lines in the log).
 # Exits 0 when nothing failed. Without a GPU the GPU steps report skipped.
 #
@@ -218,6 +218,7 @@ step save_restore.np2 120 mpi 2 "$bin/save_restore_test"
 step torch.np1 180 pytest_gpu 1 python/tests/test_torch_cuda.py
 step torch.np2 180 pytest_gpu 2 python/tests/test_torch_cuda.py
 step jax.np1 180 pytest_gpu 1 python/tests/test_jax_gpu.py
+step jax.np2 180 pytest_gpu 2 python/tests/test_jax_gpu.py
 step stall.np1 120 stall 1
 step stall.np2 120 stall 2
 
