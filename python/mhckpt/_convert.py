@@ -31,9 +31,18 @@ both ways. So ``mhckpt.orbax`` restores a converted Orbax step with the same
 ``args`` as the original, and ``mhckpt.torch.load`` a converted DCP
 checkpoint with the same state dict.
 
-Values: plain values (None, bool, int, float, str) stay values; safetensors
-keeps an mhckpt step's values as JSON under its metadata key
-``mhckpt.values`` (and reads them back). Other Python objects raise.
+Nothing is lost. Orbax: arrays of every dtype mhckpt stores; Python
+scalars and strings (read on every process) as values of their type; None,
+which Orbax records for None and for every leafless node alike (optax's
+EmptyState, MaskedNode), as a None value, which ``mhckpt.orbax`` restores
+into whichever the target holds there; empty dicts, lists and tuples
+recorded in the step's metadata ``orbax.empty``, given back by a restore
+without a target. DCP: the pickled non-tensor entries unpickled into plain
+values, tensors and numpy arrays or scalars inside them as arrays, empty
+containers recorded in ``dcp.empty``. safetensors keeps an mhckpt step's
+values as JSON under its metadata key ``mhckpt.values`` (and reads them
+back). Other Python objects, and dtypes mhckpt does not store (complex,
+other float8 kinds), raise, naming the leaf.
 
 It runs under mpirun at any process count: the arrays are dealt to the
 processes by size, each reads its own whole and saves (or writes) them, and

@@ -14,11 +14,12 @@ import numpy as np
 from . import _leaves
 from ._errors import InvalidArgumentError, NotFoundError
 from .orbax._common import DEFAULT_ITEM_NAME
-from .orbax._store import ITEMS_KEY, JSON_KEY, SEQUENCES_KEY, SINGLE_KEY
+from .orbax._store import EMPTY_KEY, ITEMS_KEY, JSON_KEY, SEQUENCES_KEY, SINGLE_KEY
 from .orbax._trees import sequence_paths
 
 INDEX = "model.safetensors.index.json"  # the index of a directory of safetensors files
 VALUES_META = "mhckpt.values"  # the safetensors metadata key of an mhckpt step's values
+DCP_EMPTY_KEY = "dcp.empty"  # step metadata: {name: "dict" | "list" | "tuple"} of a DCP checkpoint's empties
 
 
 class Source:
@@ -30,23 +31,38 @@ class Source:
         self.values: Dict[str, Any] = {}
         self.metadata: Dict[str, Any] = {}
         self.step: Optional[int] = None
+        # Arrays read whole while the source was opened (every rank holds them).
+        self.inline: Dict[str, np.ndarray] = {}
 
     def read(self, names: List[str]) -> Dict[str, np.ndarray]:
         raise NotImplementedError
 
+    def add_inline(self, name: str, a: np.ndarray) -> None:
+        self.arrays[name] = (tuple(a.shape), _leaves.numpy_dtype_name(name, a.dtype))
+        self.inline[name] = a
 
-def _add_value(src: Source, name: str, v: Any) -> None:
-    """A plain value, or a tree of them named further by its path."""
-    if isinstance(v, dict):
+
+EMPTY_KINDS = {dict: "dict", list: "list", tuple: "tuple"}
+
+
+def _add_value(src: Source, name: str, v: Any, empties: Dict[str, str]) -> None:
+    """A plain value, or a tree of them named further by its path; an empty
+    dict, list or tuple is recorded in ``empties`` (name -> its kind), a
+    tensor or numpy array or scalar is an array held inline."""
+    if isinstance(v, (dict, list, tuple)) and not hasattr(type(v), "_fields") and len(v) == 0:
+        empties[name] = EMPTY_KINDS[dict if isinstance(v, dict) else list if isinstance(v, list) else tuple]
+    elif isinstance(v, dict):
         for k, x in v.items():
-            _add_value(src, f"{name}/{k}", x)
+            _add_value(src, f"{name}/{k}", x, empties)
     elif isinstance(v, (list, tuple)):
         for i, x in enumerate(v):
-            _add_value(src, f"{name}/{i}", x)
+            _add_value(src, f"{name}/{i}", x, empties)
     elif _leaves.is_value(v):
         src.values[name] = v
-    elif isinstance(v, (np.generic,)) or (hasattr(v, "item") and getattr(v, "shape", None) == ()):
-        src.values[name] = v.item()
+    elif _leaves.is_torch_tensor(v):
+        src.add_inline(name, torch_to_numpy(v))
+    elif isinstance(v, (np.ndarray, np.generic)):
+        src.add_inline(name, np.array(v))
     else:
         raise InvalidArgumentError(
             f"'{name}': a {type(v).__module__}.{type(v).__qualname__} is neither an array nor a plain value "
@@ -116,24 +132,69 @@ class OrbaxSource(Source):
             self.metadata[JSON_KEY] = json_items
 
     def _read_tree_metadata(self, item: str, ipath: str) -> None:
-        import jax
-
-        meta = self._ocp.PyTreeCheckpointer().metadata(ipath)
+        """The item's leaves from Orbax's metadata tree (nested dicts and
+        lists, namedtuples as dicts): arrays; None (what Orbax records for
+        None and for every empty node: optax's EmptyState and MaskedNode
+        too) as a None value; Python scalars and strings, read here, as
+        values; empty dicts, lists and tuples recorded under EMPTY_KEY."""
+        ocp = self._ocp
+        meta = ocp.PyTreeCheckpointer().metadata(ipath)
         tree = getattr(meta, "item_metadata", meta)
         tree = getattr(tree, "tree", tree)
         self._meta_trees[ipath] = tree
-        flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: hasattr(x, "shape"))[0]
         seqs = sequence_paths(tree, ())
         if seqs:  # mhckpt.orbax gives lists back where the tree had them
             self.metadata.setdefault(SEQUENCES_KEY, {})[item] = seqs
         prefix = f"{item}/" if item else ""
-        for path, leaf in flat:
-            keys = tuple(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))) for k in path)
-            name = prefix + "/".join(str(k) for k in keys) if keys else prefix.rstrip("/") or "value"
-            if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
-                raise InvalidArgumentError(f"'{name}': Orbax metadata {leaf!r} is not an array's")
-            self.arrays[name] = (tuple(int(s) for s in leaf.shape), _leaves.numpy_dtype_name(name, leaf.dtype))
-            self._where[name] = (ipath, keys)
+        empties: Dict[str, str] = {}
+        plain: List[Tuple[str, Tuple[Any, ...], Any]] = []  # scalars and strings: read below
+
+        def walk(node: Any, keys: Tuple[Any, ...]) -> None:
+            path = "/".join(str(k) for k in keys)
+            name = prefix + path if keys else prefix.rstrip("/") or "value"
+            if isinstance(node, (dict, list, tuple)):
+                if not node:
+                    empties[path] = EMPTY_KINDS[type(node) if type(node) in EMPTY_KINDS else dict]
+                items = node.items() if isinstance(node, dict) else enumerate(node)
+                for k, v in items:
+                    walk(v, keys + (k,))
+            elif node is None:
+                self.values[name] = None
+            elif isinstance(node, (ocp.metadata.ScalarMetadata, ocp.metadata.StringMetadata)):
+                plain.append((name, keys, node))
+            elif hasattr(node, "shape") and hasattr(node, "dtype"):
+                self.arrays[name] = (tuple(int(s) for s in node.shape), _leaves.numpy_dtype_name(name, node.dtype))
+                self._where[name] = (ipath, keys)
+            else:
+                raise InvalidArgumentError(f"'{name}': Orbax metadata {node!r} is neither an array's nor a value's")
+
+        walk(tree, ())
+        if empties:  # mhckpt.orbax gives them back in a restore without a target
+            self.metadata.setdefault(EMPTY_KEY, {})[item] = empties
+        if plain:
+            self._read_plain(ipath, plain)
+
+    def _read_plain(self, ipath: str, plain: List[Tuple[str, Tuple[Any, ...], Any]]) -> None:
+        """Python scalars and strings of an item, as Orbax restores them
+        (int, float, bool, str), on every rank."""
+        ocp = self._ocp
+        target: Dict[Any, Any] = {}
+        rargs: Dict[Any, Any] = {}
+        for _, keys, m in plain:
+            _put(target, keys, "" if isinstance(m, ocp.metadata.StringMetadata) else 0)
+            _put(rargs, keys, ocp.RestoreArgs())
+        _lists_like(target, self._meta_trees[ipath])
+        _lists_like(rargs, self._meta_trees[ipath])
+        got = ocp.PyTreeCheckpointer().restore(
+            ipath, args=ocp.args.PyTreeRestore(target, restore_args=rargs, partial_restore=True))
+        for name, keys, m in plain:
+            v = _get(got, keys)
+            if isinstance(m, ocp.metadata.StringMetadata):
+                v = str(v)
+            else:
+                kind = np.dtype(m.dtype).kind
+                v = bool(v) if kind == "b" else int(v) if kind in "iu" else float(v)
+            self.values[name] = v
 
     def read(self, names: List[str]) -> Dict[str, np.ndarray]:
         ocp = self._ocp
@@ -208,8 +269,11 @@ class DcpSource(Source):
             for fqn, keys, _ in byte_keys:
                 _put_dcp(sd, keys, None)
             self._load(sd)
+            empties: Dict[str, str] = {}
             for fqn, keys, name in byte_keys:
-                _add_value(self, name, _get(sd, keys))
+                _add_value(self, name, _get(sd, keys), empties)
+            if empties:  # so that nothing of the state dict is lost (mhckpt.torch loads into its own)
+                self.metadata[DCP_EMPTY_KEY] = empties
 
     def _load(self, sd: Dict[Any, Any]) -> None:
         import torch.distributed.checkpoint as dcp
@@ -218,6 +282,12 @@ class DcpSource(Source):
         dcp.load(sd, storage_reader=FileSystemReader(self._path), no_dist=True)
 
     def read(self, names: List[str]) -> Dict[str, np.ndarray]:
+        inline = {n: self.inline[n] for n in names if n in self.inline}
+        out = self._read([n for n in names if n not in self.inline])
+        out.update(inline)
+        return out
+
+    def _read(self, names: List[str]) -> Dict[str, np.ndarray]:
         """The arrays, each loaded as DCP's FileSystemReader loads its items
         (``torch.load`` of the item's slice of its file), file by file in
         the order of the bytes. An array saved whole is the tensor loaded,

@@ -28,6 +28,10 @@ JSON_KEY = "orbax.json"  # {item name: JSON item}
 METRICS_KEY = "orbax.metrics"
 BEST_KEY = "orbax.best"  # best_fn(metrics): the number the core's retention ranks steps by
 SEQUENCES_KEY = "orbax.sequences"  # {item name: paths of its lists and tuples}
+# {item name: {path: "dict" | "list" | "tuple"}}: the empty containers of a
+# converted Orbax item (python -m mhckpt convert), given back by a restore
+# without a target as real Orbax does.
+EMPTY_KEY = "orbax.empty"
 
 
 class Store:
@@ -91,7 +95,8 @@ class Store:
                 target = _pytree.tree_of_names(stored_names)
             flat, treedef = _pytree.flatten(target, _leaves.is_leaf)
             names = [_pytree.path_name(p) for p, _ in flat]
-            if not (partial or set(names) == stored_names):
+            if not (partial or set(names) == stored_names or
+                    _only_empty_nodes(target, stored_names - set(names), prefix, values, set(names) - stored_names)):
                 missing, extra = sorted(stored_names - set(names)), sorted(set(names) - stored_names)
                 raise InvalidArgumentError(
                     f"restore of item '{name or DEFAULT_ITEM_NAME}' at step {step}: the target's tree is "
@@ -106,13 +111,53 @@ class Store:
                 dtypes.append(dt)
             combined[name] = _pytree.unflatten(treedef, leaves)
             seqs = desc["metadata"].get(SEQUENCES_KEY, {}).get(name) if whole else None
-            casts[name] = (treedef, dtypes, seqs)
+            empties = desc["metadata"].get(EMPTY_KEY, {}).get(name) if whole else None
+            casts[name] = (treedef, dtypes, seqs, empties)
         if combined:
             target = combined[""] if "" in combined else combined
             restored = self.mgr.restore(step, target)
-            for name, (treedef, dtypes, seqs) in casts.items():
+            for name, (treedef, dtypes, seqs, empties) in casts.items():
                 got, _ = _pytree.flatten(restored[name] if name else restored, _leaves.is_leaf)
                 out[name] = _pytree.unflatten(treedef, [cast(x, dt) for (_, x), dt in zip(got, dtypes)])
+                if empties:
+                    out[name] = _with_empties(out[name], empties)
                 if seqs:
                     out[name] = as_sequences(out[name], seqs)
         return out
+
+
+def _only_empty_nodes(target: Any, unnamed: set, prefix: str, values: Dict[str, Any], extra: set) -> bool:
+    """Whether the stored leaves the target does not name are all None
+    values at or below an empty node of the target: Orbax records None, an
+    empty namedtuple (optax's EmptyState, MaskedNode) and other leafless
+    nodes alike as None, and restores any of them into the target's."""
+    if extra or not all(prefix + n in values and values[prefix + n] is None for n in unnamed):
+        return False
+
+    def leafless(x: Any) -> bool:
+        return x is not None and not _leaves.is_leaf(x) and not _pytree.flatten(x, _leaves.is_leaf)[0]
+
+    flat, _ = _pytree.flatten(target, lambda x: _leaves.is_leaf(x) or leafless(x))
+    empty = {_pytree.path_name(p) for p, x in flat if x is not None and leafless(x)}
+    # An empty node holds the Nones Orbax recorded at or below it
+    # (MaskedState(inner_state=EmptyState()) is leafless as a whole).
+    return all(any(n == e or n.startswith(e + "/") for e in empty) for n in unnamed)
+
+
+def _with_empties(tree: Any, empties: Dict[str, str]) -> Any:
+    """``tree`` (nested dicts) with an empty dict, list or tuple at each path
+    of ``empties``, shallowest first; the dicts above them made as needed."""
+    make = {"dict": dict, "list": list, "tuple": tuple}
+    if "" in empties and tree in (None, {}):
+        return make[empties[""]]()
+    for path in sorted((p for p in empties if p), key=lambda p: len(p.split("/"))):
+        keys = path.split("/")
+        node = tree
+        for k in keys[:-1]:
+            if not isinstance(node, dict):
+                break
+            node = node.setdefault(k, {})
+        else:
+            if isinstance(node, dict) and keys[-1] not in node:
+                node[keys[-1]] = make[empties[path]]()
+    return tree
