@@ -29,7 +29,6 @@
 // cudaEventBlockingSync: the low-priority copying thread sleeps rather than
 // spins while the copies wait for the caller's queued work), then
 // synchronises the lanes as above.
-#include <cuda.h>  // types only: driver calls are reached through the runtime
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -49,6 +48,7 @@
 
 #include "base/log.h"
 #include "worker/copy.h"
+#include "worker/cuda_util.h"
 
 namespace mhckpt::internal {
 namespace {
@@ -57,56 +57,6 @@ constexpr int kStreamsPerDevice = 4;
 
 std::atomic<bool> wait_for_callers{true};  // false only in the negative-control tests
 std::atomic<bool> resolve_callers{true};   // false only in the negative-control tests
-std::atomic<int> noted_device{-1};         // a device mhckpt was asked to use
-
-Status CudaError(std::string_view what, cudaError_t e) {
-  (void)cudaGetLastError();  // reported here: not left for the next caller's check
-  return IoError(fmt::format("CUDA {}: {} ({})", what, cudaGetErrorString(e), static_cast<int>(e)));
-}
-
-#define MHCKPT_CUDA_RETURN(what, call)       \
-  do {                                       \
-    cudaError_t mhckpt_cuda_e = (call);      \
-    if (mhckpt_cuda_e != cudaSuccess) {      \
-      return CudaError(what, mhckpt_cuda_e); \
-    }                                        \
-  } while (false)
-
-// Driver calls, reached through the runtime: mhckpt does not link libcuda, so
-// that it loads where no driver is installed.
-struct DriverCalls {
-  CUresult (*ctx_get_current)(CUcontext*) = nullptr;
-  CUresult (*ctx_set_current)(CUcontext) = nullptr;
-  CUresult (*pointer_get_attribute)(void*, CUpointer_attribute, CUdeviceptr) = nullptr;
-};
-
-template <typename F>
-void Entry(const char* symbol, F* fn) {
-  void* p = nullptr;
-  cudaDriverEntryPointQueryResult q{};
-  if (cudaGetDriverEntryPointByVersion(symbol, &p, 12000, cudaEnableDefault, &q) != cudaSuccess) {
-    (void)cudaGetLastError();  // ours; a caller's earlier error stays for its own check
-  } else if (q == cudaDriverEntryPointSuccess) {
-    *fn = reinterpret_cast<F>(p);
-  }
-}
-
-const DriverCalls& Driver() {
-  static const DriverCalls calls = [] {
-    DriverCalls c;
-    if (!CudaAvailable()) return c;
-    Entry("cuCtxGetCurrent", &c.ctx_get_current);
-    Entry("cuCtxSetCurrent", &c.ctx_set_current);
-    Entry("cuPointerGetAttribute", &c.pointer_get_attribute);
-    return c;
-  }();
-  return calls;
-}
-
-// Logs `message` once per `flag` (a static of the caller).
-void WarnOnce(std::atomic<bool>& flag, const std::string& message) {
-  if (!flag.exchange(true)) Logger()->warn("mhckpt: {}", message);
-}
 
 // The streams and events mhckpt copies with on one device, made once. The
 // copies of one call run on them; calls are serialised (Lanes::mu).
@@ -291,7 +241,7 @@ Status Copy(std::span<const CopyTask> tasks, cudaMemcpyKind kind,
   for (const auto& [device, mine] : by_device) {
     s = scope.Use(device);
     if (!s.ok()) break;
-    noted_device.store(device);
+    NotedDevice().store(device);
     Result<DeviceLanes*> l = lanes.Get(device);
     if (!l.ok()) {
       s = l.status();
@@ -304,28 +254,7 @@ Status Copy(std::span<const CopyTask> tasks, cudaMemcpyKind kind,
   return s.ok() ? drained : s;
 }
 
-// Makes a context current for a host-memory call (pin, allocate, free) on a
-// thread that may have none: `device` if given, else the thread's own, else
-// the device noted before. False if none is known: nothing is created then.
-bool HostMemoryContext(ScopedDevice& scope, int device) {
-  if (device < 0 && scope.had_context()) return true;
-  if (device < 0) device = noted_device.load();
-  return device >= 0 && scope.Use(device).ok();
-}
-
 }  // namespace
-
-bool CudaAvailable() {
-  static const bool available = [] {
-    int count = 0;  // left untouched when the call fails (no driver: error 35)
-    if (cudaGetDeviceCount(&count) != cudaSuccess) {
-      (void)cudaGetLastError();  // no driver or device: not an error for anyone
-      return false;
-    }
-    return count > 0;
-  }();
-  return available;
-}
 
 Status CopyDeviceToHost(std::span<const CopyTask> tasks) {
   return Copy(tasks, cudaMemcpyDeviceToHost);
@@ -366,7 +295,7 @@ Status MarkCallerStreams(std::span<CopyTask> tasks, CallerStreamMark* mark,
       blame.On(mine.front());
       return used;
     }
-    noted_device.store(device);
+    NotedDevice().store(device);
     std::vector<cudaStream_t> done;
     for (const CopyTask* t : mine) {
       auto caller = static_cast<cudaStream_t>(t->stream);
@@ -503,135 +432,6 @@ void CallerStreamMark::Reset() {
     (void)cudaGetLastError();
   }
   entries_.clear();
-}
-
-ScopedDevice::ScopedDevice() {
-  if (!CudaAvailable()) return;
-  const DriverCalls& d = Driver();
-  if (d.ctx_get_current != nullptr && d.ctx_set_current != nullptr) {
-    CUcontext c = nullptr;
-    if (d.ctx_get_current(&c) == CUDA_SUCCESS) saved_context_ = c;
-  } else if (cudaGetDevice(&saved_device_) != cudaSuccess) {
-    (void)cudaGetLastError();
-    saved_device_ = -1;
-  }
-}
-
-ScopedDevice::~ScopedDevice() {
-  if (!changed_) return;
-  const DriverCalls& d = Driver();
-  if (d.ctx_set_current != nullptr) {
-    // Back to the caller's context, or to none: cudaSetDevice(0) would make one.
-    (void)d.ctx_set_current(static_cast<CUcontext>(saved_context_));
-  } else if (saved_device_ >= 0 && cudaSetDevice(saved_device_) != cudaSuccess) {
-    (void)cudaGetLastError();
-  }
-}
-
-Status ScopedDevice::Use(int device) {
-  changed_ = true;
-  MHCKPT_CUDA_RETURN(fmt::format("set device {}", device), cudaSetDevice(device));
-  return OkStatus();
-}
-
-void NoteDevice(int device, const void* data) {
-  if (device < 0 && data != nullptr) {
-    Result<int> d = DeviceOfPointer(data);
-    device = d.ok() ? *d : -1;
-  }
-  if (device >= 0) noted_device.store(device);
-}
-
-Result<int> DeviceOfPointer(const void* data) {
-  if (!CudaAvailable()) return FailedPrecondition("no CUDA device is usable");
-  ScopedDevice scope;
-  // A thread without a context asks the driver, which needs none; the
-  // runtime would make one on the current device (0) first.
-  const DriverCalls& d = Driver();
-  if (!scope.had_context() && d.pointer_get_attribute != nullptr) {
-    int ordinal = -1;
-    CUresult r = d.pointer_get_attribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                                         reinterpret_cast<CUdeviceptr>(data));
-    if (r == CUDA_SUCCESS && ordinal >= 0) MHCKPT_RETURN_IF_ERROR(scope.Use(ordinal));
-  }
-  cudaPointerAttributes attr{};
-  MHCKPT_CUDA_RETURN("pointer attributes", cudaPointerGetAttributes(&attr, data));
-  if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) {
-    return InvalidArgument(fmt::format("{} is not device memory", data));
-  }
-  noted_device.store(attr.device);
-  return attr.device;
-}
-
-bool PinHostMemory(void* data, size_t bytes) {
-  static std::atomic<bool> warned{false};
-  if (!CudaAvailable() || bytes == 0) return false;
-  ScopedDevice scope;
-  if (!HostMemoryContext(scope, -1)) {
-    WarnOnce(warned, fmt::format("staging buffer of {} bytes left pageable for now: no CUDA device "
-                                 "in use yet on this thread (tried again at its next use)",
-                                 bytes));
-    return false;
-  }
-  cudaError_t e = cudaHostRegister(data, bytes, cudaHostRegisterPortable);
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    WarnOnce(warned, fmt::format("cudaHostRegister of a {}-byte staging buffer failed: {}; it "
-                                 "stays pageable until a later use pins it (device copies from "
-                                 "it are slower)",
-                                 bytes, cudaGetErrorString(e)));
-    return false;
-  }
-  return true;
-}
-
-void UnpinHostMemory(void* data) {
-  if (!CudaAvailable()) return;
-  ScopedDevice scope;
-  if (!HostMemoryContext(scope, -1)) return;  // no device known: nothing was pinned
-  // Not registered if pinning failed: that error is ours, cleared.
-  if (cudaHostUnregister(data) != cudaSuccess) (void)cudaGetLastError();
-}
-
-PinnedBuffer::PinnedBuffer(size_t bytes, int device) : size_(bytes) {
-  static std::atomic<bool> warned{false};
-  if (bytes == 0) return;
-  void* p = nullptr;
-  if (CudaAvailable()) {
-    ScopedDevice scope;
-    if (!HostMemoryContext(scope, device)) {
-      WarnOnce(warned, "pinned buffer allocated pageable: no CUDA device known on this thread");
-    } else if (cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable); e != cudaSuccess) {
-      (void)cudaGetLastError();
-      p = nullptr;
-      WarnOnce(warned, fmt::format("cudaHostAlloc of {} bytes failed: {}; pageable instead", bytes,
-                                   cudaGetErrorString(e)));
-    } else {
-      pinned_ = true;
-      device_ = device;
-      if (device_ < 0 && scope.had_context() && cudaGetDevice(&device_) != cudaSuccess) {
-        (void)cudaGetLastError();
-        device_ = noted_device.load();
-      }
-      if (device_ < 0) device_ = noted_device.load();
-    }
-  }
-  if (!pinned_) {
-    p = std::malloc(bytes);
-    if (p == nullptr) throw std::bad_alloc();
-  }
-  data_ = static_cast<std::byte*>(p);
-}
-
-PinnedBuffer::~PinnedBuffer() {
-  if (data_ == nullptr) return;
-  if (!pinned_) {
-    std::free(data_);
-    return;
-  }
-  ScopedDevice scope;
-  if (!scope.had_context() && device_ >= 0) (void)scope.Use(device_);
-  if (cudaFreeHost(data_) != cudaSuccess) (void)cudaGetLastError();
 }
 
 }  // namespace mhckpt::internal
