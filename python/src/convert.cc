@@ -2,6 +2,7 @@
 #include "convert.h"
 
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -51,9 +52,11 @@ DType ParseDType(const std::string& name, const std::string& array) {
 // A buffer as mhckpt sees it: a pointer, its memory kind and, for device
 // memory, its CUDA device. Takes any object with the buffer protocol or
 // DLPack, without a copy; refuses what the C++ core cannot take as one
-// row-major run of `count` elements of `dtype`. nanobind calls __dlpack__()
-// without a stream, which makes the producer synchronise nothing: the order
-// with the producer's work comes from the stream each shard names (ShardSpec).
+// row-major run of `count` elements of `dtype`. The order with the
+// producer's work comes from the stream each shard names (ShardSpec): the
+// Python layer passes a DLPack capsule it exported for that stream (a
+// jax.Array), or an object whose __dlpack__() nanobind calls without one (a
+// torch tensor: no wait; a jax.Array: the host waits for the buffer).
 struct PyBuffer {
   void* data;
   Memory memory;
