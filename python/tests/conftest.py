@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ import pytest
 from mpi4py import MPI
 
 import mhckpt
+from support import free_port  # noqa: E402  (tests/)
 
 
 def pytest_addoption(parser) -> None:
@@ -120,18 +120,6 @@ def mgr(root) -> Iterator[mhckpt.CheckpointManager]:
     m = mhckpt.CheckpointManager(root, collective_timeout_seconds=120)
     yield m
     m.close()
-
-
-def free_port(comm) -> int:
-    """A TCP port free on this host, chosen by rank 0 and broadcast. (The
-    tests run on one host; ctest may run several jobs at once, so a fixed
-    port could collide.)"""
-    port = None
-    if comm.rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    return comm.bcast(port, root=0)
 
 
 @dataclass

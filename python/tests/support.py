@@ -13,6 +13,7 @@ what a job of another size saved.
 from __future__ import annotations
 
 import os
+import socket
 import zlib
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Type
 
@@ -193,3 +194,15 @@ def tier_state(step: int, comm) -> dict:
     start, count = block(24, comm.rank, comm.size)
     return {"w": mhckpt.Shard(w[start:start + count], offset=(start, 0), global_shape=w.shape),
             "b": pattern(f"b{step}", (5,), "int64"), "step": step}
+
+
+def free_port(comm) -> int:
+    """A TCP port free on this host, chosen by rank 0 and broadcast. (The
+    tests run on one host; ctest may run several jobs at once, so a fixed
+    port could collide.)"""
+    port = None
+    if comm.rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    return comm.bcast(port, root=0)

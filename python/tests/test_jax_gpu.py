@@ -16,7 +16,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import pkgutil
-import socket
 
 # Several processes may share one GPU: no process may take most of its memory.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -26,7 +25,7 @@ import pytest  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import mhckpt  # noqa: E402
-from support import all_ok, np_dtype, pattern  # noqa: E402
+from support import all_ok, free_port, np_dtype, pattern  # noqa: E402
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
@@ -52,16 +51,6 @@ def _jax_has_cuda() -> bool:
     import jax_plugins
 
     return any("cuda" in m.name for m in pkgutil.iter_modules(jax_plugins.__path__))
-
-
-def free_port(comm) -> int:
-    """A TCP port free on this host, chosen by rank 0 (as conftest's)."""
-    port = None
-    if comm.rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    return comm.bcast(port, root=0)
 
 
 @pytest.fixture(scope="module")
