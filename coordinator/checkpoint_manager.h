@@ -265,10 +265,12 @@ class CheckpointManager {
   /// it, once every save in flight has ended (WaitUntilFinished; its error is
   /// returned and nothing is deleted). The shared root's step is no longer
   /// committed when this returns (its marker goes first); its files are
-  /// freed in the background, as retention's. Each node removes its local
-  /// copy. NotFound if no tier holds it; FailedPrecondition if a reader on
-  /// some rank holds its local copy; IoError from either tier. The same
-  /// Status on every rank.
+  /// freed in the background, as retention's. Each node of this job removes
+  /// its local copy; a node outside the job keeps its own, and the local
+  /// tier lists the step again if that node rejoins holding every file of it.
+  /// NotFound if no tier holds it; FailedPrecondition if a reader on some
+  /// rank holds its local copy; IoError from either tier. The same Status on
+  /// every rank.
   Status Delete(int64_t step);
 
   /// Collective. Waits for pending saves, then fills every destination of

@@ -635,7 +635,9 @@ class CheckpointManager:
         """Deletes committed step ``step`` from every tier that holds it
         (collective), once the saves in flight have ended (their error is
         raised, and nothing deleted). Raises NotFoundError if no tier holds
-        it, FailedPreconditionError if a reader still holds its local copy."""
+        it, FailedPreconditionError if a reader still holds its local copy.
+        A node outside this job keeps its local copy, which the local tier
+        lists again if that node rejoins holding every file of the step."""
         self._impl.delete(int(step))
 
     # ---------------------------------------------------------------- details
