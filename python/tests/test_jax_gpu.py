@@ -57,7 +57,8 @@ def _jax_has_cuda() -> bool:
 def gpu(request, comm):
     """jax.distributed over every rank, each with its CUDA device (devices
     may repeat: ranks share a GPU)."""
-    others = [item.nodeid for item in request.session.items
+    collected = request.node.listchain()[0].items  # the run's root node holds every test
+    others = [item.nodeid for item in collected
               if item.path != request.path and "jax_dist" in getattr(item, "fixturenames", ())]
     from jax._src import xla_bridge
 
@@ -182,18 +183,24 @@ def test_save_waits_for_the_computation_that_defines_the_array(gpu, root, comm):
     all_ok(comm, bool((np.asarray(out["x"]) == steps).all()), "x holds the loop's final values")
 
 
+def save_then_donate(mgr, lazy):
+    """Saves state() as step 1, donates and scribbles over it right after
+    save (after the fence with lazy), then waits for the commit."""
+    arrays = state()
+    fence = mgr.save(1, arrays, lazy=lazy)
+    if lazy:
+        fence.wait()
+    donate_and_scribble(arrays)
+    del arrays
+    mgr.wait_until_finished()
+
+
 @pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
 def test_sharded_save_donate_restore(gpu, root, comm, lazy):
     """Saved sharded over every process, donated right after save (after the
     fence with lazy), restored in the same and in another sharding."""
     with mhckpt.CheckpointManager(root, collective_timeout_seconds=120) as mgr:
-        arrays = state()
-        fence = mgr.save(1, arrays, lazy=lazy)
-        if lazy:
-            fence.wait()
-        donate_and_scribble(arrays)
-        del arrays
-        mgr.wait_until_finished()
+        save_then_donate(mgr, lazy)
         same = targets_like({name: sharding(name) for name in ARRAYS})
         check_restored(comm, mgr.restore(1, same), same, "same sharding")
         other = targets_like({"bf16": NamedSharding(mesh(), P(None, "x")),
@@ -210,13 +217,7 @@ def test_saved_at_n_restored_at_one(gpu, root, comm, lazy):
     if comm.size < 2:
         pytest.skip("saves at N >= 2 ranks and restores at 1: run at 2 ranks or more")
     with mhckpt.CheckpointManager(root, collective_timeout_seconds=120) as mgr:
-        arrays = state()
-        fence = mgr.save(1, arrays, lazy=lazy)
-        if lazy:
-            fence.wait()
-        donate_and_scribble(arrays)
-        del arrays
-        mgr.wait_until_finished()
+        save_then_donate(mgr, lazy)
     one = comm.Split(0 if comm.rank == 0 else MPI.UNDEFINED, comm.rank)
     ok, why = True, ""
     if comm.rank == 0:
