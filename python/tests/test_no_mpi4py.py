@@ -34,48 +34,73 @@ sys.meta_path.insert(0, _NoMpi4py())
 """
 
 
-def _job(nproc: int, code: str) -> subprocess.CompletedProcess:
+# Each rank writes its own file: the output of two ranks through mpirun's one
+# pipe can come out interleaved within a line.
+_PER_RANK = """
+import os as _os
+_fd = _os.open(_os.path.join({out!r}, "rank" + _os.environ["OMPI_COMM_WORLD_RANK"] + ".txt"),
+               _os.O_WRONLY | _os.O_CREAT | _os.O_TRUNC, 0o644)
+_os.dup2(_fd, 1)
+_os.dup2(_fd, 2)
+"""
+
+
+def _job(nproc: int, code: str, out) -> tuple[int, list[str]]:
+    """Runs ``code`` in ``nproc`` ranks; returns the exit code and each rank's output."""
     if MPIRUN is None:
         pytest.skip("mpirun not found")
+    out.mkdir(exist_ok=True)
     cmd = [MPIRUN, "-np", str(nproc), "--oversubscribe", "--bind-to", "none",
            "--mca", "mpi_yield_when_idle", "1", "--mca", "btl_vader_single_copy_mechanism", "none",
-           sys.executable, "-c", _HIDE + code]
-    return subprocess.run(cmd, env=_mpirun_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=180, preexec_fn=_unpin, cwd="/")
+           sys.executable, "-c", _PER_RANK.format(out=str(out)) + _HIDE + code]
+    p = subprocess.run(cmd, env=_mpirun_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=180, preexec_fn=_unpin, cwd="/")
+    outputs = []
+    for r in range(nproc):
+        f = out / f"rank{r}.txt"
+        outputs.append(f.read_text() if f.exists() else f"(rank {r} wrote nothing)\n{p.stdout[-4000:]}")
+    return p.returncode, outputs
 
 
-def test_hidden_mpi4py_is_not_importable():
-    p = _job(1, "try:\n    import mpi4py\nexcept ImportError as e:\n"
-                "    print('REFUSED', e)\n")
-    assert "REFUSED No module named 'mpi4py'" in p.stdout, p.stdout[-4000:]
+def test_hidden_mpi4py_is_not_importable(tmp_path):
+    _, (out,) = _job(1, "try:\n    import mpi4py\nexcept ImportError as e:\n"
+                        "    print('REFUSED', e)\n", tmp_path / "out")
+    assert "REFUSED No module named 'mpi4py'" in out, out[-4000:]
+
+
+def _only_line(out: str, prefixes) -> str:
+    lines = [ln for ln in out.splitlines() if ln.startswith(prefixes)]
+    assert len(lines) == 1, out[-4000:]
+    return lines[0]
 
 
 def test_convert_without_mpi4py_says_how_to_install(tmp_path):
     # `python -m mhckpt convert` (its __main__ run as the command line runs it).
-    p = _job(2, "import runpy\n"
-                f"sys.argv = ['mhckpt', 'convert', {str(tmp_path / 'src')!r}, {str(tmp_path / 'dst')!r}]\n"
-                "runpy.run_module('mhckpt', run_name='__main__', alter_sys=True)\n")
-    assert p.returncode != 0, p.stdout[-4000:]
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("python -m mhckpt convert:")]
-    assert len(lines) == 2 and all(HINT in ln for ln in lines), p.stdout[-4000:]
+    rc, outs = _job(2, "import runpy\n"
+                       f"sys.argv = ['mhckpt', 'convert', {str(tmp_path / 'src')!r}, {str(tmp_path / 'dst')!r}]\n"
+                       "runpy.run_module('mhckpt', run_name='__main__', alter_sys=True)\n",
+                    tmp_path / "out")
+    assert rc != 0, outs
+    lines = [_only_line(out, "python -m mhckpt convert:") for out in outs]
+    assert all(HINT in ln for ln in lines), lines
     assert len(set(lines)) == 1, lines  # the same error on every rank
-    assert "Traceback" not in p.stdout, p.stdout[-4000:]
+    assert not any("Traceback" in out for out in outs), outs
 
 
 @pytest.mark.parametrize("call", ["save", "load"])
 def test_torch_no_dist_without_mpi4py_says_how_to_install(tmp_path, call):
     pytest.importorskip("torch")
-    p = _job(2, "import os, mhckpt.torch as dcp, torch\n"
-                "rank = os.environ['OMPI_COMM_WORLD_RANK']\n"
-                f"root = os.path.join({str(tmp_path)!r}, 'r' + rank)\n"
-                "os.makedirs(root, exist_ok=True)  # load looks for the directory first\n"
-                "try:\n"
-                f"    dcp.{call}({{'w': torch.zeros(4)}}, checkpoint_id=root, no_dist=True)\n"
-                "except ImportError as e:\n"
-                "    print('ERROR', type(e).__name__, e, flush=True)\n"
-                "else:\n"
-                "    print('NO ERROR', flush=True)\n")
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith(("ERROR", "NO ERROR"))]
-    assert len(lines) == 2 and all(ln.startswith("ERROR ImportError") and HINT in ln for ln in lines), \
-        p.stdout[-4000:]
+    _, outs = _job(2, "import os, mhckpt.torch as dcp, torch\n"
+                      "rank = os.environ['OMPI_COMM_WORLD_RANK']\n"
+                      f"root = os.path.join({str(tmp_path)!r}, 'r' + rank)\n"
+                      "os.makedirs(root, exist_ok=True)  # load looks for the directory first\n"
+                      "try:\n"
+                      f"    dcp.{call}({{'w': torch.zeros(4)}}, checkpoint_id=root, no_dist=True)\n"
+                      "except ImportError as e:\n"
+                      "    print('ERROR', type(e).__name__, e, flush=True)\n"
+                      "else:\n"
+                      "    print('NO ERROR', flush=True)\n",
+                   tmp_path / "out")
+    lines = [_only_line(out, ("ERROR", "NO ERROR")) for out in outs]
+    assert all(ln.startswith("ERROR ImportError") and HINT in ln for ln in lines), lines
     assert len(set(lines)) == 1, lines
