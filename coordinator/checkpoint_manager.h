@@ -266,10 +266,13 @@ class CheckpointManager {
   /// returned and nothing is deleted). The shared root's step is no longer
   /// committed when this returns (its marker goes first); its files are
   /// freed in the background, as retention's. Each node of this job removes
-  /// its local copy; a node outside the job keeps its own, and the local
-  /// tier lists the step again if that node rejoins holding every file of it.
-  /// NotFound if no tier holds it; FailedPrecondition if a reader on some
-  /// rank holds its local copy; IoError from either tier. The same Status on
+  /// its local copy. With a local tier, the deletion is recorded in the
+  /// shared root first, so that a node outside the job that still holds the
+  /// step removes it when it rejoins instead of bringing it back (a save of
+  /// the same step number made later is not affected; the record keeps the
+  /// 4,096 highest steps deleted). NotFound if no tier holds it;
+  /// FailedPrecondition, with nothing deleted, if a reader on some rank
+  /// holds its local copy; IoError from either tier. The same Status on
   /// every rank.
   Status Delete(int64_t step);
 

@@ -1,6 +1,7 @@
 #include "coordinator/local_recovery.h"
 
 #include <algorithm>
+#include <iterator>
 #include <map>
 
 #include <fmt/format.h>
@@ -12,6 +13,31 @@
 #include "io/posix_file.h"
 
 namespace mhckpt::internal {
+
+Result<Deletions> ParseLocalDeletions(const std::string& text, const std::string& origin) {
+  try {
+    Deletions out;
+    const nlohmann::json record = nlohmann::json::parse(text);
+    for (const nlohmann::json& e : record.at("deleted")) {
+      int64_t& when = out[e.at(0).get<int64_t>()];
+      when = std::max(when, e.at(1).get<int64_t>());
+    }
+    return out;
+  } catch (const std::exception& e) {
+    return DataLoss(
+        fmt::format("the record of deleted local saves '{}' is damaged: {}", origin, e.what()));
+  }
+}
+
+std::string LocalDeletionsToJson(const Deletions& deleted) {
+  nlohmann::json list = nlohmann::json::array();
+  auto first = deleted.begin();
+  if (deleted.size() > kMaxDeletedSteps) {
+    std::advance(first, static_cast<std::ptrdiff_t>(deleted.size() - kMaxDeletedSteps));
+  }
+  for (auto it = first; it != deleted.end(); ++it) list.push_back({it->first, it->second});
+  return nlohmann::json{{"deleted", list}}.dump();
+}
 
 nlohmann::json NodeHoldings(const LocalPaths& paths, int64_t step, const io::Marker& m,
                             int64_t hash) {
@@ -91,7 +117,7 @@ int Rebuilder(const Nodes& nodes, const Save& s, int w) {
 }  // namespace
 
 nlohmann::json ElectRestorable(const Nodes& nodes, const std::vector<std::string>& reports,
-                               int keep, const std::string& dir) {
+                               int keep, const std::string& dir, const Deletions& deleted) {
   std::map<int64_t, std::map<int64_t, Save>> seen;  // step -> marker hash -> save
   for (size_t r = 0; r < reports.size(); ++r) {
     const int node = nodes.node_of(static_cast<int>(r));
@@ -114,6 +140,17 @@ nlohmann::json ElectRestorable(const Nodes& nodes, const std::vector<std::string
   };
   nlohmann::json view = nlohmann::json::array();
   for (auto& [step, saves] : seen) {
+    if (auto d = deleted.find(step); d != deleted.end()) {
+      const size_t before = saves.size();
+      std::erase_if(saves, [&](const auto& e) { return e.second.created <= d->second; });
+      if (saves.size() < before) {
+        Logger()->info(
+            "mhckpt: local step {}: a node that was away when the step was deleted still holds "
+            "it; it stays deleted and is removed",
+            step);
+      }
+    }
+    if (saves.empty()) continue;
     Save* newest = Newest(saves);
     if (newest == nullptr) {
       Logger()->warn(

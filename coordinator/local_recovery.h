@@ -13,19 +13,44 @@
 // save): the newest save (its marker's creation time, so the clocks of the
 // jobs' rank-0 hosts must agree) is the step; two made at the same time
 // count for neither.
+//
+// A node outside the job when CheckpointManager::Delete deleted a step
+// keeps its local files of it. So that the step does not come back when the
+// node rejoins, Delete records the step and the time of the deletion in the
+// shared root first: the election skips every save of the step made until
+// then (by its marker's creation time: the clocks caveat above), and the
+// nodes that hold one remove it. A later save of the same step number is
+// restored as any other.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "base/status.h"
 #include "coordinator/local_nodes.h"
 #include "coordinator/local_store.h"
 #include "io/marker.h"
 
 namespace mhckpt::internal {
+
+/// The steps Delete deleted: step -> when (unix ms). Every save of the step
+/// created until then is deleted.
+using Deletions = std::map<int64_t, int64_t>;
+
+/// The most steps the record keeps (the highest): a node away while more
+/// steps than that were deleted may bring an older one back.
+inline constexpr size_t kMaxDeletedSteps = 4096;
+
+/// The record in the shared root (io/root_store.h, GetLocalDeletions):
+/// {"deleted": [[step, unix_ms], ...]}. DataLoss naming `origin` if it does
+/// not parse.
+Result<Deletions> ParseLocalDeletions(const std::string& text, const std::string& origin);
+/// The record of `deleted`, its highest kMaxDeletedSteps steps only.
+std::string LocalDeletionsToJson(const Deletions& deleted);
 
 /// A node's report of one committed local step: its marker's hash `hash`,
 /// the world size and creation time of its save, the writer files and
@@ -41,8 +66,9 @@ nlohmann::json NodeHoldings(const LocalPaths& paths, int64_t step, const io::Mar
 /// whose node holds its file), "parity_holders" (per rank, the ranks whose
 /// node holds its block), "groups" (of the save) and "rebuild" (pairs [lost
 /// writer, rank that rebuilds its file]). `dir` names the local dir in log
-/// lines.
+/// lines. A save of a step in `deleted` made until its deletion is not
+/// restorable.
 nlohmann::json ElectRestorable(const Nodes& nodes, const std::vector<std::string>& reports,
-                               int keep, const std::string& dir);
+                               int keep, const std::string& dir, const Deletions& deleted = {});
 
 }  // namespace mhckpt::internal

@@ -51,7 +51,7 @@ std::vector<int> LocalTier::Unprotected() const {
   return redundancy_ == nullptr ? std::vector<int>() : redundancy_->Unprotected();
 }
 
-Status LocalTier::Open(const Comm& comm, const Options& options) {
+Status LocalTier::Open(const Comm& comm, const Options& options, const Deletions& deleted) {
   nodes_ = Nodes::Discover(comm, options.node_id);
   landing_ = std::make_unique<LandingFile>(dir(), comm.rank());
   redundancy_ = MakeLocalRedundancy(options, nodes_, store_.paths());
@@ -78,7 +78,7 @@ Status LocalTier::Open(const Comm& comm, const Options& options) {
   std::string view_text;
   if (rank == 0) {
     s = Guarded("rank 0: local tier recovery", [&] {
-      view_text = ElectRestorable(nodes_, reports, keep_, dir()).dump();
+      view_text = ElectRestorable(nodes_, reports, keep_, dir(), deleted).dump();
       if (nodes_.count() == 1) {
         Logger()->warn(
             "mhckpt: the job runs on one node: the local tier has no other node to keep copies "
@@ -272,7 +272,7 @@ void LocalTier::Abandon(const Comm& comm, int64_t step) {
   }
 }
 
-Status LocalTier::Delete(const Comm& comm, int64_t step) {
+Status LocalTier::CheckDeletable(const Comm& comm, int64_t step) const {
   // Why a vote: a reader on any rank (a drain, a partner's restore) keeps
   // the step's files on every node.
   if (comm.AllreduceMax(holds_.IsHeld(step) ? 1 : 0) != 0) {
@@ -281,6 +281,11 @@ Status LocalTier::Delete(const Comm& comm, int64_t step) {
                     "restore); delete it once that has ended",
                     step));
   }
+  return OkStatus();
+}
+
+Status LocalTier::Delete(const Comm& comm, int64_t step) {
+  MHCKPT_RETURN_IF_ERROR(CheckDeletable(comm, step));
   Status s;
   if (nodes_.leads(comm.rank())) s = store_.Remove(step);
   {

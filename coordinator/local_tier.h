@@ -88,6 +88,7 @@
 #include "coordinator/checkpoint_manager.h"
 #include "coordinator/local_landing.h"
 #include "coordinator/local_nodes.h"
+#include "coordinator/local_recovery.h"
 #include "coordinator/local_redundancy.h"
 #include "coordinator/local_store.h"
 #include "coordinator/rank_report.h"
@@ -122,7 +123,9 @@ class LocalTier {
   /// Collective: finds the nodes, takes ownership of each node's local dir,
   /// and recovers the view (the header's "Open"). Errors, on every
   /// rank: IoError or FailedPrecondition naming the rank and the directory.
-  Status Open(const Comm& comm, const Options& options);
+  /// `deleted` (read on rank 0): the steps Delete deleted, which stay
+  /// deleted on nodes that were away (coordinator/local_recovery.h).
+  Status Open(const Comm& comm, const Options& options, const Deletions& deleted = {});
 
   /// Collective, save steps 1-3 for `plan`: writes this rank's file from
   /// `staged` and exchanges copies; `sums` gets the checksums of the boxes
@@ -138,7 +141,11 @@ class LocalTier {
   Status Commit(const Comm& comm, const io::Marker& marker, const std::string& text);
   /// Collective: removes step `step` on every node (a failed save).
   void Abandon(const Comm& comm, int64_t step);
-  /// Collective: removes committed step `step` on every node
+  /// Collective: FailedPrecondition, on every rank, if a rank holds step
+  /// `step` (a drain of it, a partner's restore), so that it cannot be
+  /// deleted now.
+  Status CheckDeletable(const Comm& comm, int64_t step) const;
+  /// Collective: removes committed step `step` on every node of the job
   /// (CheckpointManager::Delete; its node markers first). FailedPrecondition
   /// if a rank holds it; the agreed outcome.
   Status Delete(const Comm& comm, int64_t step);

@@ -14,6 +14,7 @@
 #include "base/guard.h"
 #include "base/log.h"
 #include "coordinator/agree.h"
+#include "io/layout.h"
 #include "worker/copy.h"
 
 namespace mhckpt::internal {
@@ -299,12 +300,23 @@ Status ManagerImpl::Delete(int64_t step) {
   });
 }
 
+Result<Deletions> ManagerImpl::ReadLocalDeletions() {
+  Result<std::string> text = store_->GetLocalDeletions();
+  if (text.status().code() == StatusCode::kNotFound) return Deletions();
+  MHCKPT_RETURN_IF_ERROR(text.status());
+  return ParseLocalDeletions(*text, fmt::format("{}/{}", root(), io::kLocalDeletionsFileName));
+}
+
 // 1. Which tiers hold the step: rank 0 lists the shared root (broadcast);
-//    the local tier's view is agreed. Neither: NotFound.
+//    the local tier's view is agreed. Neither: NotFound. A local step held
+//    by a reader: FailedPrecondition, and nothing is deleted.
 // 2. The shared root (rank 0, Retention::Retire: its marker first, so the
 //    step is no longer committed; the files freed in the background). Agreed.
-// 3. The local tier (LocalTier::Delete), agreed: a crash between 2 and 3
-//    leaves a local step the next job restores or deletes again.
+// 3. With a local tier: the step and the time recorded as deleted in the
+//    shared root (rank 0), agreed. A node outside the job (or a crash before
+//    4) leaves local files of the step, found in or out of this job's view;
+//    a later job's recovery removes them instead of restoring them.
+// 4. The local tier (LocalTier::Delete), agreed.
 Status ManagerImpl::RunDelete(int64_t step) {
   std::vector<int64_t> shared{0};
   Status listed;
@@ -320,12 +332,28 @@ Status ManagerImpl::RunDelete(int64_t step) {
     return NotFound(fmt::format("step {} is not committed in '{}'{}", step, root(),
                                 local_ ? " nor in the local tier" : ""));
   }
+  if (local) MHCKPT_RETURN_IF_ERROR(local_->CheckDeletable(comm_, step));
   if (shared[0] != 0) {
     Status s = comm_.rank() == 0 ? retention_->Retire(step) : OkStatus();
     MHCKPT_RETURN_IF_ERROR(AgreeAll(s, comm_));
   }
-  if (local) return local_->Delete(comm_, step);
-  return OkStatus();
+  if (!local_) return OkStatus();
+  Status recorded;
+  if (comm_.rank() == 0) {
+    recorded = Guarded("rank 0: the record of deleted steps", [&]() -> Status {
+      MHCKPT_ASSIGN_OR_RETURN(Deletions deleted, ReadLocalDeletions());
+      // Every save made until now; the view's own, whatever its clock said.
+      int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::system_clock::now().time_since_epoch())
+                        .count();
+      if (local) now = std::max(now, local_->Find(step)->marker.created_unix_ms);
+      int64_t& when = deleted[step];
+      when = std::max(when, now);
+      return store_->PutLocalDeletions(LocalDeletionsToJson(deleted));
+    });
+  }
+  MHCKPT_RETURN_IF_ERROR(AgreeAll(recorded, comm_));
+  return local ? local_->Delete(comm_, step) : OkStatus();
 }
 
 Status ManagerImpl::OpenLocalTier() {
@@ -335,8 +363,15 @@ Status ManagerImpl::OpenLocalTier() {
     Watchdog::Guard phase(watchdog_, "local open", -1);
     Status s = Guarded(fmt::format("rank {}: local tier", comm_.rank()),
                        [&] { local_ = std::make_unique<LocalTier>(options_); });
+    // Rank 0 reads the saves Delete deleted (only its election uses them).
+    Deletions deleted;
+    if (s.ok() && comm_.rank() == 0) {
+      Result<Deletions> read = ReadLocalDeletions();
+      s = read.status();
+      if (read.ok()) deleted = std::move(read).value();
+    }
     MHCKPT_RETURN_IF_ERROR(AgreeAll(s, comm_));
-    return local_->Open(comm_, options_);
+    return local_->Open(comm_, options_, deleted);
   });
 }
 

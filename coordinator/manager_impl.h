@@ -165,6 +165,8 @@ class ManagerImpl {
   Status RunVerify(int64_t step, const VerifyOptions& options, VerifyReport* report);
   /// Collective, on the I/O thread.
   Status RunDelete(int64_t step);
+  // Rank 0: the shared root's record of deleted steps (empty if none).
+  Result<Deletions> ReadLocalDeletions();
 
   /// Runs `fn` where HDF5 may be touched (the I/O thread, or inline when
   /// synchronous) and returns its status.

@@ -22,6 +22,9 @@ inline constexpr std::string_view kMarkerFileName = "commit.json";
 inline constexpr std::string_view kIndexFileName = "index.bin";
 inline constexpr std::string_view kLockFileName = "mhckpt.lock";
 inline constexpr std::string_view kLeaseFileName = "mhckpt.lease";
+/// The local saves deleted by CheckpointManager::Delete (a JSON object):
+/// a node outside the job that deleted them must not bring them back.
+inline constexpr std::string_view kLocalDeletionsFileName = "mhckpt.local-deletions";
 
 /// "step_0000000042".
 std::string StepDirName(int64_t step);

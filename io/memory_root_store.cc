@@ -32,6 +32,7 @@ struct MemoryRootStore::State {
   std::map<std::string, Step> retired;
   uint64_t retirements = 0;    // the nonce of retired names
   std::optional<Lease> owner;  // the holder's lease, while held
+  std::optional<std::string> local_deletions;
 };
 
 namespace {
@@ -130,6 +131,20 @@ Result<std::string> MemoryRootStore::LeaseText() {
   std::lock_guard<std::mutex> lock(state_->mu);
   if (!state_->owner) return NotFound(fmt::format("'{}' has no owner", state_->name));
   return LeaseToJson(*state_->owner);
+}
+
+Result<std::string> MemoryRootStore::GetLocalDeletions() {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  if (!state_->local_deletions) {
+    return NotFound(fmt::format("'{}' records no deleted local save", state_->name));
+  }
+  return *state_->local_deletions;
+}
+
+Status MemoryRootStore::PutLocalDeletions(const std::string& text) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->local_deletions = text;
+  return OkStatus();
 }
 
 Result<std::vector<StepEntry>> MemoryRootStore::ListSteps() {

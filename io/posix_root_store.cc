@@ -18,6 +18,7 @@ namespace mhckpt::io {
 namespace {
 
 constexpr size_t kMaxLeaseBytes = 64 * 1024;
+constexpr size_t kMaxLocalDeletionsBytes = size_t{1} << 20;
 
 // The flock and lease of io/root_lock.h, held until destroyed.
 class PosixOwnership final : public RootOwnership {
@@ -60,6 +61,14 @@ Result<std::unique_ptr<RootOwnership>> PosixRootStore::Acquire(const RootLockOpt
 
 Result<std::string> PosixRootStore::LeaseText() {
   return ReadSmallFile(root_ + "/" + std::string(kLeaseFileName), kMaxLeaseBytes);
+}
+
+Result<std::string> PosixRootStore::GetLocalDeletions() {
+  return ReadSmallFile(root_ + "/" + std::string(kLocalDeletionsFileName), kMaxLocalDeletionsBytes);
+}
+
+Status PosixRootStore::PutLocalDeletions(const std::string& text) {
+  return WriteFileAtomic(root_ + "/" + std::string(kLocalDeletionsFileName), text);
 }
 
 Result<std::vector<StepEntry>> PosixRootStore::ListSteps() { return io::ListSteps(root_); }

@@ -22,6 +22,8 @@ class PosixRootStore final : public RootStore {
   Status CheckWritable() override;
   Result<std::unique_ptr<RootOwnership>> Acquire(const RootLockOptions& options) override;
   Result<std::string> LeaseText() override;
+  Result<std::string> GetLocalDeletions() override;
+  Status PutLocalDeletions(const std::string& text) override;
   Result<std::vector<StepEntry>> ListSteps() override;
   Result<std::vector<int64_t>> StepsWithoutMarker() override;
   Status CreateStep(int64_t step) override;

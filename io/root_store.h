@@ -105,6 +105,12 @@ class RootStore {
   /// NotFound if there is no owner.
   virtual Result<std::string> LeaseText() = 0;
 
+  /// The record of deleted local saves (coordinator/local_recovery.h), as
+  /// last put: NotFound if none was; DataLoss if it is larger than 1 MiB.
+  virtual Result<std::string> GetLocalDeletions() = 0;
+  /// Replaces that record, atomically and durably. IoError.
+  virtual Status PutLocalDeletions(const std::string& text) = 0;
+
   // ---- Steps ----
 
   /// Every step of the root but the retired ones, ascending, each with its

@@ -593,6 +593,67 @@ TEST(TwoTiers, DeleteRemovesAStepFromEveryTierAndNode) {
   EXPECT_TRUE(RestoreAndCheck(*m, 3, Size(), Rank(), RestoreSource::kLocal).ok());
 }
 
+// A node away from the job that deletes a step keeps its local files of it.
+// When the node rejoins, the step stays deleted (the shared root records the
+// deletion) and the node's files of it go: step 1, which the job held
+// locally, and step 0, which only the shared root and the node away held. A
+// later save of the same step number is restored. Every node keeps a copy
+// of every file, so that the node away could restore the steps on its own.
+TEST(TwoTiers, ADeletedStepStaysDeletedWhenANodeThatWasAwayRejoins) {
+  if (NodeCount(Size()) < 2) GTEST_SKIP() << "needs two nodes";
+  using Listing = std::pair<std::vector<int64_t>, std::vector<int64_t>>;
+  const std::string dir = FreshDir();
+  auto open = [&](MPI_Comm comm) -> std::unique_ptr<CheckpointManager> {
+    Options o = TwoTierOptions(dir, Rank(), Size());
+    o.local_copies = NodeCount(Size()) - 1;
+    auto m = CheckpointManager::Open(comm, dir + "/shared", o);
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    return m.ok() ? std::move(m).value() : nullptr;
+  };
+  SaveTwoSteps(open(MPI_COMM_WORLD));
+  const int away = NodeCount(Size()) - 1;
+  auto step_dir = [&](int node, int64_t step) {
+    return fmt::format("{}/node{}/{}", dir, node, io::StepDirName(step));
+  };
+  if (Rank() == 0) {
+    for (int node = 0; node < away; ++node) std::filesystem::remove_all(step_dir(node, 0));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, Rank() < away * RanksPerNode(Size()) ? 0 : MPI_UNDEFINED, Rank(),
+                 &comm);
+  if (comm != MPI_COMM_NULL) {
+    auto m = open(comm);
+    ASSERT_TRUE(m);
+    EXPECT_EQ(Tiers(*m), (Listing{{0}, {1}}));
+    EXPECT_TRUE(m->Delete(1).ok());
+    EXPECT_EQ(Tiers(*m), (Listing{{0}, {}}));
+    EXPECT_TRUE(m->Delete(0).ok());
+    EXPECT_EQ(Tiers(*m), (Listing{{}, {}}));
+    m.reset();
+    MPI_Comm_free(&comm);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  EXPECT_TRUE(std::filesystem::exists(step_dir(away, 0))) << "the node away kept its files";
+  EXPECT_TRUE(std::filesystem::exists(step_dir(away, 1))) << "the node away kept its files";
+  {
+    auto m = open(MPI_COMM_WORLD);
+    ASSERT_TRUE(m);
+    EXPECT_EQ(Tiers(*m), (Listing{{}, {}}));
+    EXPECT_FALSE(m->LatestStep()->has_value());
+    EXPECT_FALSE(std::filesystem::exists(step_dir(away, 0)));
+    EXPECT_FALSE(std::filesystem::exists(step_dir(away, 1)));
+    Step s(1, Rank(), Size());
+    ASSERT_TRUE(m->Save(1, s.arrays, {}, kLocalOnly).ok());
+    ASSERT_TRUE(m->WaitUntilFinished().ok());
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto m = open(MPI_COMM_WORLD);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(Tiers(*m), (Listing{{}, {1}}));
+  EXPECT_TRUE(RestoreAndCheck(*m, 1, Size(), Rank(), RestoreSource::kLocal).ok());
+}
+
 // In drain mode Delete waits for the drain that reads the step (held at a
 // gate mid-write, released a second later), then removes the step from both
 // tiers: nothing of it is left to commit late.

@@ -635,9 +635,10 @@ class CheckpointManager:
         """Deletes committed step ``step`` from every tier that holds it
         (collective), once the saves in flight have ended (their error is
         raised, and nothing deleted). Raises NotFoundError if no tier holds
-        it, FailedPreconditionError if a reader still holds its local copy.
-        A node outside this job keeps its local copy, which the local tier
-        lists again if that node rejoins holding every file of the step."""
+        it, FailedPreconditionError (nothing deleted) if a reader still holds
+        its local copy. The deletion is recorded in ``root``: a node outside
+        this job that still holds a local copy of the step removes it when it
+        rejoins (a later save of the same step number is kept)."""
         self._impl.delete(int(step))
 
     # ---------------------------------------------------------------- details

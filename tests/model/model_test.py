@@ -891,15 +891,11 @@ class Runner:
         if code not in ("OK", "NOT_FOUND"):
             raise Failure("%s: Delete: %s" % (where, status))
         if rec is not None:
-            # A node outside this job keeps its files of the step: when it
-            # rejoins holding every file, the local tier lists the step again
-            # (Delete reaches the job's nodes only).
-            nodes = model.job_nodes()
-            elsewhere = rec.local == "yes" and any(n >= nodes for n in rec.holdings)
-            model.drop_local(rec, nodes)
-            rec.local, rec.persistent = ("maybe" if elsewhere else "no"), "no"
-            if not elsewhere:
-                rec.holdings, rec.damaged = {}, set()
+            # OK: a node outside this job keeps its files of the step, but
+            # the deletion is recorded in the shared root: when the node
+            # rejoins, the step stays deleted and its files go.
+            rec.local, rec.persistent = "no", "no"
+            rec.holdings, rec.damaged = {}, set()
         model.compare_steps(where, ranks)
 
     def save(self, where, jop, dop, ranks, model):
