@@ -135,6 +135,7 @@ nlohmann::json ElectRestorable(const Nodes& nodes, const std::vector<std::string
   }
   auto ranks_of_nodes = [&](const std::vector<int>& ns) {
     std::vector<int> ranks;
+    ranks.reserve(ns.size());
     for (int n : ns) ranks.push_back(nodes.ranks_of(n).front());
     return nodes.RanksOnNodesOf(ranks);
   };
