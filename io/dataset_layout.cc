@@ -203,9 +203,9 @@ Status LayOutArrays(H5File& file, const std::string& path, std::span<const Array
   return OkStatus();
 }
 
-std::vector<BoxRef> SubfileBoxes(std::span<const ArraySpec> arrays,
-                                 std::span<const int> group_of_rank, int group) {
-  std::vector<BoxRef> boxes;
+std::vector<StoredBoxRef> SubfileBoxes(std::span<const ArraySpec> arrays,
+                                       std::span<const int> group_of_rank, int group) {
+  std::vector<StoredBoxRef> boxes;
   for (size_t i = 0; i < arrays.size(); ++i) {
     for (size_t j = 0; j < arrays[i].boxes.size(); ++j) {
       const int writer = arrays[i].boxes[j].writer;
@@ -215,7 +215,7 @@ std::vector<BoxRef> SubfileBoxes(std::span<const ArraySpec> arrays,
       }
     }
   }
-  std::stable_sort(boxes.begin(), boxes.end(), [&](const BoxRef& x, const BoxRef& y) {
+  std::stable_sort(boxes.begin(), boxes.end(), [&](const StoredBoxRef& x, const StoredBoxRef& y) {
     return arrays[x.array].boxes[x.box].writer < arrays[y.array].boxes[y.box].writer;
   });
   return boxes;
@@ -226,7 +226,7 @@ std::string BoxDatasetName(size_t array, size_t box) {
 }
 
 Status LayOutSubfile(H5File& file, const std::string& path, std::span<const ArraySpec> arrays,
-                     std::span<const BoxRef> boxes, LayoutSkeleton& skeleton,
+                     std::span<const StoredBoxRef> boxes, LayoutSkeleton& skeleton,
                      std::vector<int64_t>& layout) {
   std::vector<ArraySpec> own;
   own.reserve(boxes.size());

@@ -94,7 +94,7 @@ Status LayOutArrays(H5File& file, const std::string& path, std::span<const Array
                     LayoutSkeleton& skeleton, std::vector<int64_t>& layout);
 
 /// One box of one array (ArraySpec::boxes).
-struct BoxRef {
+struct StoredBoxRef {
   size_t array = 0;
   size_t box = 0;
 };
@@ -102,8 +102,8 @@ struct BoxRef {
 /// The boxes stored in subfile `group`: those whose writer is in it
 /// (`group_of_rank`, by rank), by writer, so that a rank's boxes lie side by
 /// side. Their order is the subfile's layout vector's.
-std::vector<BoxRef> SubfileBoxes(std::span<const ArraySpec> arrays,
-                                 std::span<const int> group_of_rank, int group);
+std::vector<StoredBoxRef> SubfileBoxes(std::span<const ArraySpec> arrays,
+                                       std::span<const int> group_of_rank, int group);
 
 /// The dataset of box `box` of array `array` in its subfile: "box_3_0".
 std::string BoxDatasetName(size_t array, size_t box);
@@ -111,7 +111,7 @@ std::string BoxDatasetName(size_t array, size_t box);
 /// A subfile's layout: `boxes` (SubfileBoxes), each a dataset of its own,
 /// laid out as LayOutArrays lays out arrays.
 Status LayOutSubfile(H5File& file, const std::string& path, std::span<const ArraySpec> arrays,
-                     std::span<const BoxRef> boxes, LayoutSkeleton& skeleton,
+                     std::span<const StoredBoxRef> boxes, LayoutSkeleton& skeleton,
                      std::vector<int64_t>& layout);
 
 /// data.h5 beside subfiles: one virtual dataset per array mapping its boxes

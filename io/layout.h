@@ -9,6 +9,7 @@
 //   ROOT/mhckpt.lease                  who owns ROOT, with a heartbeat
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -22,6 +23,8 @@ inline constexpr std::string_view kMarkerFileName = "commit.json";
 inline constexpr std::string_view kIndexFileName = "index.bin";
 inline constexpr std::string_view kLockFileName = "mhckpt.lock";
 inline constexpr std::string_view kLeaseFileName = "mhckpt.lease";
+/// The largest lease file a reader accepts.
+inline constexpr size_t kMaxLeaseBytes = 64 * 1024;
 /// The local saves deleted by CheckpointManager::Delete (a JSON object):
 /// a node outside the job that deleted them must not bring them back.
 inline constexpr std::string_view kLocalDeletionsFileName = "mhckpt.local-deletions";

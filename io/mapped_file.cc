@@ -14,7 +14,7 @@
 namespace mhckpt::io {
 namespace {
 
-Status Errno(const std::string& what, const std::string& path, int err) {
+Status MappedErrno(const std::string& what, const std::string& path, int err) {
   if (err == ENOENT) return NotFound(fmt::format("{} '{}': {}", what, path, std::strerror(err)));
   return IoError(fmt::format("{} '{}': {}", what, path, std::strerror(err)));
 }
@@ -27,14 +27,15 @@ Result<MappedFile> MappedFile::Create(const std::string& path, uint64_t bytes) {
   // An existing file keeps its pages (a recycled step's: no fresh memory to
   // fault in and clear); its size is set, and the caller overwrites it.
   f.fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (f.fd_ < 0) return Errno("cannot create", path, errno);
-  if (::ftruncate(f.fd_, static_cast<off_t>(bytes)) != 0) return Errno("cannot size", path, errno);
+  if (f.fd_ < 0) return MappedErrno("cannot create", path, errno);
+  if (::ftruncate(f.fd_, static_cast<off_t>(bytes)) != 0)
+    return MappedErrno("cannot size", path, errno);
   if (bytes > 0) {
     const int err = ::posix_fallocate(f.fd_, 0, static_cast<off_t>(bytes));
-    if (err != 0) return Errno(fmt::format("cannot reserve {} bytes for", bytes), path, err);
+    if (err != 0) return MappedErrno(fmt::format("cannot reserve {} bytes for", bytes), path, err);
     // MAP_POPULATE: the pages are mapped in one call, not by a fault per page.
     void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, f.fd_, 0);
-    if (p == MAP_FAILED) return Errno("cannot map", path, errno);
+    if (p == MAP_FAILED) return MappedErrno("cannot map", path, errno);
     f.data_ = static_cast<std::byte*>(p);
   }
   f.size_ = bytes;
@@ -47,24 +48,26 @@ Result<MappedFile> MappedFile::CreateByWrites(const std::string& path, uint64_t 
     // Not truncated: an existing file's pages are written over (pieces
     // cover the whole file), not freed and allocated again.
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) return Errno("cannot create", path, errno);
+    if (fd < 0) return MappedErrno("cannot create", path, errno);
     Status s;
-    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) s = Errno("cannot size", path, errno);
+    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0)
+      s = MappedErrno("cannot size", path, errno);
     for (const Piece& p : pieces) {
       for (uint64_t done = 0; s.ok() && done < p.size;) {
         const ssize_t n =
             ::pwrite(fd, p.data + done, p.size - done, static_cast<off_t>(p.offset + done));
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) {
-          s = Errno(fmt::format("cannot write {} bytes at {} of", p.size - done, p.offset + done),
-                    path, n < 0 ? errno : ENOSPC);
+          s = MappedErrno(
+              fmt::format("cannot write {} bytes at {} of", p.size - done, p.offset + done), path,
+              n < 0 ? errno : ENOSPC);
           break;
         }
         done += static_cast<uint64_t>(n);
       }
       if (!s.ok()) break;
     }
-    if (::close(fd) != 0 && s.ok()) s = Errno("cannot close", path, errno);
+    if (::close(fd) != 0 && s.ok()) s = MappedErrno("cannot close", path, errno);
     if (!s.ok()) return s;
   }
   return OpenForReading(path);
@@ -74,13 +77,13 @@ Result<MappedFile> MappedFile::OpenForReading(const std::string& path) {
   MappedFile f;
   f.path_ = path;
   f.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f.fd_ < 0) return Errno("cannot open", path, errno);
+  if (f.fd_ < 0) return MappedErrno("cannot open", path, errno);
   struct stat st {};
-  if (::fstat(f.fd_, &st) != 0) return Errno("cannot stat", path, errno);
+  if (::fstat(f.fd_, &st) != 0) return MappedErrno("cannot stat", path, errno);
   f.size_ = static_cast<uint64_t>(st.st_size);
   if (f.size_ > 0) {
     void* p = ::mmap(nullptr, f.size_, PROT_READ, MAP_SHARED | MAP_POPULATE, f.fd_, 0);
-    if (p == MAP_FAILED) return Errno("cannot map", path, errno);
+    if (p == MAP_FAILED) return MappedErrno("cannot map", path, errno);
     f.data_ = static_cast<std::byte*>(p);
   }
   return f;
@@ -88,7 +91,7 @@ Result<MappedFile> MappedFile::OpenForReading(const std::string& path) {
 
 Result<uint64_t> MappedFile::Size(const std::string& path) {
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return Errno("cannot stat", path, errno);
+  if (::stat(path.c_str(), &st) != 0) return MappedErrno("cannot stat", path, errno);
   return static_cast<uint64_t>(st.st_size);
 }
 
@@ -114,7 +117,8 @@ MappedFile::~MappedFile() { Close().IgnoreError(); }
 Status MappedFile::Close() {
   if (data_ != nullptr) ::munmap(data_, size_);
   data_ = nullptr;
-  if (fd_ >= 0 && ::close(std::exchange(fd_, -1)) != 0) return Errno("cannot close", path_, errno);
+  if (fd_ >= 0 && ::close(std::exchange(fd_, -1)) != 0)
+    return MappedErrno("cannot close", path_, errno);
   return OkStatus();
 }
 

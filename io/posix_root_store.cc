@@ -17,7 +17,6 @@
 namespace mhckpt::io {
 namespace {
 
-constexpr size_t kMaxLeaseBytes = 64 * 1024;
 constexpr size_t kMaxLocalDeletionsBytes = size_t{1} << 20;
 
 // The flock and lease of io/root_lock.h, held until destroyed.

@@ -20,8 +20,6 @@
 namespace mhckpt::io {
 namespace {
 
-constexpr size_t kMaxLeaseBytes = 64 * 1024;
-
 int64_t NowUnixMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())

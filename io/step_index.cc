@@ -20,7 +20,7 @@ namespace {
 constexpr char kMagic[8] = {'M', 'H', 'C', 'K', 'I', 'D', 'X', '3'};
 // Records closer than this are read in one pread (the gap is read and
 // dropped); no single read is larger than kMaxReadBytes unless one record is.
-constexpr uint64_t kJoinGapBytes = 512;
+constexpr uint64_t kRecordJoinGapBytes = 512;
 constexpr uint64_t kMaxReadBytes = 16 << 20;
 constexpr uint64_t kMaxIndexBytes = uint64_t{1} << 56;
 // With subfiles: a record ends in the box's subfile and offset in it.
@@ -228,7 +228,7 @@ Status LoadIndexRecords(const std::string& path, const IndexLayout& layout,
   }
   std::vector<std::byte> buffer;
   for (size_t i = 0; i < todo.size();) {
-    // One read: records i..j-1, each starting within kJoinGapBytes of the
+    // One read: records i..j-1, each starting within kRecordJoinGapBytes of the
     // last one's end, up to kMaxReadBytes.
     const uint64_t begin = layout.offset(todo[i].first, todo[i].second);
     uint64_t end = begin + layout.record_bytes(todo[i].first, todo[i].second);
@@ -236,7 +236,7 @@ Status LoadIndexRecords(const std::string& path, const IndexLayout& layout,
     for (; j < todo.size(); ++j) {
       const uint64_t at = layout.offset(todo[j].first, todo[j].second);
       const uint64_t next = at + layout.record_bytes(todo[j].first, todo[j].second);
-      if (at > end + kJoinGapBytes || next - begin > kMaxReadBytes) break;
+      if (at > end + kRecordJoinGapBytes || next - begin > kMaxReadBytes) break;
       end = next;
     }
     buffer.resize(end - begin);

@@ -61,7 +61,7 @@ class SubfileStepWriter final : public StepWriter {
   // Collective: the group's first rank lays its subfile out and the group
   // learns the offsets; rank 0 then makes data.h5's virtual datasets.
   Status CreateArrays(std::span<const ArraySpec> arrays) override {
-    const std::vector<BoxRef> boxes = SubfileBoxes(arrays, groups_.of_rank, groups_.mine);
+    const std::vector<StoredBoxRef> boxes = SubfileBoxes(arrays, groups_.of_rank, groups_.mine);
     // [outcome at the group's first rank (1: ok), end of the data, offset of each box or -1]
     std::vector<int64_t> layout(boxes.size() + 2, -1);
     Status s;

@@ -12,9 +12,6 @@
 namespace mhckpt::internal {
 namespace {
 
-// Below this a thread costs more than it saves.
-constexpr size_t kMinBytesPerThread = size_t{16} << 20;
-
 constexpr size_t kNoFault = SIZE_MAX;
 
 // Copies bytes [begin, end) of the concatenation of `tasks`; `guarded`: with
@@ -42,8 +39,8 @@ size_t CopyRange(std::span<const CopyTask> tasks, size_t begin, size_t end, bool
 size_t CopyParallel(std::span<const CopyTask> tasks, int threads, bool guarded) {
   size_t total = 0;
   for (const CopyTask& t : tasks) total += t.bytes;
-  size_t n =
-      std::clamp<size_t>(total / kMinBytesPerThread, 1, static_cast<size_t>(std::max(1, threads)));
+  size_t n = std::clamp<size_t>(total / kMinBytesPerCopyThread, 1,
+                                static_cast<size_t>(std::max(1, threads)));
   if (n == 1) return CopyRange(tasks, 0, total, guarded);
   std::vector<size_t> faults(n, kNoFault);
   // Pieces end on 4 KiB boundaries, so threads do not share pages.

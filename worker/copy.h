@@ -25,6 +25,9 @@ struct CopyTask {
   void* stream = nullptr;
 };
 
+/// Below this many bytes per thread, a copy thread costs more than it saves.
+inline constexpr size_t kMinBytesPerCopyThread = size_t{16} << 20;
+
 /// Copies host memory with up to `threads` threads, splitting the total bytes
 /// evenly (a single large copy is split too). Small totals use one thread.
 void ParallelCopy(std::span<const CopyTask> tasks, int threads);

@@ -20,7 +20,7 @@ namespace mhckpt::internal {
 namespace {
 
 template <typename F>
-void Entry(const char* symbol, F* fn) {
+void DriverEntry(const char* symbol, F* fn) {
   void* p = nullptr;
   cudaDriverEntryPointQueryResult q{};
   if (cudaGetDriverEntryPointByVersion(symbol, &p, 12000, cudaEnableDefault, &q) != cudaSuccess) {
@@ -41,9 +41,9 @@ const DriverCalls& Driver() {
   static const DriverCalls calls = [] {
     DriverCalls c;
     if (!CudaAvailable()) return c;
-    Entry("cuCtxGetCurrent", &c.ctx_get_current);
-    Entry("cuCtxSetCurrent", &c.ctx_set_current);
-    Entry("cuPointerGetAttribute", &c.pointer_get_attribute);
+    DriverEntry("cuCtxGetCurrent", &c.ctx_get_current);
+    DriverEntry("cuCtxSetCurrent", &c.ctx_set_current);
+    DriverEntry("cuPointerGetAttribute", &c.pointer_get_attribute);
     return c;
   }();
   return calls;

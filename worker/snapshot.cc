@@ -17,9 +17,6 @@
 namespace mhckpt::internal {
 namespace {
 
-// Below this a thread costs more than it saves (as ParallelCopy).
-constexpr size_t kMinBytesPerThread = size_t{16} << 20;
-
 // Copies host box `c` to `dst` and hashes the copy on the way, a piece of
 // 256 KiB at a time while it is in cache (ChecksumChunks's sums, in chunks
 // of c.hash_chunk_bytes), into `out`. False if the source faulted (guarded).
@@ -74,7 +71,7 @@ std::optional<size_t> CopyAndHashAll(const std::vector<SnapshotCopy>& copies,
                                      const SnapshotOptions& options) {
   size_t total = 0;
   for (size_t i : which) total += copies[i].size;
-  const size_t n = std::clamp<size_t>(std::min(total / kMinBytesPerThread, which.size()), 1,
+  const size_t n = std::clamp<size_t>(std::min(total / kMinBytesPerCopyThread, which.size()), 1,
                                       static_cast<size_t>(std::max(1, options.threads)));
   std::vector<size_t> order = which;
   std::stable_sort(order.begin(), order.end(),
