@@ -2,6 +2,9 @@
 jax restore targets."""
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -118,6 +121,88 @@ def test_jax_target_mismatch_names_the_key(comm, jd_mgr):
     bad = jd.jax.ShapeDtypeStruct((comm.size, 2), np.float16, sharding=jd.sharding(()))
     raises_everywhere(comm, mhckpt.InvalidArgumentError, lambda: mgr.restore(4, {"w": bad}),
                       contains=["'w'", "float16", "float32"])
+
+
+@dataclasses.dataclass
+class TrainState:
+    """Registered below with jax.tree_util.register_dataclass, as
+    flax.struct.dataclass registers a TrainState; `name` is static."""
+    step: Any
+    params: Any
+    opt: Any
+    name: str = "mlp"
+
+
+class Pair:
+    """A node with its own flatten and no key paths (register_pytree_node_class)."""
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+    def tree_flatten(self):
+        return (self.a, self.b), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+
+class Moments:
+    """A node with key paths (register_pytree_with_keys), as nnx.State and
+    equinox modules have."""
+
+    def __init__(self, mu, nu):
+        self.mu, self.nu = mu, nu
+
+
+def _register(jax) -> None:
+    if getattr(_register, "done", False):
+        return
+    jax.tree_util.register_dataclass(TrainState, data_fields=["step", "params", "opt"],
+                                     meta_fields=["name"])
+    jax.tree_util.register_pytree_node_class(Pair)
+    jax.tree_util.register_pytree_with_keys(
+        Moments,
+        lambda m: (((jax.tree_util.GetAttrKey("mu"), m.mu), (jax.tree_util.GetAttrKey("nu"), m.nu)),
+                   None),
+        lambda aux, children: Moments(*children))
+    _register.done = True
+
+
+def test_registered_pytrees_restore_with_their_own_types(comm, jd_mgr):
+    jd, mgr = jd_mgr
+    jax = jd.jax
+    _register(jax)
+    n = comm.size
+    rows = jd.sharding(("x", None))
+    data = {"w": pattern("reg/w", (2 * n, 3), "float32"), "b": pattern("reg/b", (5,), "float64"),
+            "mu": pattern("reg/mu", (2 * n, 3), "bfloat16"), "nu": pattern("reg/nu", (4,), "int32")}
+    state = TrainState(step=np.int64(7), params=Pair(jd.array(data["w"], rows), data["b"]),
+                       opt=Moments(jd.array(data["mu"], rows), data["nu"]), name="big")
+    mgr.save(5, state)
+    mgr.wait_until_finished()
+    # Leaves named by their key paths: fields and attributes by name, a node
+    # without keys by index.
+    all_ok(comm, sorted(mgr.describe(5)["arrays"]) ==
+           ["opt/mu", "opt/nu", "params/0", "params/1", "step"], "names by key path")
+
+    sds = jax.ShapeDtypeStruct
+    target = TrainState(step=np.int64(0), params=Pair(sds((2 * n, 3), np.float32, sharding=rows),
+                                                      np.zeros(5)),
+                        opt=Moments(sds((2 * n, 3), data["mu"].dtype, sharding=rows),
+                                    np.zeros(4, np.int32)), name="big")
+    out = mgr.restore(5, target)
+    all_ok(comm, type(out) is TrainState and out.name == "big" and type(out.params) is Pair and
+           type(out.opt) is Moments, f"types: {type(out)}, {type(out.params)}, {type(out.opt)}")
+    all_ok(comm, int(out.step) == 7, "step")
+    check_jax(comm, jd, out.params.a, data["w"], rows, "params.a")
+    all_equal_bytes(comm, np.asarray(out.params.b), data["b"], "params.b")
+    check_jax(comm, jd, out.opt.mu, data["mu"], rows, "opt.mu")
+    all_equal_bytes(comm, np.asarray(out.opt.nu), data["nu"], "opt.nu")
+    # Without a target: nested dicts, keyed as the names are.
+    whole = mgr.restore(5)
+    all_equal_bytes(comm, whole["params"]["0"], data["w"], "no target: params/0")
+    all_equal_bytes(comm, whole["opt"]["mu"], data["mu"], "no target: opt/mu")
 
 
 @pytest.fixture

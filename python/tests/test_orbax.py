@@ -74,6 +74,32 @@ def test_composite_save_restore(comm, jd, root):
         assert dict(only) == {"meta": {"lr": 0.5, "tags": ["a"]}}
 
 
+def test_registered_pytree_state_restores_with_its_own_types(comm, jd, root):
+    # A TrainState registered as flax.struct.dataclass registers one, holding
+    # nodes with their own flatten (test_jax.py's classes).
+    from test_jax import Moments, Pair, TrainState, _register
+
+    jax = jd.jax
+    _register(jax)
+    n = comm.size
+    rows = jd.sharding(("x", None))
+    w, mu = pattern("orbax/reg/w", (2 * n, 3), "float32"), pattern("orbax/reg/mu", (2 * n, 3), "float32")
+    state = TrainState(step=np.int64(3), params=Pair(jd.array(w, rows), np.arange(4.0)),
+                       opt=Moments(jd.array(mu, rows), np.int32(9)), name="s")
+    with ocp.CheckpointManager(root) as mngr:
+        mngr.save(3, args=ocp.args.StandardSave(state))
+        mngr.wait_until_finished()
+        target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rows)
+                              if isinstance(x, jax.Array) else x, state)
+        got = mngr.restore(3, args=ocp.args.StandardRestore(target))
+    all_ok(comm, type(got) is TrainState and type(got.params) is Pair and type(got.opt) is Moments
+           and got.name == "s", f"types: {type(got)}")
+    check_jax(comm, jd, got.params.a, w, rows, "params.a")
+    check_jax(comm, jd, got.opt.mu, mu, rows, "opt.mu")
+    all_equal_bytes(comm, np.asarray(got.params.b), np.arange(4.0), "params.b")
+    all_ok(comm, int(got.step) == 3 and int(got.opt.nu) == 9, "scalars")
+
+
 def test_should_save_and_retention(comm, jd, root):
     """Orbax's rules: the first step, then every save_interval_steps-th
     step newer than the latest; keep the newest max_to_keep and every
