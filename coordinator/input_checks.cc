@@ -57,6 +57,10 @@ Status CheckOptions(const Options& o, int rank) {
   }
   if (o.max_to_keep < 0) return bad(fmt::format("max_to_keep {} is negative", o.max_to_keep));
   if (o.keep_period < 0) return bad(fmt::format("keep_period {} is negative", o.keep_period));
+  if (!std::isfinite(o.keep_time_interval_seconds) || o.keep_time_interval_seconds < 0) {
+    return bad(fmt::format("keep_time_interval_seconds {} is not a finite number >= 0",
+                           o.keep_time_interval_seconds));
+  }
   if (o.keep_best.metric.size() > kMaxMetadataKeyBytes) {
     return bad(fmt::format("keep_best.metric has {} bytes, more than a metadata key may ({})",
                            o.keep_best.metric.size(), kMaxMetadataKeyBytes));

@@ -87,8 +87,9 @@ void ManagerImpl::Adopt(std::unique_ptr<io::RootStore> store,
   store_ = std::move(store);
   root_lock_ = std::move(root_lock);
   if (comm_.rank() == 0) {
-    retention_ = std::make_unique<Retention>(store_.get(), options_.max_to_keep,
-                                             options_.keep_period, options_.keep_best);
+    retention_ = std::make_unique<Retention>(
+        store_.get(), options_.max_to_keep, options_.keep_period, options_.keep_best,
+        static_cast<int64_t>(options_.keep_time_interval_seconds * 1000));
   }
   caller_comm_ = std::move(caller_comm);
 }

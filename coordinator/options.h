@@ -146,6 +146,12 @@ struct Options {
   int max_to_keep = 0;
   /// Steps that are multiples of `keep_period` are kept for good (0: none).
   int64_t keep_period = 0;
+  /// With `max_to_keep`: also keeps the oldest committed step and each later
+  /// one committed at least this many seconds after the last step kept this
+  /// way (Orbax's keep_time_interval, its EveryNSeconds policy), by each
+  /// marker's creation time (the clock of rank 0 of the job that saved it).
+  /// 0: off.
+  double keep_time_interval_seconds = 0;
   /// With a metric: `max_to_keep` keeps the best steps by that metric
   /// instead of the newest (Orbax's best_fn and PyTorch Lightning's
   /// save_top_k). Steps that are multiples of `keep_period` are kept too.

@@ -72,32 +72,63 @@ std::optional<double> MetricOf(const UserMetadata& metadata, const std::string& 
   return v;
 }
 
-Retention::Retention(io::RootStore* store, int max_to_keep, int64_t keep_period, KeepBest best)
-    : store_(store), max_to_keep_(max_to_keep), keep_period_(keep_period), best_(std::move(best)) {}
+std::vector<int64_t> StepsKeptByTime(const std::vector<int64_t>& committed,
+                                     const std::vector<int64_t>& created_ms, int64_t interval_ms) {
+  std::vector<int64_t> kept;
+  if (interval_ms <= 0 || committed.empty()) return kept;
+  int64_t last = created_ms[0];
+  kept.push_back(committed[0]);
+  for (size_t i = 1; i < committed.size(); ++i) {
+    if (created_ms[i] - last < interval_ms) continue;
+    last = created_ms[i];
+    kept.push_back(committed[i]);
+  }
+  return kept;
+}
+
+Retention::Retention(io::RootStore* store, int max_to_keep, int64_t keep_period, KeepBest best,
+                     int64_t keep_time_interval_ms)
+    : store_(store),
+      max_to_keep_(max_to_keep),
+      keep_period_(keep_period),
+      best_(std::move(best)),
+      keep_time_interval_ms_(keep_time_interval_ms) {}
 
 Retention::~Retention() = default;
 
 Result<std::vector<int64_t>> Retention::ToDelete(const std::vector<int64_t>& steps) {
-  if (best_.metric.empty()) return StepsToDelete(steps, max_to_keep_, keep_period_);
+  const bool by_metric = !best_.metric.empty(), by_time = keep_time_interval_ms_ > 0;
+  if (!by_metric && !by_time) return StepsToDelete(steps, max_to_keep_, keep_period_);
   std::vector<std::optional<double>> metrics;
+  std::vector<int64_t> created;
   metrics.reserve(steps.size());
+  created.reserve(steps.size());
   for (int64_t step : steps) {
-    auto it = metrics_.find(step);
-    if (it == metrics_.end()) {
+    auto it = facts_.find(step);
+    if (it == facts_.end()) {
       Result<io::Marker> m = store_->ReadMarker(step);
       // A marker that cannot be read stops the run (logged): nothing is
       // ranked, and nothing deleted, on a guess.
       if (!m.ok()) return m.status();
-      it = metrics_.emplace(step, MetricOf(m->user_metadata, best_.metric)).first;
+      MarkerFacts f;
+      if (by_metric) f.metric = MetricOf(m->user_metadata, best_.metric);
+      f.created_ms = m->created_unix_ms;
+      it = facts_.emplace(step, f).first;
     }
-    metrics.push_back(it->second);
+    metrics.push_back(it->second.metric);
+    created.push_back(it->second.created_ms);
   }
   // Forget the steps gone otherwise (another job's Delete).
-  for (auto it = metrics_.begin(); it != metrics_.end();) {
+  for (auto it = facts_.begin(); it != facts_.end();) {
     it = std::binary_search(steps.begin(), steps.end(), it->first) ? std::next(it)
-                                                                   : metrics_.erase(it);
+                                                                   : facts_.erase(it);
   }
-  return BestStepsToDelete(steps, metrics, max_to_keep_, keep_period_, best_);
+  std::vector<int64_t> out =
+      by_metric ? BestStepsToDelete(steps, metrics, max_to_keep_, keep_period_, best_)
+                : StepsToDelete(steps, max_to_keep_, keep_period_);
+  const std::vector<int64_t> kept = StepsKeptByTime(steps, created, keep_time_interval_ms_);
+  std::erase_if(out, [&](int64_t s) { return std::binary_search(kept.begin(), kept.end(), s); });
+  return out;
 }
 
 double Retention::Run(int64_t step) {
@@ -109,7 +140,7 @@ double Retention::Run(int64_t step) {
     MHCKPT_ASSIGN_OR_RETURN(std::vector<int64_t> old, ToDelete(committed));
     for (int64_t s : old) {
       MHCKPT_ASSIGN_OR_RETURN(std::string retired, store_->RetireStep(s));
-      metrics_.erase(s);
+      facts_.erase(s);
       if (!retired.empty()) RemoveInBackground(std::move(retired));
     }
     return OkStatus();
@@ -122,7 +153,7 @@ Status Retention::Retire(int64_t step) {
   return Guarded("rank 0: delete", [&]() -> Status {
     std::lock_guard<std::mutex> lock(mu_);
     MHCKPT_ASSIGN_OR_RETURN(std::string retired, store_->RetireStep(step));
-    metrics_.erase(step);  // its number may come back, with another marker
+    facts_.erase(step);  // its number may come back, with another marker
     if (retired.empty()) return NotFound(fmt::format("step {} is not committed", step));
     RemoveInBackground(std::move(retired));
     return OkStatus();

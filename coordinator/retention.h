@@ -39,6 +39,13 @@ std::vector<int64_t> BestStepsToDelete(const std::vector<int64_t>& committed,
                                        const std::vector<std::optional<double>>& metrics,
                                        int max_to_keep, int64_t keep_period, const KeepBest& best);
 
+/// The steps of `committed` (ascending) that a time interval keeps (Orbax's
+/// EveryNSeconds): the oldest, then each step created at least `interval_ms`
+/// after the last step kept this way. `created_ms[i]` is when `committed[i]`
+/// was created (unix ms). Empty if `interval_ms` <= 0.
+std::vector<int64_t> StepsKeptByTime(const std::vector<int64_t>& committed,
+                                     const std::vector<int64_t>& created_ms, int64_t interval_ms);
+
 /// The metric `key` of a step's user metadata: its value read whole as a
 /// number; nullopt when absent, not a number, or NaN.
 std::optional<double> MetricOf(const UserMetadata& metadata, const std::string& key);
@@ -57,8 +64,10 @@ std::optional<double> MetricOf(const UserMetadata& metadata, const std::string& 
 /// still to come under its own lock (its waits also count saves and drains).
 class Retention {
  public:
-  /// `store` outlives this object.
-  Retention(io::RootStore* store, int max_to_keep, int64_t keep_period, KeepBest best = {});
+  /// `store` outlives this object. `keep_time_interval_ms` > 0 also keeps
+  /// the steps StepsKeptByTime keeps (Options::keep_time_interval_seconds).
+  Retention(io::RootStore* store, int max_to_keep, int64_t keep_period, KeepBest best = {},
+            int64_t keep_time_interval_ms = 0);
   /// Finishes the removals already handed to the deleter thread, then joins.
   ~Retention();
   Retention(const Retention&) = delete;
@@ -99,12 +108,17 @@ class Retention {
   const int max_to_keep_;
   const int64_t keep_period_;
   const KeepBest best_;
+  const int64_t keep_time_interval_ms_;
   // Runs and Retire, one at a time: in drain mode a Delete from the I/O
   // thread may meet a run on the drain thread.
   std::mutex mu_;
-  // keep_best: each step's metric, read from its marker once (a step's
-  // marker never changes).
-  std::map<int64_t, std::optional<double>> metrics_;
+  // keep_best and keep_time_interval: each step's metric and creation time,
+  // read from its marker once (a step's marker never changes).
+  struct MarkerFacts {
+    std::optional<double> metric;
+    int64_t created_ms = 0;
+  };
+  std::map<int64_t, MarkerFacts> facts_;
   // Made on the first retired step, under mu_.
   std::unique_ptr<IoThread> deleter_;
 };

@@ -516,6 +516,12 @@ TEST_F(BadInput, OptionsOutOfRangeOnOneRank) {
                   StatusCode::kInvalidArgument, last + "max_to_keep -1 is negative");
   ExpectOpenFails(root, on_last([](Options& o) { o.keep_period = -5; }),
                   StatusCode::kInvalidArgument, last + "keep_period -5 is negative");
+  ExpectOpenFails(root, on_last([](Options& o) { o.keep_time_interval_seconds = -1; }),
+                  StatusCode::kInvalidArgument,
+                  last + "keep_time_interval_seconds -1 is not a finite number >= 0");
+  ExpectOpenFails(root, on_last([](Options& o) { o.keep_time_interval_seconds = std::nan(""); }),
+                  StatusCode::kInvalidArgument,
+                  last + "keep_time_interval_seconds nan is not a finite number >= 0");
   ExpectOpenFails(root, on_last([](Options& o) { o.snapshot_threads = -2; }),
                   StatusCode::kInvalidArgument, last + "snapshot_threads -2 is outside");
   ExpectOpenFails(root, on_last([](Options& o) { o.snapshot_threads = 100000; }),

@@ -57,11 +57,13 @@ TEST(Retention, AMetricIsAWholeNumberInTheMetadata) {
   }
 }
 
-// A committed step in `store` (no arrays).
-void CommitStep(io::RootStore& store, int64_t step, UserMetadata metadata = {}) {
+// A committed step in `store` (no arrays), created at `created_ms`.
+void CommitStep(io::RootStore& store, int64_t step, UserMetadata metadata = {},
+                int64_t created_ms = 0) {
   ASSERT_TRUE(store.CreateStep(step).ok());
   io::Marker m;
   m.step = step;
+  m.created_unix_ms = created_ms;
   m.user_metadata = std::move(metadata);
   m.world_size = 1;
   m.chunk_bytes = io::kChunkBytes;
@@ -120,6 +122,44 @@ TEST(Retention, ByAMetricReadFromEachStepsMarker) {
   r.Run(7);
   EXPECT_EQ(store->CommittedSteps().value(), (std::vector<int64_t>{4, 6, 7}));
   r.WaitForRemovals();
+}
+
+// Orbax's EveryNSeconds (preservation_policy.py 0.12.8): the first, then
+// each one at least the interval after the last one kept.
+TEST(Retention, KeepsByTimeAsOrbaxDoes) {
+  const std::vector<int64_t> steps{1, 2, 3, 4, 5, 6};
+  const std::vector<int64_t> at{1000, 1500, 2999, 3000, 4000, 6000};
+  EXPECT_EQ(StepsKeptByTime(steps, at, 2000), (std::vector<int64_t>{1, 4, 6}));
+  EXPECT_EQ(StepsKeptByTime(steps, at, 1), steps);
+  EXPECT_EQ(StepsKeptByTime(steps, at, 0), std::vector<int64_t>{});
+  EXPECT_EQ(StepsKeptByTime({}, {}, 2000), std::vector<int64_t>{});
+}
+
+// max_to_keep 1 with an interval of 2 s: the newest, and the steps the
+// interval keeps, by the creation times in their markers; with a metric too.
+TEST(Retention, ByTimeReadFromEachStepsMarker) {
+  auto store = io::MemoryRootStore::New("memory-root");
+  ASSERT_TRUE(store->Create().ok());
+  Retention r(store.get(), 1, 0, {}, 2000);
+  const int64_t at[] = {1000, 1500, 2999, 3000, 4000, 6000};
+  for (int64_t step = 1; step <= 6; ++step) {
+    CommitStep(*store, step, {}, at[step - 1]);
+    r.Run(step);
+  }
+  EXPECT_EQ(store->CommittedSteps().value(), (std::vector<int64_t>{1, 4, 6}));
+  r.WaitForRemovals();
+
+  auto best_store = io::MemoryRootStore::New("memory-root-2");
+  ASSERT_TRUE(best_store->Create().ok());
+  Retention best(best_store.get(), 1, 0, KeepBest{"loss", false, true}, 2000);
+  const char* loss[] = {"0.9", "0.3", "0.5", "0.4", "0.8", "0.7"};
+  for (int64_t step = 1; step <= 6; ++step) {
+    CommitStep(*best_store, step, {{"loss", loss[step - 1]}}, at[step - 1]);
+    best.Run(step);
+  }
+  // 2 (the best) and 1, 4, 6 by time.
+  EXPECT_EQ(best_store->CommittedSteps().value(), (std::vector<int64_t>{1, 2, 4, 6}));
+  best.WaitForRemovals();
 }
 
 TEST(Retention, RetireDeletesOneStepAndSaysWhenThereIsNone) {

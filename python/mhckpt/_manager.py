@@ -29,6 +29,8 @@ class CheckpointManager:
         with ``MPI_THREAD_MULTIPLE`` unless someone has initialised MPI).
       max_to_keep: keep the newest N committed steps (0: all).
       keep_period: also keep steps that are multiples of this (0: none).
+      keep_time_interval_seconds: also keep the oldest step and each one
+        committed at least this long after the last one kept so (0: off).
       best_metric: keep the best ``max_to_keep`` steps by this key of their
         ``save(metadata=...)`` (a number) instead of the newest; steps
         without it are kept if ``keep_without_metric``; the newest may go.
@@ -136,6 +138,7 @@ class CheckpointManager:
         *,
         max_to_keep: int = 0,
         keep_period: int = 0,
+        keep_time_interval_seconds: float = 0.0,
         best_metric: Optional[str] = None,
         best_mode: str = "max",
         keep_without_metric: bool = True,
@@ -176,6 +179,7 @@ class CheckpointManager:
         o = _core.Options()
         o.max_to_keep = max_to_keep
         o.keep_period = keep_period
+        o.keep_time_interval_seconds = keep_time_interval_seconds
         if best_mode not in ("max", "min"):
             raise ValueError("best_mode=%r: want 'max' or 'min'" % (best_mode,))
         o.best_metric = "" if best_metric is None else str(best_metric)

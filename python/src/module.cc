@@ -416,6 +416,7 @@ NB_MODULE(_core, m) {
       .def_rw("remove_uncommitted_on_open", &Options::remove_uncommitted_on_open)
       .def_rw("max_to_keep", &Options::max_to_keep)
       .def_rw("keep_period", &Options::keep_period)
+      .def_rw("keep_time_interval_seconds", &Options::keep_time_interval_seconds)
       .def_prop_rw(
           "best_metric", [](const Options& o) { return o.keep_best.metric; },
           [](Options& o, const std::string& m) { o.keep_best.metric = m; })

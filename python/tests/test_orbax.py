@@ -3,6 +3,9 @@
 program, is test_examples.py's."""
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -98,6 +101,46 @@ def test_registered_pytree_state_restores_with_its_own_types(comm, jd, root):
     check_jax(comm, jd, got.opt.mu, mu, rows, "opt.mu")
     all_equal_bytes(comm, np.asarray(got.params.b), np.arange(4.0), "params.b")
     all_ok(comm, int(got.step) == 3 and int(got.opt.nu) == 9, "scalars")
+
+
+def test_keep_time_interval_keeps_what_orbax_keeps(comm, jd, root):
+    # Real Orbax's policies (EveryNSeconds with LatestN), run save by save
+    # over the commit times of the steps, keep the steps mhckpt keeps: in the
+    # catalogue, and on disk (a manager opened afterwards lists them).
+    import datetime
+    import time
+
+    pp = pytest.importorskip("orbax.checkpoint._src.checkpoint_managers.preservation_policy")
+    interval = 2
+    options = ocp.CheckpointManagerOptions(max_to_keep=1,
+                                           keep_time_interval=datetime.timedelta(seconds=interval))
+    policy = pp.AnyPreservationPolicy([pp.EveryNSeconds(interval_secs=interval), pp.LatestN(n=1)])
+
+    @dataclasses.dataclass
+    class Info:
+        step: int
+        time: datetime.datetime
+        metrics: Any = None
+
+    orbax_kept = []
+    with ocp.CheckpointManager(root, options=options) as mngr:
+        for step in range(6):
+            if step == 3:
+                comm.Barrier()
+                time.sleep(interval + 0.2)
+            mngr.save(step, args=ocp.args.StandardSave({"x": np.full(3, step, np.int32)}))
+            mngr.wait_until_finished()
+            ns = mngr.metadata(step).commit_timestamp_nsecs
+            orbax_kept.append(Info(step, datetime.datetime.fromtimestamp(ns / 1e9)))
+            keep = policy.should_preserve(orbax_kept, context=pp.PreservationContext())
+            orbax_kept = [c for c, k in zip(orbax_kept, keep) if k]
+        want = [c.step for c in orbax_kept]
+        assert 0 in want and 5 in want, want
+        assert mngr.all_steps() == want
+        got = mngr.restore(want[0], args=ocp.args.StandardRestore({"x": np.zeros(3, np.int32)}))
+        all_equal_bytes(comm, got["x"], np.full(3, want[0], np.int32), "the oldest step kept")
+    with ocp.CheckpointManager(root, options=ocp.CheckpointManagerOptions(read_only=True)) as ro:
+        assert ro.all_steps() == want
 
 
 def test_should_save_and_retention(comm, jd, root):
@@ -198,12 +241,13 @@ def test_restores_a_plain_mhckpt_step(comm, jd, root):
 def test_unsupported_features_raise(comm, jd, root):
     U = mhckpt.UnsupportedError
     for kw, name in [({"preservation_policy": object()}, "preservation_policy.*best_fn"),
-                     ({"keep_time_interval": 3600}, "keep_time.*commit time"),
                      ({"step_prefix": "ckpt"}, "step_prefix.*step_<step, 10 digits>"),
                      ({"step_format_fixed_length": 8}, "step_format_fixed_length.*step_<step"),
                      ({"todelete_subdir": "trash"}, "todelete_subdir")]:
         with pytest.raises(U, match=name):
             ocp.CheckpointManager(root, options=ocp.CheckpointManagerOptions(**kw))
+    with pytest.raises(TypeError, match="keep_time_interval must be a datetime.timedelta"):
+        ocp.CheckpointManager(root, options=ocp.CheckpointManagerOptions(keep_time_interval=3600))
     with pytest.raises(U, match="use_ocdbt"):
         ocp.PyTreeCheckpointHandler(use_ocdbt=False)
     with pytest.raises(U, match="transforms"):

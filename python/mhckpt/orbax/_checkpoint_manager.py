@@ -5,6 +5,7 @@ import logging
 import os
 import pathlib
 import signal
+import time
 from collections.abc import Mapping
 from typing import Any, Dict, List, Optional, Sequence, Set
 
@@ -88,6 +89,8 @@ class CheckpointManager:
         else:
             self._item_names = None
         timeout = o.async_options.timeout_secs if o.async_options is not None else 3600.0
+        # Whole seconds, as Orbax's EveryNSeconds takes them.
+        self._interval = int(o.keep_time_interval.total_seconds()) if o.keep_time_interval else 0
         if o.save_decision_policy is not None:
             self._decide, continuous = compile_policy(o.save_decision_policy)
         else:
@@ -96,6 +99,7 @@ class CheckpointManager:
         signals = tuple(preemption_signals or ())
         self._mgr = _Manager(
             str(self._directory), comm, max_to_keep=o.max_to_keep or 0, keep_period=o.keep_period or 0,
+            keep_time_interval_seconds=float(self._interval),
             async_save=async_save, own_root=not o.read_only, collective_timeout_seconds=float(timeout),
             preemption=bool(signals), preemption_signals=signals,
             preemption_grace_seconds=float(preemption_grace_seconds),
@@ -109,6 +113,7 @@ class CheckpointManager:
         # the core deletes them once that save is committed): not listed.
         self._dropped: Set[int] = set()
         self._best: Dict[int, Optional[float]] = {}  # step -> best_fn value (BEST_KEY), read once
+        self._times: Dict[int, float] = {}  # step -> creation time (s), read once
         self._preemption_step: Optional[int] = None  # the agreed one, once reached
 
     # --------------------------------------------------------------- catalogue
@@ -165,6 +170,7 @@ class CheckpointManager:
         except NotFoundError:
             raise FileNotFoundError(f"Requested deleting a non-existent step: {step}.") from None
         self._best.pop(step, None)
+        self._times.pop(step, None)
 
     def _best_values(self, steps: List[int]) -> Dict[int, Optional[float]]:
         """{step: its best_fn value, or None}, read from the steps' markers once."""
@@ -260,6 +266,8 @@ class CheckpointManager:
             metrics = None
         self._store.save(step, request, single, metrics, best)
         self._best[step] = best
+        if self._interval:
+            self._times[step] = time.time()  # the core's marker says its commit, a little later
         self._dropped.discard(step)
         self._drop_old_steps(steps + [step])
         self._pending.add(step)
@@ -271,9 +279,21 @@ class CheckpointManager:
         it is not among the best)."""
         o = self._options
         values = self._best_values(steps) if o.best_fn is not None else None
+        times = self._step_times(steps) if self._interval else None
         self._dropped |= set(steps) - kept(steps, values, max_to_keep=o.max_to_keep, keep_period=o.keep_period,
                                            best_mode=o.best_mode,
-                                           keep_without_metrics=o.keep_checkpoints_without_metrics)
+                                           keep_without_metrics=o.keep_checkpoints_without_metrics,
+                                           times=times, keep_time_interval=self._interval)
+
+    def _step_times(self, steps: List[int]) -> Dict[int, float]:
+        """{step: when it was committed, in seconds}, read from the markers once."""
+        for s in steps:
+            if s not in self._times:
+                try:
+                    self._times[s] = self._mgr.describe(s)["created_unix_ms"] / 1000.0
+                except NotFoundError:  # deleted since it was listed
+                    self._times[s] = 0.0
+        return {s: self._times[s] for s in steps}
 
     def _set_mode(self, single: bool) -> None:
         if self._single is None:

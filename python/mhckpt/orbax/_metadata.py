@@ -116,7 +116,8 @@ def step_metadata(desc: Dict[str, Any], composite: Any) -> StepMetadata:
             item = composite(**per)
     metrics = meta.get(METRICS_KEY)
     return StepMetadata(item_handlers=handlers, item_metadata=item,
-                        metrics=dict(metrics) if isinstance(metrics, dict) else {})
+                        metrics=dict(metrics) if isinstance(metrics, dict) else {},
+                        commit_timestamp_nsecs=int(desc["created_unix_ms"]) * 1_000_000)
 
 
 __all__ = ["ArrayMetadata", "ScalarMetadata", "StringMetadata", "StepMetadata", "RootMetadata"]

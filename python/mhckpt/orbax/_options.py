@@ -36,6 +36,7 @@ class CheckpointManagerOptions:
     Supported: ``save_interval_steps``, ``save_on_steps``, ``should_save_fn``,
     ``save_decision_policy`` (the policies of :mod:`mhckpt.orbax.checkpoint_managers`
     or Orbax's own, continuous checkpointing included), ``max_to_keep``, ``keep_period``,
+    ``keep_time_interval`` (whole seconds of a ``timedelta``, as Orbax counts them),
     ``best_fn``, ``best_mode``, ``keep_checkpoints_without_metrics``, ``read_only``, ``create``,
     ``enable_async_checkpointing``, ``async_options.timeout_secs``,
     ``prevent_write_metrics``, and fields that change only how Orbax does its
@@ -90,8 +91,6 @@ _STEP_NAMES = ("mhckpt names every step directory step_<step, 10 digits> (its C+
 
 # field -> why it is not supported
 _UNSUPPORTED_OPTIONS = {
-    "keep_time_interval": ("keeping steps by time: a step's commit marker records no commit time and "
-                           "mhckpt's retention runs in its C++ core by step number; use keep_period"),
     "step_prefix": _STEP_NAMES,
     "step_format_fixed_length": _STEP_NAMES,
     "step_name_format": _STEP_NAMES,
@@ -142,6 +141,9 @@ def check_options(o: Any) -> CheckpointManagerOptions:
         raise unsupported("AsyncOptions(barrier_sync_fn=..., post_finalization_callback=...)",
                           "wait_until_finished() returns once the step is committed")
     out = CheckpointManagerOptions(**values)
+    if out.keep_time_interval is not None and not hasattr(out.keep_time_interval, "total_seconds"):
+        raise TypeError(f"keep_time_interval must be a datetime.timedelta, not "
+                        f"{type(out.keep_time_interval).__qualname__}")
     if out.best_mode not in ("min", "max"):
         raise ValueError('`best_mode` must be one of: "min", "max"')
     if out.save_interval_steps is not None and out.save_interval_steps < 0:
