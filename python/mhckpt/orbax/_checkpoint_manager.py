@@ -255,6 +255,10 @@ class CheckpointManager:
             return False
         if not force and not self.should_save(step):
             return False
+        if self._interval and self._pending:
+            # keep_time_interval decides by commit times, the core's as
+            # its markers hold them: the previous save's must be known.
+            self.wait_until_finished()
         steps = self.all_steps()  # before the save: its retention may run before save returns
         if step in steps:
             raise StepAlreadyExistsError(f"Checkpoint for step {step} already exists.")
@@ -266,8 +270,6 @@ class CheckpointManager:
             metrics = None
         self._store.save(step, request, single, metrics, best)
         self._best[step] = best
-        if self._interval:
-            self._times[step] = time.time()  # the core's marker says its commit, a little later
         self._dropped.discard(step)
         self._drop_old_steps(steps + [step])
         self._pending.add(step)
@@ -286,14 +288,20 @@ class CheckpointManager:
                                            times=times, keep_time_interval=self._interval)
 
     def _step_times(self, steps: List[int]) -> Dict[int, float]:
-        """{step: when it was committed, in seconds}, read from the markers once."""
+        """{step: when it was committed, in seconds}, read from the markers
+        once; now for the save just started (its commit comes a little later:
+        as the newest step the policy keeps it anyway, unless best_fn drops
+        it, and then the core may keep it by time where this does not)."""
+        out: Dict[int, float] = {}
         for s in steps:
             if s not in self._times:
                 try:
                     self._times[s] = self._mgr.describe(s)["created_unix_ms"] / 1000.0
-                except NotFoundError:  # deleted since it was listed
-                    self._times[s] = 0.0
-        return {s: self._times[s] for s in steps}
+                except NotFoundError:  # not committed yet: the save just started
+                    out[s] = time.time()
+                    continue
+            out[s] = self._times[s]
+        return out
 
     def _set_mode(self, single: bool) -> None:
         if self._single is None:
