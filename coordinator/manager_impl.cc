@@ -14,6 +14,7 @@
 #include "base/guard.h"
 #include "base/log.h"
 #include "coordinator/agree.h"
+#include "coordinator/shared_commit.h"
 #include "io/layout.h"
 #include "worker/copy.h"
 
@@ -344,9 +345,7 @@ Status ManagerImpl::RunDelete(int64_t step) {
     recorded = Guarded("rank 0: the record of deleted steps", [&]() -> Status {
       MHCKPT_ASSIGN_OR_RETURN(Deletions deleted, ReadLocalDeletions());
       // Every save made until now; the view's own, whatever its clock said.
-      int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
-                        std::chrono::system_clock::now().time_since_epoch())
-                        .count();
+      int64_t now = NowUnixMs();
       if (local) now = std::max(now, local_->Find(step)->marker.created_unix_ms);
       int64_t& when = deleted[step];
       when = std::max(when, now);

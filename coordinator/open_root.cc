@@ -2,7 +2,6 @@
 
 #include <xxhash.h>
 
-#include <chrono>
 #include <cmath>
 #include <iterator>
 #include <vector>
@@ -14,6 +13,7 @@
 #include "coordinator/agree.h"
 #include "coordinator/input_checks.h"
 #include "coordinator/root_upkeep.h"
+#include "coordinator/shared_commit.h"
 
 namespace mhckpt::internal {
 namespace {
@@ -131,9 +131,7 @@ Status PrepareRoot(io::RootStore& store, const Options& options,
   MHCKPT_ASSIGN_OR_RETURN(*lock,
                           store.Acquire({options.root_lease_seconds, options.root_wait_seconds}));
   if (const auto& before = (*lock)->taken_over()) {
-    const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
-                            std::chrono::system_clock::now().time_since_epoch())
-                            .count();
+    const int64_t now = NowUnixMs();
     Logger()->warn("mhckpt: took over {}: its previous owner ({}) is gone or its lease is stale",
                    root, io::DescribeHolder(*before, now));
   }
