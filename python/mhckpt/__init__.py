@@ -27,7 +27,8 @@ from ._errors import (
     UnsupportedError,
 )
 from ._arrays import new_array as empty
-from ._manager import CheckpointManager, SaveFence
+from ._manager import CheckpointManager
+from ._saving import SaveFence
 from ._preemption import clear_preemption_notice, notify_preemption
 from ._shard import Shard
 

@@ -158,7 +158,8 @@ def test_the_checker_sees_the_package():
     assert {"mhckpt", "mhckpt._manager", "mhckpt.orbax", "mhckpt.orbax.args"} <= set(files)
     g = graph(files, module_level=True)
     assert "mhckpt._manager" in g["mhckpt"]
-    assert "mhckpt._leaves" in g["mhckpt._manager"]
+    assert "mhckpt._saving" in g["mhckpt._manager"]
+    assert "mhckpt._leaves" in g["mhckpt._saving"]
 
 
 if __name__ == "__main__":
