@@ -166,7 +166,20 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
   // Lazy: the copies run on a thread of their own. Device boxes are ordered
   // here, on the caller's thread: an event recorded now on each caller
   // stream, which the copies wait for (not for work queued there later).
-  const bool lazy = save_options.copy == CopyMode::kLazy && impl_->async();
+  const bool lazy_asked = save_options.copy == CopyMode::kLazy && impl_->async();
+  // A blocking save of host buffers to the local tier, when the rank's
+  // landing file is free and its pages are in place, takes the lazy path and
+  // waits for its copy before returning: the boxes land in the file, hashed
+  // on the way, and the local commit moves it into the step (one pass over
+  // the bytes instead of a copy into staging and a write of the tier's file).
+  bool land = false;
+  if (!lazy_asked && impl_->async() && job->local.ok() &&
+      std::none_of(copies.begin(), copies.end(),
+                   [](const SnapshotCopy& c) { return c.memory == Memory::kCuda; })) {
+    (void)Guarded(where,
+                  [&] { land = internal::AcquireWarmLanding(*impl_, &job->snapshot, &copies); });
+  }
+  const bool lazy = lazy_asked || land;
   auto mark = std::make_shared<internal::CallerStreamMark>();
   if (lazy) {
     Status marked =
@@ -227,8 +240,9 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
   // waits while the pool's budget is held by an earlier save (with a local
   // tier: while an earlier lazy save holds the rank's landing file,
   // coordinator/local_landing.h, in which this copy then lands).
-  Status staged = Guarded(
-      where, [&] { return internal::AcquireLazyStaging(*impl_, so, &job->snapshot, &copies); });
+  Status staged = land ? OkStatus() : Guarded(where, [&] {
+    return internal::AcquireLazyStaging(*impl_, so, &job->snapshot, &copies);
+  });
   if (!staged.ok()) {
     copies.clear();  // no memory to copy into: the copier copies nothing
     if (job->local.ok()) job->local = staged;
@@ -240,6 +254,15 @@ Status CheckpointManager::Save(int64_t step, std::span<const ArrayToSave> arrays
       job.get(),
       internal::LazyCopier::Parts{std::move(copies), so, state, watch, mark,
                                   save_options.check_after_copy, save_options.on_copied, where}));
+  if (land) {
+    // Blocking: the caller takes part in the copy (FenceState::Wait), and
+    // the stall is counted as a blocking save's, budget wait apart.
+    Status copied = state->Wait();
+    job->timings.snapshot =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() -
+        job->timings.budget_wait;
+    if (local.ok()) local = copied;
+  }
   impl_->SubmitSave(std::move(job), where);
   return local;
 }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -75,15 +76,10 @@ void OrderByName(Snapshot* snapshot, std::vector<SnapshotCopy>* copies) {
   for (SnapshotCopy& c : *copies) c.offset = snapshot->arrays[c.array].boxes[c.staged].offset;
 }
 
-}  // namespace
-
-Status AcquireLazyStaging(ManagerImpl& impl, const SnapshotOptions& options, Snapshot* snapshot,
-                          std::vector<SnapshotCopy>* copies) {
-  const LocalTier* local = impl.local_tier();
-  LandingFile* landing = local != nullptr ? local->landing() : nullptr;
-  if (landing == nullptr || snapshot->total_bytes == 0) {
-    return AcquireStaging(options, impl.pool(), snapshot);
-  }
+// The boxes in the landing file's order, each host copy hashing its box on
+// the way in the chunks the plan will give it.
+void PlaceForLanding(const ManagerImpl& impl, Snapshot* snapshot,
+                     std::vector<SnapshotCopy>* copies) {
   OrderByName(snapshot, copies);
   const uint64_t chunk_bytes = impl.options().checksum_chunk_bytes > 0
                                    ? impl.options().checksum_chunk_bytes
@@ -95,6 +91,30 @@ Status AcquireLazyStaging(ManagerImpl& impl, const SnapshotOptions& options, Sna
     b.chunk_rows = io::ChunkRows(c.box, snapshot->arrays[c.array].dtype, chunk_bytes);
     c.hash_chunk_bytes = BoxChunkBytes(b, c.size);
   }
+}
+
+}  // namespace
+
+bool AcquireWarmLanding(ManagerImpl& impl, Snapshot* snapshot, std::vector<SnapshotCopy>* copies) {
+  const LocalTier* local = impl.local_tier();
+  LandingFile* landing = local != nullptr ? local->landing() : nullptr;
+  if (landing == nullptr || snapshot->total_bytes == 0) return false;
+  std::optional<StagingBuffer> buffer =
+      landing->TryAcquire(snapshot->total_bytes, /*warm_only=*/true);
+  if (!buffer) return false;
+  PlaceForLanding(impl, snapshot, copies);
+  snapshot->buffer = std::move(*buffer);
+  return true;
+}
+
+Status AcquireLazyStaging(ManagerImpl& impl, const SnapshotOptions& options, Snapshot* snapshot,
+                          std::vector<SnapshotCopy>* copies) {
+  const LocalTier* local = impl.local_tier();
+  LandingFile* landing = local != nullptr ? local->landing() : nullptr;
+  if (landing == nullptr || snapshot->total_bytes == 0) {
+    return AcquireStaging(options, impl.pool(), snapshot);
+  }
+  PlaceForLanding(impl, snapshot, copies);
   Result<StagingBuffer> buffer =
       landing->Acquire(snapshot->total_bytes, &snapshot->budget_wait_seconds);
   if (!buffer.ok()) {
@@ -108,7 +128,7 @@ Status AcquireLazyStaging(ManagerImpl& impl, const SnapshotOptions& options, Sna
   return OkStatus();
 }
 
-bool LazyCopier::Start(std::shared_ptr<LazyCopier> copier) {
+bool LazyCopier::Start(const std::shared_ptr<LazyCopier>& copier) {
   SaveJob* job = copier->job_;
   // A caller waiting on the fence copies the boxes not yet taken itself.
   copier->parts_.options.shared = std::make_shared<SharedCopies>();

@@ -60,6 +60,12 @@ class ManagerImpl;  // coordinator/manager_impl.h
 Status AcquireLazyStaging(ManagerImpl& impl, const SnapshotOptions& options, Snapshot* snapshot,
                           std::vector<SnapshotCopy>* copies);
 
+/// A blocking save's staging when the local tier's landing file is free and
+/// warm (LandingFile::TryAcquire), the boxes placed and hashed as by
+/// AcquireLazyStaging: the save then copies as a lazy one and waits for the
+/// copy. False, with nothing changed, otherwise (the save stages in memory).
+bool AcquireWarmLanding(ManagerImpl& impl, Snapshot* snapshot, std::vector<SnapshotCopy>* copies);
+
 class LazyCopier {
  public:
   struct Parts {
@@ -80,7 +86,7 @@ class LazyCopier {
   /// Starts the copy on a thread of its own, kept in job->copier; where no
   /// thread can be had (or the copier_thread fault says so), copies here, at
   /// the caller's priority. Returns whether a thread started.
-  static bool Start(std::shared_ptr<LazyCopier> copier);
+  static bool Start(const std::shared_ptr<LazyCopier>& copier);
 
   /// The copy itself; `own_thread`: on the copier's thread (its priority is
   /// lowered), not the caller's.

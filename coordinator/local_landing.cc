@@ -13,6 +13,8 @@
 
 #include <fmt/format.h>
 
+#include "io/posix_file.h"
+
 namespace mhckpt::internal {
 namespace {
 
@@ -59,7 +61,7 @@ struct LandingFile::Lease {
 };
 
 LandingFile::LandingFile(const std::string& dir, int rank)
-    : path_(fmt::format("{}/landing-r{}.bin", dir, rank)) {}
+    : dir_(dir), path_(fmt::format("{}/landing-r{}.bin", dir, rank)) {}
 
 LandingFile::~LandingFile() = default;
 
@@ -78,13 +80,35 @@ Result<StagingBuffer> LandingFile::Acquire(size_t bytes, double* waited_seconds)
     held_ = true;
     token = ++token_;
   }
+  return MapHeld(token, bytes, false);
+}
+
+std::optional<StagingBuffer> LandingFile::TryAcquire(size_t bytes, bool warm_only) {
+  uint64_t token = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (held_) return std::nullopt;
+    held_ = true;
+    token = ++token_;
+  }
+  Result<StagingBuffer> buffer = MapHeld(token, bytes, warm_only);
+  if (!buffer.ok()) return std::nullopt;
+  return std::move(buffer).value();
+}
+
+Result<StagingBuffer> LandingFile::MapHeld(uint64_t token, size_t bytes, bool warm_only) {
   // The holder alone touches the file and the kept mappings from here.
   auto fail = [&](Status s) {
     Release(token);
     return s;
   };
-  const int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return fail(Errno("cannot create", path_, errno));
+  int fd = ::open(path_.c_str(), O_RDWR | O_CLOEXEC);
+  bool created = false;
+  if (fd < 0 && errno == ENOENT && !warm_only) {
+    fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    created = fd >= 0;
+  }
+  if (fd < 0) return fail(Errno(warm_only ? "cannot open" : "cannot create", path_, errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int err = errno;
@@ -101,6 +125,9 @@ Result<StagingBuffer> LandingFile::Acquire(size_t bytes, double* waited_seconds)
   }
   if (map != nullptr) {
     ::close(fd);
+  } else if (warm_only) {
+    ::close(fd);
+    return fail(NotFound(fmt::format("no kept mapping of '{}'", path_)));
   } else {
     std::erase_if(maps_, [&](const std::shared_ptr<Mapped>& m) {
       return m->dev == st.st_dev && m->ino == st.st_ino;
@@ -125,6 +152,11 @@ Result<StagingBuffer> LandingFile::Acquire(size_t bytes, double* waited_seconds)
     }
     st.st_size = static_cast<off_t>(bytes);
     map = std::make_shared<Mapped>(fd, st, static_cast<std::byte*>(p), bytes);
+    // A new file's name durable before the local write moves it into a step
+    // (whose directory fsync makes the move durable, not this name).
+    if (created) {
+      if (Status synced = io::FsyncDir(dir_); !synced.ok()) return fail(synced);
+    }
     maps_.push_back(map);
     if (maps_.size() > kKeptMappings) maps_.erase(maps_.begin());
   }

@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,14 @@ class LandingFile {
   /// (unless Take moved it).
   Result<StagingBuffer> Acquire(size_t bytes, double* waited_seconds);
 
+  /// Acquire without waiting: nullopt (nothing held) if a save holds the
+  /// landing file. With `warm_only` (the caller's thread in a blocking save,
+  /// which must not pay for new file pages) also nullopt unless its mapping
+  /// of `bytes` is kept from an earlier save. Without it (the I/O thread,
+  /// writing a step's file, which must not wait for a later save's hold)
+  /// also nullopt if the file cannot be sized or mapped.
+  std::optional<StagingBuffer> TryAcquire(size_t bytes, bool warm_only);
+
   /// I/O thread, save step 2: if [data, data + bytes) is the whole mapping
   /// of the held landing file, moves that file to `path` (exchanged with
   /// the file there, if any, which becomes the landing file) and lets the
@@ -69,7 +78,11 @@ class LandingFile {
   struct Mapped;
   struct Lease;
   void Release(uint64_t token);
+  /// Acquire's work once the file is held (`token`). With `warm_only`, a
+  /// file without a kept mapping of `bytes` is let go: NotFound.
+  Result<StagingBuffer> MapHeld(uint64_t token, size_t bytes, bool warm_only);
 
+  const std::string dir_;
   const std::string path_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -2,6 +2,8 @@
 
 #include <xxhash.h>
 
+#include <cstring>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -167,7 +169,8 @@ Status LocalTier::Write(const Comm& comm, const io::Marker& plan, const StagedBo
   // 2. This rank's file, and those it receives.
   const WriterFiles files(plan);
   io::MappedFile own;
-  const std::byte* landed = nullptr;  // the landing file's mapping, moved into the step
+  std::optional<StagingBuffer> written;  // the landing file, written here and moved
+  const std::byte* landed = nullptr;     // the landing file's mapping, moved into the step
   s = Guarded(fmt::format("rank {}: local write of step {}", rank, step), [&]() -> Status {
     std::vector<io::MappedFile::Piece> pieces;
     for (size_t ai = 0; ai < plan.arrays.size(); ++ai) {
@@ -208,8 +211,24 @@ Status LocalTier::Write(const Comm& comm, const io::Marker& plan, const StagedBo
         return fault::Hit("local_write");
       }
     }
-    // Otherwise written (one copy, into pages the write allocates: a full
-    // tmpfs is ENOSPC here), then mapped to send.
+    // Otherwise copied (one copy) into the landing file if no later save
+    // holds it, and moved: its mapping is kept, so that a blocking save finds
+    // it warm and lands in it as a lazy one does (coordinator/lazy_copier.h).
+    if (landing_ != nullptr && !pieces.empty()) {
+      written = landing_->TryAcquire(bytes, /*warm_only=*/false);
+      if (written) {
+        for (const io::MappedFile::Piece& p : pieces) {
+          std::memcpy(written->data() + p.offset, p.data, p.size);
+        }
+        if (landing_->Take(written->data(), bytes, FilePath(step, rank))) {
+          landed = written->data();
+          return fault::Hit("local_write");
+        }
+        written.reset();
+      }
+    }
+    // Else written (pages the write allocates: a full tmpfs is ENOSPC here),
+    // then mapped to send.
     MHCKPT_ASSIGN_OR_RETURN(own,
                             io::MappedFile::CreateByWrites(FilePath(step, rank), bytes, pieces));
     return fault::Hit("local_write");

@@ -998,5 +998,86 @@ TEST(LocalLanding, LazySavesLandInTheStepsFiles) {
   EXPECT_TRUE(RestoreAndCheck(*m, 0, Size(), Rank(), RestoreSource::kPersistent).ok());
 }
 
+// A blocking save to the local tier lands in the rank's landing file too
+// once an earlier save has left it warm (its pages in place) and no save holds
+// it: it returns once copied, and the caller may then write its arrays at
+// once. Lazy saves warm the files; step 6's commit is left in flight, so that
+// the blocking save after it may find the landing file held and stage in
+// memory. Every step restores exactly what was saved; at one rank, a blocking
+// save after the warm-up is the file the landing held when it began.
+TEST(LocalLanding, BlockingSavesLandOnceTheFileIsWarm) {
+  const std::string dir = FreshDir();
+  Options o = TwoTierOptions(dir, Rank(), Size());
+  o.persistent_every = 100;
+  auto opened = CheckpointManager::Open(MPI_COMM_WORLD, dir + "/shared", o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  auto m = std::move(opened).value();
+  if (!m->async()) GTEST_SKIP() << "lazy saves need MPI_THREAD_MULTIPLE";
+  const std::string landing = fmt::format("{}/landing-r{}.bin", o.local_dir, Rank());
+  auto inode = [](const std::string& path) -> int64_t {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_ino) : -1;
+  };
+  for (int64_t step = 0; step < 10; ++step) {
+    SCOPED_TRACE(step);
+    const bool lazy = step < 4 || step == 6;
+    const int64_t before = inode(landing);
+    Step s(step, Rank(), Size());
+    SaveFence fence;
+    const SaveOptions so{.copy = lazy ? CopyMode::kLazy : CopyMode::kBlocking};
+    ASSERT_TRUE(m->Save(step, s.arrays, {}, so, &fence).ok());
+    ASSERT_TRUE(fence.Done() || lazy);
+    ASSERT_TRUE(fence.Wait().ok());
+    std::fill(s.w.begin(), s.w.end(), std::byte{0x7f});
+    std::fill(s.r.begin(), s.r.end(), std::byte{0x7f});
+    if (step == 6) continue;
+    ASSERT_TRUE(m->WaitUntilFinished().ok());
+    EXPECT_TRUE(RestoreAndCheck(*m, step, Size(), Rank(), RestoreSource::kLocal).ok());
+    if (Size() == 1 && !lazy && step != 7) {
+      EXPECT_GE(before, 0);
+      EXPECT_EQ(inode(io::StepDir(o.local_dir, step) + "/w0.bin"), before);
+    }
+  }
+  EXPECT_TRUE(RestoreAndCheck(*m, 0, Size(), Rank(), RestoreSource::kPersistent).ok());
+}
+
+// Blocking saves alone warm the landing files: the local write copies a
+// staged save into the landing file (when no later save holds it) and moves
+// it into the step, so that its mapping is kept; once the files of the
+// rotation have been through it, every blocking save lands directly (at one
+// rank: its step's file is the file the landing held when it began).
+TEST(LocalLanding, BlockingSavesAloneWarmTheLandingFiles) {
+  const std::string dir = FreshDir();
+  Options o = TwoTierOptions(dir, Rank(), Size());
+  o.persistent_every = 100;
+  auto opened = CheckpointManager::Open(MPI_COMM_WORLD, dir + "/shared", o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  auto m = std::move(opened).value();
+  if (!m->async()) GTEST_SKIP() << "the local write runs on the I/O thread";
+  const std::string landing = fmt::format("{}/landing-r{}.bin", o.local_dir, Rank());
+  auto inode = [](const std::string& path) -> int64_t {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_ino) : -1;
+  };
+  int landed = 0;
+  const int64_t steps = 12;
+  for (int64_t step = 0; step < steps; ++step) {
+    SCOPED_TRACE(step);
+    const int64_t before = inode(landing);
+    Step s(step, Rank(), Size());
+    ASSERT_TRUE(m->Save(step, s.arrays, {}).ok());
+    std::fill(s.w.begin(), s.w.end(), std::byte{0x7f});
+    std::fill(s.r.begin(), s.r.end(), std::byte{0x7f});
+    ASSERT_TRUE(m->WaitUntilFinished().ok());
+    EXPECT_TRUE(RestoreAndCheck(*m, step, Size(), Rank(), RestoreSource::kLocal).ok());
+    const bool in_place =
+        before >= 0 && inode(io::StepDir(o.local_dir, step) + "/w0.bin") == before;
+    landed += in_place ? 1 : 0;
+    if (Size() == 1 && step >= o.local_max_to_keep + 2) EXPECT_TRUE(in_place);
+  }
+  if (Size() == 1) EXPECT_GE(landed, steps - o.local_max_to_keep - 2);
+  EXPECT_TRUE(RestoreAndCheck(*m, 0, Size(), Rank(), RestoreSource::kPersistent).ok());
+}
+
 }  // namespace
 }  // namespace mhckpt::tiers_test

@@ -10,7 +10,8 @@ The persistence model (docs/TESTING.md "Crash states"):
 * fsync/fdatasync of a file makes durable every write, truncate and size change
   of that file that returned before the fsync began — from any process (the
   page cache is per file, not per descriptor). fsync of a directory makes
-  durable every name operation (create, mkdir, unlink, rmdir, rename) in that
+  durable every name operation (create, mkdir, unlink, rmdir, rename,
+  exchange: renameat2's RENAME_EXCHANGE) in that
   directory that returned before it began. sync/syncfs make everything before
   them durable. sync_file_range makes nothing durable. Nothing else does: not
   close, not O_DIRECT (the device cache and the extent metadata are not
@@ -30,7 +31,8 @@ The persistence model (docs/TESTING.md "Crash states"):
     posix  every non-durable operation survives or not independently; one
            that cannot apply in the resulting state (its directory or source
            missing) does not.
-  Both keep rename atomic: the old name or the new one, never neither.
+  Both keep rename atomic: the old name or the new one, never neither; and
+  an exchange: both names swapped, or neither.
 
 Parsing checks the trace: an operation this model cannot express (reported
 by the shim as op=unsupported, a punch-hole fallocate, an open of a path that
@@ -41,11 +43,12 @@ import os
 import re
 
 PAGE = 4096
-NAME_OPS = ("create", "mkdir", "unlink", "rmdir", "rename")
+NAME_OPS = ("create", "mkdir", "unlink", "rmdir", "rename", "exchange")
 SIZE_OPS = ("setsize", "extend")
 META_OPS = NAME_OPS + SIZE_OPS
 O_CREAT, O_TRUNC, O_TMPFILE_BITS = 0o100, 0o1000, 0o20000000
 FALLOC_FL_KEEP_SIZE = 1
+RENAME_EXCHANGE = 2
 
 
 class TraceError(Exception):
@@ -54,16 +57,17 @@ class TraceError(Exception):
 
 class Op:
     """One operation of the model. kind: create mkdir unlink rmdir rename
-    setsize extend write fsync sync. `parents` are the directory nodes a name
-    operation changes; `node` the file or directory it acts on."""
+    exchange setsize extend write fsync sync. `parents` are the directory
+    nodes a name operation changes; `node` the file or directory it acts on
+    (an exchange: `node` at `path` and `node2` at `path2`)."""
 
-    __slots__ = ("idx", "t0", "t1", "pid", "kind", "node", "path", "path2", "off", "data",
-                 "size", "parents", "wid")
+    __slots__ = ("idx", "t0", "t1", "pid", "kind", "node", "node2", "path", "path2", "off",
+                 "data", "size", "parents", "wid")
 
     def __init__(self, kind, t0, t1, pid, **kw):
         self.kind, self.t0, self.t1, self.pid = kind, t0, t1, pid
         self.idx = -1
-        self.node = kw.get("node")
+        self.node, self.node2 = kw.get("node"), kw.get("node2")
         self.path, self.path2 = kw.get("path"), kw.get("path2")
         self.off, self.data, self.size = kw.get("off", 0), kw.get("data"), kw.get("size", 0)
         self.parents = kw.get("parents", ())
@@ -77,6 +81,8 @@ class Op:
             return "%s %s to %d" % (self.kind, self.path, self.size)
         if self.kind == "rename":
             return "rename %s -> %s" % (self.path, self.path2)
+        if self.kind == "exchange":
+            return "exchange %s <-> %s" % (self.path, self.path2)
         return "%s %s (pid %d)" % (self.kind, self.path or "", self.pid)
 
 
@@ -151,6 +157,18 @@ def _rename_in(ns, src, dst):
         ns[dst + p[len(src):]] = n
 
 
+def _exchange_in(ns, a, b):
+    """Swaps the names `a` and `b` (and, for directories, what is below them)."""
+    below_a = {p: n for p, n in ns.items() if p == a or p.startswith(a + "/")}
+    below_b = {p: n for p, n in ns.items() if p == b or p.startswith(b + "/")}
+    for p in list(below_a) + list(below_b):
+        del ns[p]
+    for p, n in below_a.items():
+        ns[b + p[len(a):]] = n
+    for p, n in below_b.items():
+        ns[a + p[len(b):]] = n
+
+
 def _parent(rel):
     return os.path.dirname(rel)
 
@@ -222,6 +240,12 @@ class Parser:
         elif op in ("unlink", "rmdir"):
             self.emit(op, e, node=self.ns[rel], path=rel, parents=(self.ns[_parent(rel)],))
             del self.ns[rel]
+        elif e["flags"] & RENAME_EXCHANGE:
+            dst = self.rel(e["path2"])
+            parents = (self.ns[_parent(rel)], self.ns[_parent(dst)])
+            self.emit("exchange", e, node=self.ns[rel], node2=self.ns[dst], path=rel, path2=dst,
+                      parents=parents)
+            _exchange_in(self.ns, rel, dst)
         else:  # rename
             dst = self.rel(e["path2"])
             parents = (self.ns[_parent(rel)], self.ns[_parent(dst)])
@@ -361,6 +385,9 @@ class State:
         elif k == "rename":
             if ns.get(op.path) == op.node and _parent(op.path2) in ns:
                 _rename_in(ns, op.path, op.path2)
+        elif k == "exchange":
+            if ns.get(op.path) == op.node and ns.get(op.path2) == op.node2:
+                _exchange_in(ns, op.path, op.path2)
         elif k == "setsize":
             d = self.data(op.node)
             del d[op.size:]

@@ -167,6 +167,35 @@ class ModelTest(unittest.TestCase):
         _, free_meta, _ = ex.window(len(ops))
         self.assertEqual(free_meta, [])
 
+    def test_exchange_swaps_both_names_or_neither(self):
+        """renameat2(RENAME_EXCHANGE), logged as a rename with its flag: the
+        two files swap names atomically, durable with the directory fsync."""
+        t = Trace()
+        a = t.open("a")
+        t.write(a, 0, b"A")
+        t.fsync(a)
+        b = t.open("b")
+        t.write(b, 0, b"B")
+        t.fsync(b)
+        t.fsync(t.open("", O_DIRECTORY, ino=1))
+        t.call("rename", fd=-1, path=os.path.join(ROOT, "a"), path2=os.path.join(ROOT, "b"),
+               flags=fsmodel.RENAME_EXCHANGE)
+        for model in ("ext4", "posix"):
+            # Cuts before the files were durable lose them; any cut keeps
+            # the two names apart (never one file under both, nor a file
+            # under neither once both were there).
+            seen = {(s.get("a"), s.get("b")) for s in self.states(t, model)}
+            self.assertIn((b"A", b"B"), seen, model)
+            self.assertIn((b"B", b"A"), seen, model)
+            self.assertFalse({(b"A", b"A"), (b"B", b"B"), (None, b"A"), (b"B", None)} & seen,
+                             model)
+        t.fsync(t.open("", O_DIRECTORY, ino=1))
+        ops, kinds, _ = fsmodel.parse(t.events, self.base, ROOT)
+        self.assertEqual([op.kind for op in ops if op.kind in fsmodel.NAME_OPS][-1], "exchange")
+        ex = explore.Explorer(self.base, kinds, ops, "posix", random.Random(0))
+        _, free_meta, _ = ex.window(len(ops))
+        self.assertEqual(free_meta, [])
+
     def test_ext4_keeps_metadata_in_order_posix_does_not(self):
         """The marker durable while the data file's name is not: possible
         without a directory fsync between them, under posix only."""
