@@ -251,8 +251,11 @@ def every_step_table():
                          ms(lz.get("snapshot_s", 0)), ms(lz.get("local_s", 0)),
                          f"{bl['steps_per_s']:.2f}" if bl.get("steps_per_s") else "–", pct(bl),
                          f"{co['steps_per_s']:.2f} ({co.get('saves_per_step', 0):.2f})" if co else "–"])
+        busy = any("modes" in r and not any(w in r.get("build", "") for w in ("quiet", "continuous"))
+                   for r in recs)
         what = (f"`bench/run_every_step.sh`, {head.get('steps', '?')} steps × {head.get('reps', '?')} reps "
-                f"per mode, interleaved; the quiet runs; the runs beside other work are in the record")
+                f"per mode, interleaved; the quiet runs"
+                + ("; the runs beside other work are in the record" if busy else ""))
         out += [caption(name, what), ""]
         out += table(["build", "MiB/rank", "np", "GB/s", "step", "no saves: steps/s", "lazy: steps/s",
                       "lazy slowdown (np 1: ≤ 5 % at 1 GB/s, ≤ 25 % at 4)", "fence wait", "Save call",
@@ -267,8 +270,11 @@ def tiers_table():
     out = []
     for name, path in records("tiers-*.json.gz"):
         rows = []
-        for r in load(path):
-            rows.append([f"{r['ranks']} ({r['ranks'] // r['ranks_per_node']})", r["mib_per_rank"],
+        recs = load(path)
+        builds = any("build" in r for r in recs)
+        for r in recs:
+            rows.append(([r.get("build", "")] if builds else []) +
+                        [f"{r['ranks']} ({r['ranks'] // r['ranks_per_node']})", r["mib_per_rank"],
                          f"{r['baseline_s']:.3f}", f"{r['local_commit_s']:.3f}",
                          x(r["local_vs_baseline"]) + mark(r["local_vs_baseline"] <= 1.5),
                          f"{r['stall_one_s']:.3f}", f"{r['stall_two_s']:.3f}",
@@ -279,7 +285,8 @@ def tiers_table():
                          f"{r['recovery_restore_s']:.3f}", f"{r['cold_restore_s']:.3f}",
                          f"{r['cold_vs_recovery']:.1f}×" + mark(r["cold_vs_recovery"] >= 5)])
         out += [caption(name, "`bench/run_tiers.sh`; the slowest rank, median of the reps"), ""]
-        out += table(["ranks (nodes)", "MiB per rank", "`memcpy` + send s", "local commit s", "ratio (≤ 1.5×)",
+        out += table((["build"] if builds else []) +
+                     ["ranks (nodes)", "MiB per rank", "`memcpy` + send s", "local commit s", "ratio (≤ 1.5×)",
                       "stall, 1 tier s", "stall, 2 tiers s", "ratio (≤ 1.1×)", "restart s (/ `memcpy`, ≤ 1.5×)",
                       "recovery s", "cold restore s",
                       "speed-up (≥ 5×)"], rows)
