@@ -958,6 +958,36 @@ TEST(TwoTiersWatchdog, DISABLED_AStuckLocalOpenIsAborted) {
                 << ") instead of the watchdog aborting";
 }
 
+// The landing file's tests: a manager with a local tier whose saves after
+// the first stay local (checksum chunks of `chunk_bytes` if not 0), and the
+// inode of a path (-1 if absent), by which a test sees a file moved.
+struct LandingCase {
+  explicit LandingCase(uint64_t chunk_bytes = 0)
+      : dir(FreshDir()), o(TwoTierOptions(dir, Rank(), Size())) {
+    o.persistent_every = 100;  // the first save goes to both tiers, the rest stay local
+    o.checksum_chunk_bytes = chunk_bytes;
+    landing = fmt::format("{}/landing-r{}.bin", o.local_dir, Rank());
+  }
+  Status Open() {
+    auto opened = CheckpointManager::Open(MPI_COMM_WORLD, dir + "/shared", o);
+    if (!opened.ok()) return opened.status();
+    m = std::move(opened).value();
+    return OkStatus();
+  }
+  static int64_t Inode(const std::string& path) {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_ino) : -1;
+  }
+  // The inode of rank 0's file of local step `step`.
+  [[nodiscard]] int64_t StepFile(int64_t step) const {
+    return Inode(io::StepDir(o.local_dir, step) + "/w0.bin");
+  }
+  std::string dir;
+  Options o;
+  std::string landing;
+  std::unique_ptr<CheckpointManager> m;
+};
+
 // Lazy saves to the local tier stage in each rank's landing file, which the
 // local write moves into the step (one copy of the bytes, hashed on the way):
 // each step restores exactly what was saved, though the caller wrote its
@@ -965,22 +995,13 @@ TEST(TwoTiersWatchdog, DISABLED_AStuckLocalOpenIsAborted) {
 // hold. At one rank (every box planned there, back to back as staged) each
 // step's file is the file the landing held when the save began.
 TEST(LocalLanding, LazySavesLandInTheStepsFiles) {
-  const std::string dir = FreshDir();
-  Options o = TwoTierOptions(dir, Rank(), Size());
-  o.persistent_every = 100;     // the first save goes to both tiers, the rest stay local
-  o.checksum_chunk_bytes = 40;  // two rows of "w" per chunk
-  auto opened = CheckpointManager::Open(MPI_COMM_WORLD, dir + "/shared", o);
-  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  auto m = std::move(opened).value();
+  LandingCase c(40);  // two rows of "w" per chunk
+  ASSERT_TRUE(c.Open().ok());
+  CheckpointManager* m = c.m.get();
   if (!m->async()) GTEST_SKIP() << "lazy saves need MPI_THREAD_MULTIPLE";
-  const std::string landing = fmt::format("{}/landing-r{}.bin", o.local_dir, Rank());
-  auto inode = [](const std::string& path) -> int64_t {
-    struct stat st {};
-    return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_ino) : -1;
-  };
   for (int64_t step = 0; step < 7; ++step) {
     SCOPED_TRACE(step);
-    const int64_t before = inode(landing);
+    const int64_t before = LandingCase::Inode(c.landing);
     Step s(step, Rank(), Size());
     SaveFence fence;
     ASSERT_TRUE(m->Save(step, s.arrays, {}, SaveOptions{.copy = CopyMode::kLazy}, &fence).ok());
@@ -989,9 +1010,7 @@ TEST(LocalLanding, LazySavesLandInTheStepsFiles) {
     std::fill(s.r.begin(), s.r.end(), std::byte{0x7f});
     ASSERT_TRUE(m->WaitUntilFinished().ok());
     EXPECT_TRUE(RestoreAndCheck(*m, step, Size(), Rank(), RestoreSource::kLocal).ok());
-    if (Size() == 1 && before >= 0) {
-      EXPECT_EQ(inode(io::StepDir(o.local_dir, step) + "/w0.bin"), before);
-    }
+    if (Size() == 1 && before >= 0) EXPECT_EQ(c.StepFile(step), before);
   }
   for (int64_t step : {5, 6})
     EXPECT_TRUE(RestoreAndCheck(*m, step, 1, 0, RestoreSource::kLocal).ok());
@@ -1006,22 +1025,14 @@ TEST(LocalLanding, LazySavesLandInTheStepsFiles) {
 // memory. Every step restores exactly what was saved; at one rank, a blocking
 // save after the warm-up is the file the landing held when it began.
 TEST(LocalLanding, BlockingSavesLandOnceTheFileIsWarm) {
-  const std::string dir = FreshDir();
-  Options o = TwoTierOptions(dir, Rank(), Size());
-  o.persistent_every = 100;
-  auto opened = CheckpointManager::Open(MPI_COMM_WORLD, dir + "/shared", o);
-  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  auto m = std::move(opened).value();
+  LandingCase c;
+  ASSERT_TRUE(c.Open().ok());
+  CheckpointManager* m = c.m.get();
   if (!m->async()) GTEST_SKIP() << "lazy saves need MPI_THREAD_MULTIPLE";
-  const std::string landing = fmt::format("{}/landing-r{}.bin", o.local_dir, Rank());
-  auto inode = [](const std::string& path) -> int64_t {
-    struct stat st {};
-    return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_ino) : -1;
-  };
   for (int64_t step = 0; step < 10; ++step) {
     SCOPED_TRACE(step);
     const bool lazy = step < 4 || step == 6;
-    const int64_t before = inode(landing);
+    const int64_t before = LandingCase::Inode(c.landing);
     Step s(step, Rank(), Size());
     SaveFence fence;
     const SaveOptions so{.copy = lazy ? CopyMode::kLazy : CopyMode::kBlocking};
@@ -1035,7 +1046,7 @@ TEST(LocalLanding, BlockingSavesLandOnceTheFileIsWarm) {
     EXPECT_TRUE(RestoreAndCheck(*m, step, Size(), Rank(), RestoreSource::kLocal).ok());
     if (Size() == 1 && !lazy && step != 7) {
       EXPECT_GE(before, 0);
-      EXPECT_EQ(inode(io::StepDir(o.local_dir, step) + "/w0.bin"), before);
+      EXPECT_EQ(c.StepFile(step), before);
     }
   }
   EXPECT_TRUE(RestoreAndCheck(*m, 0, Size(), Rank(), RestoreSource::kPersistent).ok());
@@ -1047,35 +1058,27 @@ TEST(LocalLanding, BlockingSavesLandOnceTheFileIsWarm) {
 // rotation have been through it, every blocking save lands directly (at one
 // rank: its step's file is the file the landing held when it began).
 TEST(LocalLanding, BlockingSavesAloneWarmTheLandingFiles) {
-  const std::string dir = FreshDir();
-  Options o = TwoTierOptions(dir, Rank(), Size());
-  o.persistent_every = 100;
-  auto opened = CheckpointManager::Open(MPI_COMM_WORLD, dir + "/shared", o);
-  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  auto m = std::move(opened).value();
+  LandingCase c;
+  ASSERT_TRUE(c.Open().ok());
+  CheckpointManager* m = c.m.get();
   if (!m->async()) GTEST_SKIP() << "the local write runs on the I/O thread";
-  const std::string landing = fmt::format("{}/landing-r{}.bin", o.local_dir, Rank());
-  auto inode = [](const std::string& path) -> int64_t {
-    struct stat st {};
-    return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_ino) : -1;
-  };
   int landed = 0;
   const int64_t steps = 12;
+  const int64_t warm = c.o.local_max_to_keep + 2;
   for (int64_t step = 0; step < steps; ++step) {
     SCOPED_TRACE(step);
-    const int64_t before = inode(landing);
+    const int64_t before = LandingCase::Inode(c.landing);
     Step s(step, Rank(), Size());
     ASSERT_TRUE(m->Save(step, s.arrays, {}).ok());
     std::fill(s.w.begin(), s.w.end(), std::byte{0x7f});
     std::fill(s.r.begin(), s.r.end(), std::byte{0x7f});
     ASSERT_TRUE(m->WaitUntilFinished().ok());
     EXPECT_TRUE(RestoreAndCheck(*m, step, Size(), Rank(), RestoreSource::kLocal).ok());
-    const bool in_place =
-        before >= 0 && inode(io::StepDir(o.local_dir, step) + "/w0.bin") == before;
+    const bool in_place = before >= 0 && c.StepFile(step) == before;
     landed += in_place ? 1 : 0;
-    if (Size() == 1 && step >= o.local_max_to_keep + 2) EXPECT_TRUE(in_place);
+    if (Size() == 1 && step >= warm) EXPECT_TRUE(in_place);
   }
-  if (Size() == 1) EXPECT_GE(landed, steps - o.local_max_to_keep - 2);
+  if (Size() == 1) EXPECT_GE(landed, steps - warm);
   EXPECT_TRUE(RestoreAndCheck(*m, 0, Size(), Rank(), RestoreSource::kPersistent).ok());
 }
 
