@@ -79,29 +79,40 @@ def main() -> None:
     comm.Barrier()
     # The three interleaved save by save, so that a slow spell of the disk or
     # the machine hits all three alike.
-    plain = mhckpt.CheckpointManager(os.path.join(a.dir, "plain"), max_to_keep=2)
-    mngr = ocp.CheckpointManager(os.path.join(a.dir, "orbax"), options=ocp.CheckpointManagerOptions(max_to_keep=2))
+    # Two steps kept by each: after every rep (no save timed meanwhile) the
+    # older ones go through each API, then the machine settles, so that no
+    # deletion in the background overlaps a timed save.
+    plain = mhckpt.CheckpointManager(os.path.join(a.dir, "plain"))
+    mngr = ocp.CheckpointManager(os.path.join(a.dir, "orbax"))
 
-    def torch_save(s):
-        ckpt = os.path.join(a.dir, "torch", f"step_{s}")
-        t = timed(comm, lambda: mdcp.async_save(state, checkpoint_id=ckpt), lambda f: f.result())
-        if comm.rank == 0 and s >= 2:  # keep two, as the others do
-            shutil.rmtree(os.path.join(a.dir, "torch", f"step_{s - 2}"), ignore_errors=True)
-        return t
+    def torch_dir(s):
+        return os.path.join(a.dir, "torch", f"step_{s}")
+
+    def drop(s):
+        plain.delete(s)
+        mngr.delete(s)
+        if comm.rank == 0:
+            shutil.rmtree(torch_dir(s), ignore_errors=True)
+            os.sync()
+        comm.Barrier()
+        time.sleep(0.5)
 
     saves = {"plain": lambda s: timed(comm, lambda: plain.save(s, state), lambda _: plain.wait_until_finished()),
              "mhckpt.orbax": lambda s: timed(comm, lambda: mngr.save(s, args=ocp.args.StandardSave(state)),
                                              lambda _: mngr.wait_until_finished()),
-             "mhckpt.torch": torch_save}
+             "mhckpt.torch": lambda s: timed(comm, lambda: mdcp.async_save(state, checkpoint_id=torch_dir(s)),
+                                             lambda f: f.result())}
     names = list(saves)
     results = {k: [] for k in names}
     for s in range(a.reps + 1):
-        # Each rep starts with the next one (the one after another's save
-        # shares the disk with that save's background deletion of old steps).
+        # Each rep starts with the next one (a save follows each of the
+        # others equally often).
         for k in names[s % 3:] + names[:s % 3]:
             r = saves[k](s)
             if s > 0:  # save 0 is the warm-up
                 results[k].append(r)
+        if s >= 2:
+            drop(s - 2)
     plain.close()
     mngr.close()
 
