@@ -11,7 +11,9 @@
 //   3. Each rank serves its pieces from the writer files of its node (mapped
 //      read-only): it checks the chunks of the stored box that a piece
 //      overlaps against the marker, once each, then copies the piece into
-//      the asker's destination (itself) or into one buffer per asker.
+//      the asker's destination (itself; checked while copied when the piece
+//      is one run on both sides) or into one buffer per asker. Meanwhile a
+//      thread of its own faults in the rank's destination pages.
 //   4. The buffers go point to point, one message per pair of ranks, and
 //      each asker copies its pieces out in the same order. One agreement on
 //      every error that is not about the stored bytes.
@@ -50,6 +52,8 @@
 #include "coordinator/checked_read.h"
 #include "coordinator/committed_step.h"
 #include "coordinator/local_restore_run.h"
+#include "io/pread_reader.h"
+#include "worker/copy.h"
 
 namespace mhckpt::internal {
 namespace local_restore {
@@ -104,6 +108,14 @@ Status LocalRestoreRun::Run() {
   wants_ = DecodeWants(m_, comm_.AllGatherBytes(EncodeWants(m_, arrays_)));
   MakePieces();
   PrepareDestinations();
+  // The destinations' pages faulted in beside the copies into them.
+  std::optional<PrefaultThread> prefault;
+  if (options_.prefault) {
+    std::vector<std::pair<std::byte*, size_t>> host = HostDestinations();
+    uint64_t bytes = 0;
+    for (const auto& [data, n] : host) bytes += n;
+    if (bytes >= io::kPrefaultMinBytes) prefault.emplace(std::move(host));
+  }
   std::vector<size_t> pending(pieces_.size());
   for (size_t i = 0; i < pending.size(); ++i) pending[i] = i;
   while (!pending.empty()) {

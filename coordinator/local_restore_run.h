@@ -73,12 +73,24 @@ class LocalRestoreRun {
   // or a host copy of a device one (filled in at the end).
   void PrepareDestinations();
   std::byte* DestinationOf(const Want& w);
+  // The caller's host destinations of this rank, in request order.
+  std::vector<std::pair<std::byte*, size_t>> HostDestinations() const;
   // The bytes of writer `writer`'s file as piece `p` is served: this node's
   // copy, mapped once, or the file rebuilt from parity here.
   Result<const std::byte*> FileBytes(const Piece& p);
   // The bytes of piece `p`'s stored box at its source, the chunks around its
   // region checked (once each per source).
   Result<const std::byte*> StoredBytes(const Piece& p);
+  // Whether piece `p` is served to this rank by this rank with its bytes one
+  // run both in the stored box and in the destination (a restart on the
+  // same sharding): then CopyChecked serves it.
+  bool CopiedWhileChecked(const Piece& p) const;
+  // Such a piece copied from the stored box at `box` into this rank's
+  // destination chunk by chunk, each chunk's check riding along (a piece
+  // of it hashed from cache right after it is copied) instead of a pass
+  // that checks and a pass that copies. A chunk whose check fails leaves
+  // its bytes in the destination; step 5 serves the piece again.
+  Status CopyChecked(const Piece& p, const std::byte* box);
   // A piece goes as a message of its own, straight from the server's
   // mapped file into the asker's destination, when its bytes are one run on
   // both sides (the same sharding as the save's, say); else it is packed.

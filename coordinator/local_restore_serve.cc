@@ -5,7 +5,8 @@
 //      a file rebuilt from parity in its memory), checks the chunks of the
 //      stored box that a piece overlaps against the marker, once each, then
 //      copies the piece into its own destination, or packs it for its asker;
-//      a piece whose bytes are one run on both sides is sent as it is. A
+//      a piece whose bytes are one run on both sides is sent as it is, or,
+//      when it is its own, checked while it is copied (CopyChecked). A
 //      piece it cannot serve is recorded for step 5, not an error.
 //   4. Exchange: the direct pieces, in piece order, then one packed message
 //      per pair of ranks; each asker copies its packed pieces out in the
@@ -62,6 +63,17 @@ void LocalRestoreRun::PrepareDestinations() {
   for (size_t i = 0; i < arrays_.size(); ++i) {
     request_of_array_[static_cast<size_t>(m_.Find(arrays_[i].name) - m_.arrays.data())] = i;
   }
+}
+
+std::vector<std::pair<std::byte*, size_t>> LocalRestoreRun::HostDestinations() const {
+  std::vector<std::pair<std::byte*, size_t>> out;
+  for (const ArrayToRestore& a : arrays_) {
+    for (const Destination& d : a.shards) {
+      if (d.memory == Memory::kCuda) continue;
+      out.emplace_back(static_cast<std::byte*>(d.data), BoxBytes(d.box, m_.Find(a.name)->dtype));
+    }
+  }
+  return out;
 }
 
 std::byte* LocalRestoreRun::DestinationOf(const Want& w) {
@@ -122,6 +134,52 @@ Result<const std::byte*> LocalRestoreRun::StoredBytes(const Piece& p) {
   return box;
 }
 
+bool LocalRestoreRun::CopiedWhileChecked(const Piece& p) const {
+  const size_t elem = DTypeSize(m_.arrays[p.want->array].dtype);
+  return options_.verify_checksums && p.want->rank == rank_ && p.server == rank_ &&
+         ContiguousAt(m_.arrays[p.want->array].boxes[p.box].box, p.region, elem) &&
+         ContiguousAt(p.want->box, p.region, elem);
+}
+
+Status LocalRestoreRun::CopyChecked(const Piece& p, const std::byte* box) {
+  constexpr size_t kPiece = 256 << 10;  // in cache until hashed
+  const size_t ai = p.want->array, bi = p.box;
+  const io::MarkerArray& a = m_.arrays[ai];
+  const io::MarkerBox& b = a.boxes[bi];
+  const size_t elem = DTypeSize(a.dtype);
+  // The piece is bytes [from, to) of the stored box, at `dst`.
+  const size_t from = *ContiguousAt(b.box, p.region, elem), to = from + p.bytes;
+  std::byte* dst = DestinationOf(*p.want) + *ContiguousAt(p.want->box, p.region, elem);
+  const size_t total = BoxBytes(b.box, a.dtype);
+  const int64_t rows = b.box.count.empty() ? 1 : b.box.count[0];
+  const size_t row_bytes = rows > 0 ? total / static_cast<size_t>(rows) : 0;
+  const size_t chunk_bytes =
+      b.box.count.empty() ? total
+                          : static_cast<size_t>(std::max<int64_t>(b.chunk_rows, 1)) * row_bytes;
+  ChecksumStream sum;
+  for (size_t c0 = from / chunk_bytes * chunk_bytes; c0 < to; c0 += chunk_bytes) {
+    const size_t c1 = std::min(total, c0 + chunk_bytes);
+    const auto k = static_cast<int64_t>(c0 / chunk_bytes);
+    auto [it, fresh] = checked_.try_emplace({p.rebuilt, ai, bi, k});
+    if (!fresh) {  // checked for another piece: copy only
+      MHCKPT_RETURN_IF_ERROR(it->second);
+      const size_t lo = std::max(c0, from), hi = std::min(c1, to);
+      CopyUncached(dst + (lo - from), box + lo, hi - lo);
+      continue;
+    }
+    sum.Reset();
+    for (size_t at = c0; at < c1; at += kPiece) {
+      const size_t end = std::min(c1, at + kPiece);
+      const size_t lo = std::max(at, from), hi = std::min(end, to);
+      if (lo < hi) CopyUncached(dst + (lo - from), box + lo, hi - lo);
+      sum.Update(box + at, end - at);
+    }
+    it->second = CheckChunkChecksum(a, b, k, sum.Digest());
+    MHCKPT_RETURN_IF_ERROR(it->second);
+  }
+  return OkStatus();
+}
+
 bool LocalRestoreRun::Direct(const Piece& p) const {
   const size_t elem = DTypeSize(m_.arrays[p.want->array].dtype);
   return p.want->rank != p.server &&
@@ -155,6 +213,11 @@ void LocalRestoreRun::Serve() {
     if (local_.ok()) {
       Status data;  // the stored bytes cannot serve it: step 5 looks elsewhere
       local_ = Guarded(fmt::format("restore of local step {}", m_.step), [&]() -> Status {
+        if (CopiedWhileChecked(p)) {
+          Result<const std::byte*> file = FileBytes(p);
+          data = file.ok() ? CopyChecked(p, *file + files_.offset[w.array][p.box]) : file.status();
+          return OkStatus();
+        }
         Result<const std::byte*> stored_bytes = StoredBytes(p);
         if (!stored_bytes.ok()) {
           data = stored_bytes.status();

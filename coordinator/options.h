@@ -414,8 +414,9 @@ struct RestoreOptions {
   /// ahead of the reads into them, so that the kernel's work on new memory
   /// (a page fault and a cleared page every 4 KiB) runs beside the copy out
   /// of the page cache instead of inside it (docs/PERFORMANCE.md, "Measurements behind the
-  /// defaults"). Reads by offset (format-2 steps), batches of at least 4 MiB. False: the reading
-  /// thread faults the pages itself.
+  /// defaults"). Shared root: reads by offset (format-2 steps), batches of at least 4 MiB; local
+  /// tier: a rank's host destinations of at least 4 MiB in all. False: the reading thread
+  /// faults the pages itself.
   bool prefault = true;
   /// Read long runs with O_DIRECT straight into destinations that line up
   /// with the file (equal modulo the file system's direct-I/O alignment,

@@ -1,6 +1,7 @@
 // worker/copy.h: threaded host copies; device copies without a device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <optional>
 #include <utility>
@@ -23,6 +24,26 @@ TEST(ParallelCopy, CopiesEveryByteWithManyThreads) {
     tasks.push_back({dst[i].data(), src[i].data(), src[i].size()});
   ParallelCopy(tasks, 3);
   EXPECT_TRUE(src == dst);
+}
+
+// Every length from 0 to a few streaming blocks, at every alignment of
+// either side: the bytes land, and nothing beyond them is written.
+TEST(CopyUncached, CopiesEveryLengthAtEveryAlignment) {
+  std::vector<std::byte> src(512), dst(512);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(i * 7 + 1);
+  for (size_t s = 0; s < 16; ++s) {
+    for (size_t d = 0; d < 16; ++d) {
+      for (size_t n = 0; n + 32 < src.size(); n += (n < 80 ? 1 : 37)) {
+        std::fill(dst.begin(), dst.end(), std::byte{0});
+        CopyUncached(dst.data() + d, src.data() + s, n);
+        for (size_t i = 0; i < dst.size(); ++i) {
+          const std::byte want = i >= d && i < d + n ? src[s + i - d] : std::byte{0};
+          ASSERT_EQ(dst[i], want) << "source +" << s << ", destination +" << d << ", " << n
+                                  << " bytes: byte " << i;
+        }
+      }
+    }
+  }
 }
 
 TEST(Cuda, AbsentDeviceIsReportedNotFatal) {

@@ -7,6 +7,13 @@
 #include <thread>
 #include <vector>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "worker/fault_guard.h"
 
 namespace mhckpt::internal {
@@ -74,6 +81,63 @@ std::optional<size_t> ParallelGuardedCopy(std::span<const CopyTask> tasks, int t
   size_t fault = CopyParallel(tasks, threads, true);
   if (fault == kNoFault) return std::nullopt;
   return fault;
+}
+
+void CopyUncached(void* dst, const void* src, size_t bytes) {
+#if defined(__SSE2__)
+  auto* d = static_cast<std::byte*>(dst);
+  const auto* s = static_cast<const std::byte*>(src);
+  // Streaming stores need 16-byte aligned addresses: memcpy up to one.
+  const size_t head = std::min(bytes, (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16);
+  std::memcpy(d, s, head);
+  size_t i = head;
+  for (; i + 64 <= bytes; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+  }
+  std::memcpy(d + i, s + i, bytes - i);
+  _mm_sfence();  // streaming stores are weakly ordered: complete them
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+PrefaultThread::PrefaultThread(std::vector<std::pair<std::byte*, size_t>> ranges) {
+  try {
+    thread_ = std::thread([this, ranges = std::move(ranges)] {
+#ifndef MADV_POPULATE_WRITE
+      constexpr int MADV_POPULATE_WRITE = 23;  // Linux 5.14
+#endif
+      constexpr size_t kPiece = size_t{8} << 20;
+      const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+      for (const auto& [data, bytes] : ranges) {
+        // The whole pages of the range.
+        const size_t head = (page - reinterpret_cast<uintptr_t>(data) % page) % page;
+        if (bytes <= head) continue;
+        std::byte* const begin = data + head;
+        const size_t whole = (bytes - head) / page * page;
+        for (size_t at = 0; at < whole; at += kPiece) {
+          if (stop_.load(std::memory_order_relaxed)) return;
+          if (::madvise(begin + at, std::min(kPiece, whole - at), MADV_POPULATE_WRITE) != 0) {
+            return;
+          }
+        }
+      }
+    });
+  } catch (const std::system_error&) {
+    // No thread: the copy faults the pages itself.
+  }
+}
+
+PrefaultThread::~PrefaultThread() {
+  stop_.store(true, std::memory_order_relaxed);
+  if (thread_.joinable()) thread_.join();
 }
 
 PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept

@@ -3,9 +3,11 @@
 // the CUDA toolkit).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <optional>
 #include <span>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -35,6 +37,33 @@ void ParallelCopy(std::span<const CopyTask> tasks, int threads);
 /// faults (freed under the copy) ends its piece instead of the process.
 /// Returns the index of the first task that faulted, or nullopt.
 std::optional<size_t> ParallelGuardedCopy(std::span<const CopyTask> tasks, int threads);
+
+/// Copies `bytes` from `src` to `dst` with stores that bypass the cache
+/// (x86-64's streaming stores; memcpy elsewhere), the stores complete on
+/// return. For a copy taken in pieces that are read again at once: the
+/// source stays in cache for the next pass over it (a checksum), where
+/// memcpy's ordinary stores of a small piece would first read the
+/// destination in and push the source out.
+void CopyUncached(void* dst, const void* src, size_t bytes);
+
+/// Faults in the pages of host ranges for writing on a thread of its own
+/// (MADV_POPULATE_WRITE, Linux 5.14), in order, a few MiB at a time, so that
+/// the kernel's work on fresh memory (a fault and a cleared page per page)
+/// runs beside a copy into the ranges instead of inside it. The contents
+/// are left as they are. Any refusal (an older kernel, memory that cannot be
+/// populated) or no thread to be had ends it: the copy then faults the pages
+/// itself. Stops at the next piece and joins on destruction.
+class PrefaultThread {
+ public:
+  explicit PrefaultThread(std::vector<std::pair<std::byte*, size_t>> ranges);
+  ~PrefaultThread();
+  PrefaultThread(const PrefaultThread&) = delete;
+  PrefaultThread& operator=(const PrefaultThread&) = delete;
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
 
 /// True if a CUDA device can be used. False when built without CUDA, or with
 /// no driver or device (cudaGetDeviceCount fails with error 35 on a machine
