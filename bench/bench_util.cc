@@ -91,11 +91,11 @@ std::vector<double> AllGather(double v, MPI_Comm comm) {
   return all;
 }
 
-HugePageBuffer::HugePageBuffer(size_t bytes) : bytes_(std::max<size_t>(bytes, 1)) {
+HugePageBuffer::HugePageBuffer(size_t bytes, bool touch) : bytes_(std::max<size_t>(bytes, 1)) {
   void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return;
   madvise(p, bytes_, MADV_HUGEPAGE);
-  std::memset(p, 0x5A, bytes_);
+  if (touch) std::memset(p, 0x5A, bytes_);
   data_ = static_cast<std::byte*>(p);
 }
 

@@ -40,11 +40,13 @@ double MaxOverRanks(double v, MPI_Comm comm = MPI_COMM_WORLD);
 std::vector<double> AllGather(double v, MPI_Comm comm = MPI_COMM_WORLD);
 
 /// Anonymous memory asking for transparent huge pages (MADV_HUGEPAGE), as the
-/// staging pool maps its buffers; every page touched once. Unmapped on
-/// destruction. data() is null if the mapping failed.
+/// staging pool maps its buffers and numpy its large arrays; every page
+/// touched once, unless `touch` is false (fresh memory: the first write to
+/// each page faults). Unmapped on destruction. data() is null if the
+/// mapping failed.
 class HugePageBuffer {
  public:
-  explicit HugePageBuffer(size_t bytes);
+  explicit HugePageBuffer(size_t bytes, bool touch = true);
   ~HugePageBuffer();
   HugePageBuffer(const HugePageBuffer&) = delete;
   HugePageBuffer& operator=(const HugePageBuffer&) = delete;

@@ -16,14 +16,17 @@
 //               the time Save blocks, one tier (shared root only) against two
 //               tiers (every save to both)
 //   restart     Open, then Restore of the newest step from the local tier by
-//               a new manager with every node's local dir intact: a restart of
+//               a new manager with every node's local dir intact, into fresh
+//               memory (new arrays, MADV_HUGEPAGE as numpy's): a restart of
 //               the processes after a crash, the nodes' memory kept; set
-//               against the memcpy of the baseline (the least it can cost)
+//               against a memcpy of the rank's bytes into fresh memory of the
+//               same kind (the least it can cost), and the touched-memory one
 //   recovery    after the last node's local dir is removed (the node is lost,
 //               a fresh one replaces it): Open, then Restore of the newest step
-//               from the survivors' files and copies
-//   cold        Restore of the same step from the shared root, page cache
-//               dropped (Open apart)
+//               from the survivors' files and copies, into fresh memory; set
+//               against its limit, the fresh memcpy plus the MPI send
+//   cold        Restore of the same step from the shared root into fresh
+//               memory, page cache dropped (Open apart)
 // Every restore is checked byte for byte against what was saved; a mismatch
 // exits non-zero.
 #include <mpi.h>
@@ -31,6 +34,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,6 +56,7 @@ struct Flags {
   std::string dir = "/var/tmp/mhckpt-tier-bench";
   std::string local = "/dev/shm/mhckpt-tier-bench";
   std::string json;
+  bool prefault = true;  // RestoreOptions::prefault
 };
 
 class Bench {
@@ -73,6 +78,7 @@ class Bench {
   nlohmann::json Run() {
     nlohmann::json out;
     out["baseline_memcpy_s"] = Median(Repeat([&] { Memcpy(); }));
+    out["fresh_memcpy_s"] = Median(FreshMemcpy());
     out["baseline_send_s"] = Median(Repeat([&] { SendToCopyHolder(); }));
     out["baseline_s"] =
         out["baseline_memcpy_s"].get<double>() + out["baseline_send_s"].get<double>();
@@ -105,23 +111,28 @@ class Bench {
         Save(*two, saved, SaveTier::kPersistent);
       }
       {
+        // Every rank's old manager is gone first: its destructor waits for
+        // the retention it started (a crashed process's would not run), and
+        // a rank done early would count that wait in its Open.
+        MPI_Barrier(MPI_COMM_WORLD);
         auto t0 = Clock::now();
         auto two = OpenWithLocalStep(saved, "the restart");
         restart_open.push_back(MaxOverRanks(Since(t0)));
-        restart.push_back(Restore(*two, saved, RestoreSource::kLocal));
+        restart.push_back(Restore(*two, saved, RestoreSource::kLocal, /*fresh=*/true));
       }
       if (recovery_too) LoseLastNode();
       auto t0 = Clock::now();
       auto two = OpenWithLocalStep(saved, "the node loss");
       if (recovery_too) {
         open.push_back(MaxOverRanks(Since(t0)));
-        recovery.push_back(Restore(*two, saved, RestoreSource::kLocal));
+        recovery.push_back(Restore(*two, saved, RestoreSource::kLocal, /*fresh=*/true));
       }
       if (!DropCaches()) Fail("cannot drop the page cache (needs root)");
-      cold.push_back(Restore(*two, saved, RestoreSource::kPersistent));
+      cold.push_back(Restore(*two, saved, RestoreSource::kPersistent, /*fresh=*/true));
     }
     out["restart_open_s"] = Median(restart_open);
     out["restart_restore_s"] = Median(restart);
+    out["restart_vs_fresh_memcpy"] = Median(restart) / out["fresh_memcpy_s"].get<double>();
     out["restart_vs_memcpy"] = Median(restart) / out["baseline_memcpy_s"].get<double>();
     out["stall_two_s"] = Median(stall);
     out["local_commit_s"] = Median(local);
@@ -130,7 +141,13 @@ class Bench {
     out["cold_restore_s"] = Median(cold);
     out["local_vs_baseline"] = Median(local) / out["baseline_s"].get<double>();
     out["stall_two_vs_one"] = Median(stall) / out["stall_one_s"].get<double>();
-    if (recovery_too) out["cold_vs_recovery"] = Median(cold) / Median(recovery);
+    if (recovery_too) {
+      out["cold_vs_recovery"] = Median(cold) / Median(recovery);
+      // Its limit: each rank's bytes copied into fresh memory, and the lost
+      // node's sent to its replacement.
+      out["recovery_vs_limit"] = Median(recovery) / (out["fresh_memcpy_s"].get<double>() +
+                                                     out["baseline_send_s"].get<double>());
+    }
     Clean();
     return out;
   }
@@ -149,6 +166,21 @@ class Bench {
   }
 
   void Memcpy() { std::memcpy(scratch_.data(), data_.data(), data_.size()); }
+
+  // A memcpy of the rank's bytes into fresh memory (mapped before the clock
+  // starts, unmapped after it stops), each rep the slowest rank's.
+  std::vector<double> FreshMemcpy() {
+    std::vector<double> t;
+    for (int r = 0; r < f_.reps; ++r) {
+      HugePageBuffer fresh(data_.size(), /*touch=*/false);
+      if (fresh.data() == nullptr) Fail("cannot map fresh memory");
+      MPI_Barrier(MPI_COMM_WORLD);
+      auto t0 = Clock::now();
+      std::memcpy(fresh.data(), data_.data(), data_.size());
+      t.push_back(MaxOverRanks(Since(t0)));
+    }
+    return t;
+  }
 
   // The rank that keeps this rank's copy: the same position on the next node.
   int CopyHolder(int rank) const { return (rank + f_.ranks_per_node) % Size(); }
@@ -208,17 +240,26 @@ class Bench {
     return {MaxOverRanks(stall), MaxOverRanks(commit)};
   }
 
-  double Restore(CheckpointManager& m, int64_t step, RestoreSource source) {
-    std::memset(scratch_.data(), 0, scratch_.size());
+  // Into the touched scratch buffer, or (`fresh`) into fresh memory.
+  double Restore(CheckpointManager& m, int64_t step, RestoreSource source, bool fresh = false) {
+    std::optional<HugePageBuffer> fresh_buffer;
+    std::byte* dest = scratch_.data();
+    if (fresh) {
+      dest = fresh_buffer.emplace(data_.size(), /*touch=*/false).data();
+      if (dest == nullptr) Fail("cannot map fresh memory");
+    } else {
+      std::memset(scratch_.data(), 0, scratch_.size());
+    }
     std::vector<ArrayToRestore> a{{"x", DType::kUInt8, {}}};
-    a[0].shards.push_back(Destination{Box{{box_.start[0], 0}, {rows_, 4096}}, scratch_.data()});
+    a[0].shards.push_back(Destination{Box{{box_.start[0], 0}, {rows_, 4096}}, dest});
     RestoreOptions ro;
     ro.source = source;
+    ro.prefault = f_.prefault;
     MPI_Barrier(MPI_COMM_WORLD);
     auto t0 = Clock::now();
     Check(m.Restore(step, a, ro), "restore");
     const double t = MaxOverRanks(Since(t0));
-    if (std::memcmp(scratch_.data(), data_.data(), data_.size()) != 0) {
+    if (std::memcmp(dest, data_.data(), data_.size()) != 0) {
       Fail(fmt::format("restore of step {} gave other bytes than were saved", step));
     }
     return t;
@@ -259,11 +300,13 @@ int main(int argc, char** argv) {
   app.add_option("--dir", f.dir, "shared root (removed at the end)");
   app.add_option("--local", f.local, "local dirs, one per node below it (removed at the end)");
   app.add_option("--json", f.json, "write the figures here (rank 0)");
+  app.add_option("--prefault", f.prefault, "RestoreOptions::prefault of every restore");
   return mhckpt::bench::BenchMain(argc, argv, app, &f.json, [&] {
     nlohmann::json out = mhckpt::bench::Bench(f).Run();
     out["ranks_per_node"] = f.ranks_per_node;
     out["mib_per_rank"] = f.mib;
     out["reps"] = f.reps;
+    out["prefault"] = f.prefault;
     return out;
   });
 }
