@@ -80,40 +80,6 @@ void SaveSteps(std::unique_ptr<CheckpointManager> m, int count) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
-void FlipTwoBytes(const std::string& path, uint64_t at) {
-  int fd = ::open(path.c_str(), O_RDWR);
-  ASSERT_GE(fd, 0) << path;
-  for (uint64_t i : {at, at + 9}) {
-    unsigned char c = 0;
-    ASSERT_EQ(::pread(fd, &c, 1, static_cast<off_t>(i)), 1) << path;
-    c ^= 0x41;
-    ASSERT_EQ(::pwrite(fd, &c, 1, static_cast<off_t>(i)), 1) << path;
-  }
-  ::close(fd);
-}
-
-// Rank 0 flips two bytes of writer `writer`'s file of local step `step` on
-// each of `nodes` (every node that holds one, if empty); returns how many
-// files it damaged (on every rank).
-int DamageLocal(const std::string& dir, int64_t step, int writer, std::vector<int> nodes = {}) {
-  MPI_Barrier(MPI_COMM_WORLD);
-  int damaged = 0;
-  if (Rank() == 0) {
-    if (nodes.empty()) {
-      for (int n = 0; n < NodeCount(Size()); ++n) nodes.push_back(n);
-    }
-    for (int n : nodes) {
-      const std::string path =
-          fmt::format("{}/node{}/{}/w{}.bin", dir, n, io::StepDirName(step), writer);
-      if (!std::filesystem::exists(path)) continue;
-      FlipTwoBytes(path, 3);
-      ++damaged;
-    }
-  }
-  MPI_Bcast(&damaged, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  return damaged;
-}
-
 // Rank 0 flips two bytes of array "w" in shared root step `step`'s data file.
 void DamageShared(const std::string& dir, int64_t step) {
   MPI_Barrier(MPI_COMM_WORLD);

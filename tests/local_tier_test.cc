@@ -270,6 +270,59 @@ TEST(TwoTiers, DamagedLocalBytesAreAnAgreedDataLoss) {
   EXPECT_NE(s.message().find("checksum"), std::string::npos) << s.ToString();
 }
 
+// Requests that cut the checksum chunks (4 rows each) of a rank's own stored
+// box, restored on the sharding of the save: each part is checked while it
+// is copied, and every chunk it touches is hashed whole. Rank 0 leaves out
+// its first row and flips a byte in it, in every node's copy: the chunk no
+// longer matches, so the restore is an agreed DataLoss (it would pass if
+// only the bytes copied were hashed). Then, intact, every rank asks for its
+// rows in two parts split inside a chunk, and gets every byte.
+TEST(TwoTiers, RequestsThatCutAChunkCheckItWhole) {
+  const std::string dir = FreshDir();
+  auto open = [&] {
+    Options o = TwoTierOptions(dir, Rank(), Size());
+    o.checksum_chunk_bytes = 4 * kShape[1] * sizeof(float);
+    auto m = CheckpointManager::Open(MPI_COMM_WORLD, dir + "/shared", o);
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    return m.ok() ? std::move(m).value() : nullptr;
+  };
+  SaveTwoSteps(open());
+  const Box mine = Rows(Size(), Rank());
+  auto part = [&](int64_t from, int64_t to) {
+    return Box{{mine.start[0] + from, 0}, {to - from, kShape[1]}};
+  };
+  auto restore = [&](CheckpointManager& m, const std::vector<Box>& boxes) {
+    std::vector<std::vector<std::byte>> bufs;
+    std::vector<Destination> dests;
+    for (const Box& b : boxes) bufs.emplace_back(BoxBytes(b, DType::kFloat32));
+    for (size_t i = 0; i < boxes.size(); ++i) dests.push_back({boxes[i], bufs[i].data()});
+    RestoreOptions ro;
+    ro.source = RestoreSource::kLocal;
+    const std::vector<ArrayToRestore> want{{"w", DType::kFloat32, dests}};
+    Status s = m.Restore(1, want, ro);
+    for (size_t i = 0; s.ok() && i < boxes.size(); ++i) {
+      EXPECT_TRUE(bufs[i] == Fill(DType::kFloat32, kShape, boxes[i], 1)) << BoxToString(boxes[i]);
+    }
+    return s;
+  };
+  const int64_t rows = mine.count[0];
+  ASSERT_GE(rows, 3);
+  {
+    auto m = open();
+    ASSERT_TRUE(m);
+    Status s = restore(*m, {part(1, 2), part(2, rows), part(0, 1)});
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  }
+  // Rank 0's file holds "r" (11 int64), then its rows of "w": both bytes
+  // flipped are in its row 0.
+  ASSERT_GT(DamageLocal(dir, 1, 0, {}, 11 * 8 + 3), 0);
+  auto m = open();
+  ASSERT_TRUE(m);
+  Status s = restore(*m, {Rank() == 0 ? part(1, rows) : mine});
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
+  EXPECT_TRUE(SameOnAllRanks(s));
+}
+
 // XOR parity instead of copies, one rank per node, one group of all nodes:
 // each node keeps 1/(g-1) of a file in parity, any one lost node's files
 // are rebuilt from the others, and two lost nodes fall back to the shared root.
