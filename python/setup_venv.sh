@@ -25,11 +25,20 @@ STAMP="$VENV/.requirements-stamp"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$KEY" ]; then
   echo "setup_venv: installing $REQ into $VENV"
   [ -x "$VENV/bin/python" ] || $PY -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -r "$REQ"
+  # The installed venv takes ~6 GiB, and pip holds the downloaded wheels
+  # (~3.5 GiB) until it has installed them all: say so before running out.
+  free_kib=$(df -Pk "$VENV" | awk 'NR == 2 { print $4 }')
+  if [ "${free_kib:-0}" -lt $((10 * 1024 * 1024)) ]; then
+    echo "setup_venv: warning: $((free_kib / 1024)) MiB free under $VENV;" \
+         "installing the pinned packages needs about 10 GiB" >&2
+  fi
+  # No pip cache: the venv is kept while the pins stay, and a cached copy of
+  # the wheels would take another ~3.5 GiB.
+  "$VENV/bin/python" -m pip install -q --no-cache-dir --upgrade pip
+  "$VENV/bin/python" -m pip install -q --no-cache-dir -r "$REQ"
   echo "$KEY" > "$STAMP"
 fi
 
 echo "setup_venv: pip install . into $VENV"
-"$VENV/bin/python" -m pip install -q --no-build-isolation --no-deps .
+"$VENV/bin/python" -m pip install -q --no-cache-dir --no-build-isolation --no-deps .
 "$VENV/bin/python" -c 'import mhckpt, sys; print("setup_venv: mhckpt", mhckpt.__version__, "in", sys.prefix)'

@@ -4,6 +4,8 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <system_error>
+#include <utility>
 
 #include "io/layout.h"
 #include "io/marker.h"
@@ -23,6 +25,46 @@ int Size(MPI_Comm comm) {
   return s;
 }
 
+namespace {
+// Removes the directories FreshDir made for a test once it has ended without
+// a failure on any rank, so that a full run does not leave gigabytes behind
+// (the suite's checkpoints add up to several GiB). A failed test keeps its
+// data to look at; MHCKPT_KEEP_TEST_DATA=1 keeps every test's. Registered by
+// the first FreshDir, which every rank calls together, so every rank takes
+// part in the agreement at the end of every later test.
+class FreshDirCleaner : public ::testing::EmptyTestEventListener {
+ public:
+  void Add(std::string dir) { dirs_.push_back(std::move(dir)); }
+
+  void OnTestEnd(const ::testing::TestInfo& info) override {
+    int failed = info.result()->Failed() ? 1 : 0, any = 0;
+    MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (any == 0 && Rank() == 0) {
+      std::error_code ignored;
+      for (const auto& dir : dirs_) std::filesystem::remove_all(dir, ignored);
+    }
+    dirs_.clear();
+  }
+
+ private:
+  std::vector<std::string> dirs_;
+};
+
+FreshDirCleaner* Cleaner() {
+  static FreshDirCleaner* cleaner = [] {
+    auto* c = new FreshDirCleaner;  // owned by GoogleTest's listener list
+    ::testing::UnitTest::GetInstance()->listeners().Append(c);
+    return c;
+  }();
+  return cleaner;
+}
+
+bool KeepTestData() {
+  const char* keep = std::getenv("MHCKPT_KEEP_TEST_DATA");
+  return keep != nullptr && std::string(keep) == "1";
+}
+}  // namespace
+
 std::string FreshDir(const std::string& suffix) {
   const char* base = std::getenv("MHCKPT_TEST_DIR");
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
@@ -32,6 +74,7 @@ std::string FreshDir(const std::string& suffix) {
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
   }
+  if (!KeepTestData()) Cleaner()->Add(dir);
   MPI_Barrier(MPI_COMM_WORLD);
   return dir;
 }

@@ -21,6 +21,8 @@ int Rank(MPI_Comm comm = MPI_COMM_WORLD);
 int Size(MPI_Comm comm = MPI_COMM_WORLD);
 
 /// Collective: an empty directory for the running test (rank 0 wipes it).
+/// Removed when the test ends without a failure on any rank, kept when it
+/// fails or when MHCKPT_KEEP_TEST_DATA=1.
 std::string FreshDir(const std::string& suffix = "");
 
 /// The bytes of every element of `box` of a global array, row-major. Element
