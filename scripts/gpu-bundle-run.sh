@@ -27,10 +27,11 @@
 # MHCKPT_BUNDLE_JOBS (default: nproc), MHCKPT_BUNDLE_CMAKE_ARGS (more for the
 # extension's CMake, e.g. a compiler launcher), MHCKPT_BUNDLE_EXTENSION_LIMIT
 # (seconds, default 240), MHCKPT_BUNDLE_SKIP (a regular expression
-# of steps to leave out, e.g. '^(torch|jax)\.').
+# of steps to leave out, e.g. '^(torch|jax)\.'), MHCKPT_BUNDLE_REPO (the source
+# tree, default the bundle's parent folder).
 set -uo pipefail
 B=$(cd "$(dirname "$0")" && pwd)
-REPO=$(dirname "$B")
+REPO=${MHCKPT_BUNDLE_REPO:-$(dirname "$B")}
 OUT=${OUT:-$B/out}
 WORK=${MHCKPT_BUNDLE_WORK:-/tmp/mhckpt-gpu-bundle}
 PY=${MHCKPT_BUNDLE_PYTHON:-python3}

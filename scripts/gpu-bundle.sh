@@ -20,40 +20,51 @@
 #               too: configure-time only);
 #   fallback/   every other library a binary needs that is not glibc,
 #               libstdc++/libgcc, the CUDA driver or NCCL (libcurl and its
-#               TLS/Kerberos stack that HDF5 links, zlib, libudev, libcudart, ...):
+#               TLS/Kerberos stack that HDF5 links, zlib, libudev, ...):
 #               the run script puts it on LD_LIBRARY_PATH after the machine's
 #               own library directories, so the machine's copy wins where it has one;
 #   run         scripts/gpu-bundle-run.sh (what it runs and reports: its header).
 # Left out on purpose: glibc, libstdc++ and libgcc_s (the machine's are newer
 # than Debian 12's, which this is built against); libcuda (the driver's);
 # libnccl (the nvidia-nccl-cu13 wheel's, found by the run script: a second
-# NCCL beside torch's would break torch, and it is 200+ MB). libcudart is in
-# fallback/ only: the machine's toolkit and torch's wheel come first.
+# NCCL beside torch's would break torch, and it is 200+ MB); libcudart (linked
+# statically, MHCKPT_CUDART_STATIC).
 #
 # Environment: MHCKPT_BUNDLE_TREE (build tree, default build-gpubundle-tree),
-# MHCKPT_BUNDLE_JOBS (default 2), MHCKPT_BUNDLE_MAX_MIB (default 48).
+# MHCKPT_BUNDLE_JOBS (default 2), MHCKPT_BUNDLE_MAX_MIB (default 48),
+# MHCKPT_BUNDLE_DIR (where the bundle goes, default build-gpu-bundle),
+# MHCKPT_BUNDLE_BINARIES (a build tree configured with CUDA whose binaries are
+# built already: they are bundled as they are, nothing is configured or built;
+# the test suite's quick form of the check uses its own tree so).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
 start=$SECONDS
 tree=${MHCKPT_BUNDLE_TREE:-build-gpubundle-tree}
-B=$repo/build-gpu-bundle
+B=${MHCKPT_BUNDLE_DIR:-$repo/build-gpu-bundle}
 jobs=${MHCKPT_BUNDLE_JOBS:-2}
 max_mib=${MHCKPT_BUNDLE_MAX_MIB:-48}
 arch=x86_64-linux-gnu
 L=/usr/lib/$arch
 
 # 1. The binaries, against CUDA 13 (an error if the toolkit is missing).
-launcher=()
-command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
-gen=()
-command -v ninja >/dev/null && [ ! -f "$tree/CMakeCache.txt" ] && gen=(-G Ninja)
-mkdir -p "$tree"
-cmake -S . -B "$tree" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DMHCKPT_WITH_CUDA=ON \
-  -DMHCKPT_BUILD_BENCH=ON "${launcher[@]}" >"$tree/configure.log" 2>&1 ||
-  { cat "$tree/configure.log"; exit 1; }
 targets=(gpu_test donation_test save_restore_test mhckpt_gpu_stall)
-cmake --build "$tree" -j "$jobs" --target "${targets[@]}"
+if [ -n "${MHCKPT_BUNDLE_BINARIES:-}" ]; then
+  tree=$MHCKPT_BUNDLE_BINARIES
+  for t in gpu_test donation_test save_restore_test mhckpt-gpu-stall; do
+    [ -x "$tree/bin/$t" ] || { echo "gpu-bundle: no $tree/bin/$t (a tree built with CUDA?)" >&2; exit 1; }
+  done
+else
+  launcher=()
+  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+  gen=()
+  command -v ninja >/dev/null && [ ! -f "$tree/CMakeCache.txt" ] && gen=(-G Ninja)
+  mkdir -p "$tree"
+  cmake -S . -B "$tree" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DMHCKPT_WITH_CUDA=ON \
+    -DMHCKPT_BUILD_BENCH=ON "${launcher[@]}" >"$tree/configure.log" 2>&1 ||
+    { cat "$tree/configure.log"; exit 1; }
+  cmake --build "$tree" -j "$jobs" --target "${targets[@]}"
+fi
 built=$((SECONDS - start))
 
 rm -rf "$B"

@@ -18,8 +18,10 @@
 #      largest forged markers at 3-4 ranks, pytest at 4 ranks beyond
 #      test_reshard.py, the torch example's second resume in python.np1),
 #      only with MHCKPT_LONG_TESTS=1;
-#      gpu_bundle: the offline GPU bundle in a mount namespace, ~10 min cold,
-#      only with MHCKPT_GPU_BUNDLE_TESTS=1)
+#      gpu_bundle: the offline GPU bundle of build/'s binaries in a mount
+#      namespace, a few minutes; gpu_bundle_release: the Release bundle a GPU
+#      machine gets, built from scratch, ~10 min cold, only with
+#      MHCKPT_GPU_BUNDLE_TESTS=1)
 # Extra arguments go to the last ctest, e.g. scripts/test.sh -L unit
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,12 +59,13 @@ cd "${BUILD_DIR:-build}"
 # the 8,000-rank simulation, a few minutes; docs/SCALE.md) runs only with
 # MHCKPT_SCALE_TESTS=1; its quick part (label scale_quick) always runs. The
 # long label (the full forms of tests cut short by default) runs only with
-# MHCKPT_LONG_TESTS=1, the gpu_bundle label only with MHCKPT_GPU_BUNDLE_TESTS=1.
+# MHCKPT_LONG_TESTS=1, the gpu_bundle_release label only with
+# MHCKPT_GPU_BUNDLE_TESTS=1.
 left_out=()
 [ "${MHCKPT_SLURM_TESTS:-1}" = 0 ] && left_out+=(slurm)
 [ "${MHCKPT_SCALE_TESTS:-0}" = 1 ] || left_out+=(scale)
 [ "${MHCKPT_LONG_TESTS:-0}" = 1 ] || left_out+=(long)
-[ "${MHCKPT_GPU_BUNDLE_TESTS:-0}" = 1 ] || left_out+=(gpu_bundle)
+[ "${MHCKPT_GPU_BUNDLE_TESTS:-0}" = 1 ] || left_out+=(gpu_bundle_release)
 if [ ${#left_out[@]} -gt 0 ]; then
   exclude+=(-LE "^($(IFS='|'; echo "${left_out[*]}"))\$")
 fi

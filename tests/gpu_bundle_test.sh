@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# The offline GPU bundle proved here (ctest gpu_bundle.namespace, label
-# gpu_bundle; docs/TESTING.md, "The GPU check offline"): builds
-# build-gpu-bundle/ (scripts/gpu-bundle.sh), then runs its run script in a
+# The offline GPU bundle proved here (docs/TESTING.md, "The GPU check
+# offline"): makes a bundle (scripts/gpu-bundle.sh), then runs its run script in a
 # mount namespace where the system's Open MPI, PMIx, HDF5, fmt, spdlog, xxhash,
 # hwloc, libevent, GoogleTest, nlohmann-json and CLI11 (libraries, headers,
 # CMake files, launchers and wrappers) are empty files and folders, as on the
@@ -17,13 +16,29 @@
 # Exits 77 (skipped) when not root, without unshare, without a CUDA toolkit or
 # without python/.venv (python/setup_venv.sh).
 #
-# Environment: MHCKPT_BUNDLE_REUSE=1 keeps an existing build-gpu-bundle/;
+#
+#   tests/gpu_bundle_test.sh                  # the bundle of the GPU machine:
+#       # build-gpu-bundle/, its binaries built in a Release tree of their own
+#       # (ctest gpu_bundle.release; ~10 min with a cold compiler cache)
+#   tests/gpu_bundle_test.sh --binaries TREE  # TREE's binaries (a build tree
+#       # with CUDA, built already), bundled into TREE/gpu-bundle/ (ctest
+#       # gpu_bundle.namespace, in the default suite: ~3 min, most of it the
+#       # extension's build inside the namespace)
+#
+# Environment: MHCKPT_BUNDLE_REUSE=1 keeps an existing bundle;
 # MHCKPT_BUNDLE_JOBS (default 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
 start=$SECONDS
 py=${MHCKPT_BUNDLE_TEST_PYTHON:-$repo/python/.venv/bin/python}
+bundle=$repo/build-gpu-bundle work=$repo/build-gpubundle-work
+if [ "${1:-}" = --binaries ]; then
+  tree=$(realpath "$2")
+  export MHCKPT_BUNDLE_BINARIES=$tree
+  bundle=$tree/gpu-bundle work=$tree/gpu-bundle-work
+fi
+export MHCKPT_BUNDLE_DIR=$bundle MHCKPT_BUNDLE_TEST_WORK=$work
 
 if [ "$(id -u)" != 0 ] || ! command -v unshare >/dev/null; then
   echo "SKIPPED: needs root and unshare (a mount namespace)"
@@ -39,7 +54,7 @@ if ! "$py" -c 'import nanobind, scikit_build_core, pytest, mpi4py' 2>/dev/null; 
 fi
 
 export MHCKPT_BUNDLE_JOBS=${MHCKPT_BUNDLE_JOBS:-2}
-if [ "${MHCKPT_BUNDLE_REUSE:-0}" != 1 ] || [ ! -x build-gpu-bundle/run ]; then
+if [ "${MHCKPT_BUNDLE_REUSE:-0}" != 1 ] || [ ! -x "$bundle/run" ]; then
   scripts/gpu-bundle.sh
 fi
 echo "== bundle ready after $((SECONDS - start)) s"
@@ -87,7 +102,7 @@ done
 cd "$repo"
 # The control: without the bundle, the test binary misses libmpi.
 # (An empty library file stops ldd at once: "file too short".)
-seen=$(ldd build-gpu-bundle/bin/gpu_test 2>&1)
+seen=$(ldd "$MHCKPT_BUNDLE_DIR/bin/gpu_test" 2>&1)
 if ! grep -Eq 'lib(mpi|hdf5_openmpi)\.so.* (=> not found|file too short)' <<<"$seen"; then
   echo "CONTROL FAILED: gpu_test still finds libmpi outside the bundle"
   echo "$seen"
@@ -101,12 +116,13 @@ fi
 echo "control: the system's mpirun does not run"
 # The scratch folder inside the repository (git-ignored): ccache's base
 # directory then makes the extension's compiles hits from one run to the next.
-export MHCKPT_BUNDLE_PYTHON=$py OUT=$tmp/out MHCKPT_BUNDLE_WORK=$repo/build-gpubundle-work
+export MHCKPT_BUNDLE_PYTHON=$py OUT=$tmp/out MHCKPT_BUNDLE_WORK=$MHCKPT_BUNDLE_TEST_WORK
+export MHCKPT_BUNDLE_REPO=$repo
 export MHCKPT_BUNDLE_EXTENSION_LIMIT=${MHCKPT_BUNDLE_EXTENSION_LIMIT:-1200}
 if [ -z "${MHCKPT_BUNDLE_CMAKE_ARGS:-}" ] && command -v ccache >/dev/null; then
   export MHCKPT_BUNDLE_CMAKE_ARGS="-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache"
 fi
-build-gpu-bundle/run
+"$MHCKPT_BUNDLE_DIR/run"
 EOF
 set +e
 unshare -m bash "$tmp/inside.sh" "$tmp" "$repo" "$py" "${hide_dirs[@]}" "${hide_files[@]}"
