@@ -32,6 +32,10 @@
 set -uo pipefail
 B=$(cd "$(dirname "$0")" && pwd)
 REPO=${MHCKPT_BUNDLE_REPO:-$(dirname "$B")}
+# The headers travel packed (scripts/gpu-bundle.sh): unpacked once, in place.
+if [ -f "$B/headers.tar.gz" ] && [ ! -d "$B/sys/usr/include" ]; then
+  tar -C "$B/sys" -xzf "$B/headers.tar.gz" || { echo "run: cannot unpack $B/headers.tar.gz" >&2; exit 1; }
+fi
 OUT=${OUT:-$B/out}
 WORK=${MHCKPT_BUNDLE_WORK:-/tmp/mhckpt-gpu-bundle}
 PY=${MHCKPT_BUNDLE_PYTHON:-python3}

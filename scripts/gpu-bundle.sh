@@ -15,9 +15,10 @@
 #               lacks: Open MPI 4.1 (mpirun, orted, the wrappers, its MCA
 #               plugins and help files; relocated with OPAL_PREFIX), PMIx
 #               (PMIX_INSTALL_PREFIX), parallel HDF5, fmt, spdlog, xxhash,
-#               hwloc, libevent, with the headers and CMake files that the
-#               Python extension's build needs there (nlohmann-json and CLI11
-#               too: configure-time only);
+#               hwloc, libevent, with the CMake files that the Python
+#               extension's build needs there;
+#   headers.tar.gz  their headers (nlohmann-json and CLI11 too: configure-time
+#               only), unpacked into sys/ by the run script;
 #   fallback/   every other library a binary needs that is not glibc,
 #               libstdc++/libgcc, the CUDA driver or NCCL (libcurl and its
 #               TLS/Kerberos stack that HDF5 links, zlib, libudev, ...):
@@ -167,7 +168,13 @@ done
 find "$B/sys" "$B/fallback" -type f -name '*.so*' -exec strip --strip-unneeded {} +
 strip --strip-unneeded "$B/sys/usr/bin/orterun" "$B/sys/usr/bin/orted" "$B/sys/usr/bin/opal_wrapper"
 
-# 5. The run script and what was put where.
+# 5. The headers, needed only by the extension's build there, go into one
+# gzip tarball (7 MiB of text in about 1.5): the run script unpacks it.
+headers=(usr/include "usr/lib/$arch/openmpi/include")
+tar -C "$B/sys" -czf "$B/headers.tar.gz" "${headers[@]}"
+for h in "${headers[@]}"; do rm -rf "${B:?}/sys/$h"; done
+
+# 6. The run script and what was put where.
 cp scripts/gpu-bundle-run.sh "$B/run"
 chmod +x "$B/run"
 bytes=$(du -sb "$B" | cut -f1)
