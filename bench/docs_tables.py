@@ -217,13 +217,21 @@ def dropin_table():
             p = s["plain"]
             row = [r["np"], f"{p['stall_s'] * 1000:.1f} / {p['commit_s'] * 1000:.1f}"]
             for k in ("mhckpt.orbax", "mhckpt.torch"):
-                a, b = s[k]["stall_vs_plain"], s[k]["commit_vs_plain"]
-                row.append(f"{x(a)}{mark(a <= 1.05)} / {x(b)}{mark(b <= 1.05)}")
+                cells = []
+                for what in ("stall", "commit"):
+                    v, ci = s[k][f"{what}_vs_plain"], s[k].get(f"{what}_vs_plain_ci95")
+                    within = f" ({ci[0]:.2f}–{ci[1]:.2f})" if ci else ""
+                    cells.append(f"{x(v)}{within}{mark(v <= 1.05)}")
+                row.append(" / ".join(cells))
             row.append(f"{p['stall_page_faults']} / {s['mhckpt.orbax']['stall_page_faults']} / "
                        f"{s['mhckpt.torch']['stall_page_faults']}")
             rows.append(row)
         mib, reps = load(path)[0]["mib"], load(path)[0]["reps"]
-        out += [caption(name, f"{mib} MiB, the slowest rank, median of {reps}"), ""]
+        paired = "ci95" in str(load(path)[0])
+        what = (f"{mib} MiB, the slowest rank, median of {reps}"
+                + ("; a drop-in against plain: the median of the ratios of the same rep, with its 95 % "
+                   "confidence interval" if paired else ""))
+        out += [caption(name, what), ""]
         out += table(["np", "plain: stall / commit ms", "`mhckpt.orbax` / plain: stall / commit (≤ 1.05×)",
                       "`mhckpt.torch` / plain: stall / commit (≤ 1.05×)", "page faults per stall (plain / orbax / torch)"],
                      rows)

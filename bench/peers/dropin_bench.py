@@ -12,9 +12,10 @@ Each rep saves once through each of the three in turn (the first of a rep
 rotating: plain, orbax, torch; orbax, torch, plain; ...), each: barrier,
 save (the stall: until it returns), then until committed (the commit). The
 figure of a save is the slowest rank's; the record holds the medians of
---reps timed reps after one untimed warm-up round, every sample, and the
-page faults of a stall (median; fresh staging memory shows there: one fault
-per 2 MiB page).
+--reps timed reps after one untimed warm-up round, every sample, the page
+faults of a stall (median; fresh staging memory shows there: one fault per
+2 MiB page), and each drop-in against plain as the median of the ratios of
+the same rep, with a distribution-free 95 % confidence interval.
 
     mpirun -np 2 python/.venv/bin/python bench/peers/dropin_bench.py --mib 256 --reps 9 \\
         --dir /var/tmp/dropin --json dropin.json
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import shutil
@@ -48,6 +50,21 @@ def make_state(mib: int, comm) -> dict:
     rng = np.random.default_rng(comm.rank)
     return {f"w{i}": mhckpt.Shard(rng.standard_normal((count, COLS), dtype=np.float32), (start, 0), (rows, COLS))
             for i in range(ARRAYS)}
+
+
+def median_ci95(xs):
+    """A distribution-free 95 % confidence interval of the median of xs: the
+    order statistics k and n + 1 - k, k the largest with
+    P(Binomial(n, 1/2) < k) <= 2.5 %."""
+    xs, n = sorted(xs), len(xs)
+    k, below = 0, 0.0
+    while k < n:
+        below += math.comb(n, k) / 2 ** n  # P(B <= k)
+        if below > 0.025:
+            break
+        k += 1
+    k = max(k, 1)
+    return xs[k - 1], xs[n - k]
 
 
 def timed(comm, save, commit):
@@ -128,14 +145,22 @@ def main() -> None:
         record["systems"][name] = {"stall_s": stall, "commit_s": commit,
                                    "stall_page_faults": statistics.median(r[2] for r in runs),
                                    "samples": {"stall_s": [r[0] for r in runs], "commit_s": [r[1] for r in runs]}}
-    plain = record["systems"]["plain"]
+    # Paired: each drop-in's save against the plain save of the same rep (the
+    # three ran back to back), so that a slow spell of the machine divides
+    # out; the median of those ratios, with a distribution-free 95 %
+    # confidence interval of that median (order statistics).
     for name, r in record["systems"].items():
-        r["stall_vs_plain"] = r["stall_s"] / plain["stall_s"]
-        r["commit_vs_plain"] = r["commit_s"] / plain["commit_s"]
+        for what, i in (("stall", 0), ("commit", 1)):
+            ratios = [x[i] / p[i] for x, p in zip(results[name], results["plain"])]
+            lo, hi = median_ci95(ratios)
+            r[f"{what}_vs_plain"] = statistics.median(ratios)
+            r[f"{what}_vs_plain_ci95"] = [lo, hi]
     if comm.rank == 0:
         for name, r in record["systems"].items():
-            print(f"{name:13s} stall {r['stall_s'] * 1e3:8.1f} ms ({r['stall_vs_plain']:.2f}x)  "
-                  f"commit {r['commit_s'] * 1e3:8.1f} ms ({r['commit_vs_plain']:.2f}x)  "
+            print(f"{name:13s} stall {r['stall_s'] * 1e3:8.1f} ms ({r['stall_vs_plain']:.2f}x, "
+                  f"95 % {r['stall_vs_plain_ci95'][0]:.2f}-{r['stall_vs_plain_ci95'][1]:.2f})  "
+                  f"commit {r['commit_s'] * 1e3:8.1f} ms ({r['commit_vs_plain']:.2f}x, "
+                  f"95 % {r['commit_vs_plain_ci95'][0]:.2f}-{r['commit_vs_plain_ci95'][1]:.2f})  "
                   f"page faults in the stall {r['stall_page_faults']:.0f}", flush=True)
         if a.json:
             with open(a.json, "w") as f:
