@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "base/fault.h"
+#include "base/pages.h"
 #include "io/pread_reader.h"
 #include "io/read_counters.h"
 
@@ -156,7 +157,6 @@ ReadAhead::~ReadAhead() {
 }
 
 void ReadAhead::Run() {
-  const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   size_t announced = 0;
   size_t next = 1;  // the request whose pages are faulted in next
   bool prefault = true;
@@ -171,14 +171,8 @@ void ReadAhead::Run() {
       continue;
     }
     for (size_t i = joined_[next].first; prefault && i < joined_[next].last; ++i) {
-      // The whole pages of the segment: past `head` bytes, short of `tail`.
-      const Segment& s = segs_[i];
-      const auto at = reinterpret_cast<uintptr_t>(s.dst);
-      const size_t head = (page - at % page) % page;
-      const size_t tail = (at + s.size) % page;
       // Any refusal ends the prefaulting: the reads fault the pages themselves.
-      prefault = s.size <= head + tail ||
-                 ::madvise(s.dst + head, s.size - head - tail, MADV_POPULATE_WRITE) == 0;
+      prefault = PopulateWholePages(segs_[i].dst, segs_[i].size);
     }
     ++next;
   }

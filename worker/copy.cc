@@ -14,6 +14,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "base/pages.h"
 #include "worker/fault_guard.h"
 
 namespace mhckpt::internal {
@@ -111,22 +112,17 @@ void CopyUncached(void* dst, const void* src, size_t bytes) {
 PrefaultThread::PrefaultThread(std::vector<std::pair<std::byte*, size_t>> ranges) {
   try {
     thread_ = std::thread([this, ranges = std::move(ranges)] {
-#ifndef MADV_POPULATE_WRITE
-      constexpr int MADV_POPULATE_WRITE = 23;  // Linux 5.14
-#endif
+      // Pieces that end at multiples of 8 MiB in the address space, on a
+      // page boundary for any page size, so that only the range's own ends
+      // can cut a page.
       constexpr size_t kPiece = size_t{8} << 20;
-      const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
       for (const auto& [data, bytes] : ranges) {
-        // The whole pages of the range.
-        const size_t head = (page - reinterpret_cast<uintptr_t>(data) % page) % page;
-        if (bytes <= head) continue;
-        std::byte* const begin = data + head;
-        const size_t whole = (bytes - head) / page * page;
-        for (size_t at = 0; at < whole; at += kPiece) {
+        const auto base = reinterpret_cast<uintptr_t>(data);
+        for (size_t at = 0; at < bytes;) {
           if (stop_.load(std::memory_order_relaxed)) return;
-          if (::madvise(begin + at, std::min(kPiece, whole - at), MADV_POPULATE_WRITE) != 0) {
-            return;
-          }
+          const size_t to = std::min(bytes, at + kPiece - (base + at) % kPiece);
+          if (!PopulateWholePages(data + at, to - at)) return;
+          at = to;
         }
       }
     });

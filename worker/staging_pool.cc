@@ -7,9 +7,11 @@
 #include <cstdio>
 #include <cstring>
 #include <system_error>
+#include <utility>
 
 #include <fmt/format.h>
-#include <utility>
+
+#include "base/pages.h"
 
 namespace mhckpt::internal {
 namespace {
@@ -29,10 +31,7 @@ std::byte* Map(size_t bytes) {
 // Faults in every page of [p, p + bytes) for writing, without changing
 // their contents (fresh anonymous memory reads as zeros either way).
 void Touch(std::byte* p, size_t bytes) {
-#ifndef MADV_POPULATE_WRITE
-  constexpr int MADV_POPULATE_WRITE = 23;  // Linux 5.14
-#endif
-  if (madvise(p, bytes, MADV_POPULATE_WRITE) == 0) return;
+  if (PopulateWholePages(p, bytes)) return;  // p and bytes are whole pages
   for (size_t i = 0; i < bytes; i += 4096) {
     reinterpret_cast<volatile std::byte*>(p)[i] = std::byte{0};
   }
