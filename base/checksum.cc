@@ -1,6 +1,13 @@
 #include "base/checksum.h"
 
 #include <xxhash.h>
+// On x86-64, Debian's libxxhash also exports the XXH3 entry points as
+// "_dispatch" variants that pick AVX2 (or AVX-512) at run time; the plain
+// ones are built for SSE2. The header maps the plain names onto them. Same
+// values either way: the vector width is not part of the hash.
+#if defined(__x86_64__) && __has_include(<xxh_x86dispatch.h>)
+#include <xxh_x86dispatch.h>
+#endif
 
 #include <algorithm>
 #include <charconv>
