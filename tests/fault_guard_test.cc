@@ -61,6 +61,48 @@ TEST(GuardedCopy, SourceUnmappedUnderItIsReportedNotFatal) {
   src.data = nullptr;
 }
 
+TEST(GuardedCopyUncached, CopiesThenReadsTheSourceUnderTheGuard) {
+  Pages src(3);
+  ASSERT_NE(src.data, nullptr);
+  for (size_t i = 0; i < src.bytes; ++i) src.data[i] = static_cast<char>(i * 13);
+  std::vector<char> dst(src.bytes + 1);
+  size_t read_bytes = 0;
+  const void* read_at = nullptr;
+  // An odd destination address: the streaming stores' unaligned head and tail.
+  EXPECT_TRUE(
+      GuardedCopyUncached(dst.data() + 1, src.data, src.bytes, [&](const void* data, size_t bytes) {
+        read_at = data;
+        read_bytes = bytes;
+      }));
+  EXPECT_EQ(std::memcmp(dst.data() + 1, src.data, src.bytes), 0);
+  EXPECT_EQ(read_at, src.data);
+  EXPECT_EQ(read_bytes, src.bytes);
+}
+
+TEST(GuardedCopyUncached, AFaultInTheCopyOrInTheReadIsReportedNotFatal) {
+  Pages src(4);
+  ASSERT_NE(src.data, nullptr);
+  std::vector<char> dst(src.bytes);
+  ASSERT_EQ(munmap(src.data + 2 * kPage, kPage), 0);  // a buffer freed mid-copy
+  bool read = false;
+  EXPECT_FALSE(GuardedCopyUncached(dst.data(), src.data, src.bytes,
+                                   [&](const void*, size_t) { read = true; }));
+  EXPECT_FALSE(read);
+  // The copy is whole, the read after it faults (the source freed between).
+  const char* hole = src.data + 2 * kPage;
+  EXPECT_FALSE(GuardedCopyUncached(dst.data(), src.data, kPage, [&](const void*, size_t) {
+    read = true;
+    volatile char c = *hole;
+    (void)c;
+  }));
+  EXPECT_TRUE(read);
+  // The thread goes on copying afterwards.
+  EXPECT_TRUE(GuardedCopyUncached(dst.data(), src.data, 2 * kPage, [](const void*, size_t) {}));
+  munmap(src.data, 2 * kPage);
+  munmap(src.data + 3 * kPage, kPage);
+  src.data = nullptr;
+}
+
 TEST(ParallelGuardedCopy, NamesTheTaskWhoseSourceFaulted) {
   std::vector<char> a(40 << 20, 'a'), out_a(a.size()), out_c(kPage);
   Pages b(2);

@@ -19,6 +19,8 @@
 
 #include <fmt/format.h>
 
+#include "worker/copy.h"
+
 namespace mhckpt::internal {
 namespace {
 
@@ -184,6 +186,21 @@ bool GuardedCopy(void* dst, const void* src, size_t bytes) {
   }
   t_guard = &jump;
   std::memcpy(dst, src, bytes);
+  t_guard = nullptr;
+  return true;
+}
+
+bool GuardedCopyUncached(void* dst, const void* src, size_t bytes,
+                         const std::function<void(const void*, size_t)>& read) {
+  InstallHandler();
+  sigjmp_buf jump;
+  if (sigsetjmp(jump, 1) != 0) {
+    t_guard = nullptr;
+    return false;
+  }
+  t_guard = &jump;
+  CopyUncached(dst, src, bytes);
+  read(src, bytes);
   t_guard = nullptr;
   return true;
 }

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,15 @@ namespace mhckpt::internal {
 /// unreadable during the copy) stops it and returns false instead of
 /// killing the process. The bytes copied so far are then unspecified.
 bool GuardedCopy(void* dst, const void* src, size_t bytes);
+
+/// GuardedCopy with streaming stores (worker/copy.h CopyUncached), then
+/// `read(src, bytes)` under the same guard, while the source is still in
+/// cache (a checksum of the bytes just copied, without reading the
+/// destination back from memory). False if either faulted reading `src`;
+/// `read` must then hold no lock and own nothing that needs freeing, since
+/// it is left by a jump.
+bool GuardedCopyUncached(void* dst, const void* src, size_t bytes,
+                         const std::function<void(const void*, size_t)>& read);
 
 /// Write-protects caller memory until Release: the whole pages inside each
 /// range (a page the range shares with other memory is left writable, so no

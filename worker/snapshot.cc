@@ -17,32 +17,46 @@
 namespace mhckpt::internal {
 namespace {
 
-// Copies host box `c` to `dst` and hashes the copy on the way, a piece of
-// 256 KiB at a time while it is in cache (ChecksumChunks's sums, in chunks
-// of c.hash_chunk_bytes), into `out`. False if the source faulted (guarded).
+// Copies host box `c` to `dst` and hashes it on the way, a piece of 256 KiB
+// at a time while it is in cache (ChecksumChunks's sums, in chunks of
+// c.hash_chunk_bytes), into `out`. False if the source faulted (guarded).
+//
+// A piece is copied with streaming stores and the source is hashed from
+// cache: ordinary stores would first read each destination line in, and a
+// hash of the destination would read it back, two more passes over memory.
+// The source must not change during the copy (the API's contract; a lazy
+// save's SaveOptions::protect_host enforces it); if it does, the checksum
+// describes bytes the staging copy may not hold, and the restore says
+// DataLoss instead of handing back torn bytes that check out.
 bool CopyAndHash(const SnapshotCopy& c, std::byte* dst, bool guarded, StagedBox* out) {
   constexpr size_t kPiece = 256 << 10;
   const auto* src = static_cast<const std::byte*>(c.src);
+  // One chunk: its sum is the box's, one stream does.
+  const bool one_chunk = c.size <= c.hash_chunk_bytes;
   ChecksumStream whole, chunk;
+  const std::function<void(const void*, size_t)> hash = [&](const void* data, size_t bytes) {
+    chunk.Update(data, bytes);
+    if (!one_chunk) whole.Update(data, bytes);
+  };
   out->chunks.clear();
   size_t done = 0;
   do {
     const size_t n = std::min(c.hash_chunk_bytes, c.size - done);
     chunk.Reset();
     for (size_t k = 0; k < n; k += kPiece) {
+      const size_t at = done + k;
       const size_t m = std::min(kPiece, n - k);
       if (!guarded) {
-        std::memcpy(dst + done + k, src + done + k, m);
-      } else if (!GuardedCopy(dst + done + k, src + done + k, m)) {
+        CopyUncached(dst + at, src + at, m);
+        hash(src + at, m);
+      } else if (!GuardedCopyUncached(dst + at, src + at, m, hash)) {
         return false;
       }
-      chunk.Update(dst + done + k, m);
-      whole.Update(dst + done + k, m);
     }
     out->chunks.push_back(chunk.Digest());
     done += n;
   } while (done < c.size);
-  out->sum = whole.Digest();
+  out->sum = one_chunk ? out->chunks.front() : whole.Digest();
   out->hashed_chunk_bytes = c.hash_chunk_bytes;
   return true;
 }
