@@ -147,6 +147,7 @@ for d in /usr/include/hdf5/openmpi /usr/include/fmt /usr/include/spdlog /usr/inc
 done
 cp -p /usr/include/xxhash.h "$B/sys/usr/include/"
 [ -f /usr/include/xxh3.h ] && cp -p /usr/include/xxh3.h "$B/sys/usr/include/"
+[ -f /usr/include/xxh_x86dispatch.h ] && cp -p /usr/include/xxh_x86dispatch.h "$B/sys/usr/include/"
 for f in "$L"/pkgconfig/{fmt,spdlog,libxxhash}.pc; do [ -e "$f" ] && copy_sys "$f"; done
 
 # 4. Every library the binaries, the launcher and the plugins load (ldd: the
