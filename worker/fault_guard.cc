@@ -175,9 +175,10 @@ std::vector<Run> RunsOf(const std::optional<std::vector<Run>>& maps, uintptr_t b
   return out;
 }
 
-}  // namespace
-
-bool GuardedCopy(void* dst, const void* src, size_t bytes) {
+// Runs `body` with this thread's guard set: false if it faulted reading
+// memory (the handler jumps back here), true once it returned.
+template <typename Body>
+bool RunGuarded(const Body& body) {
   InstallHandler();
   sigjmp_buf jump;
   if (sigsetjmp(jump, 1) != 0) {
@@ -185,24 +186,23 @@ bool GuardedCopy(void* dst, const void* src, size_t bytes) {
     return false;
   }
   t_guard = &jump;
-  std::memcpy(dst, src, bytes);
+  body();
   t_guard = nullptr;
   return true;
 }
 
+}  // namespace
+
+bool GuardedCopy(void* dst, const void* src, size_t bytes) {
+  return RunGuarded([&] { std::memcpy(dst, src, bytes); });
+}
+
 bool GuardedCopyUncached(void* dst, const void* src, size_t bytes,
                          const std::function<void(const void*, size_t)>& read) {
-  InstallHandler();
-  sigjmp_buf jump;
-  if (sigsetjmp(jump, 1) != 0) {
-    t_guard = nullptr;
-    return false;
-  }
-  t_guard = &jump;
-  CopyUncached(dst, src, bytes);
-  read(src, bytes);
-  t_guard = nullptr;
-  return true;
+  return RunGuarded([&] {
+    CopyUncached(dst, src, bytes);
+    read(src, bytes);
+  });
 }
 
 WriteWatch::~WriteWatch() { Release(); }
