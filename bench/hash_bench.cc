@@ -1,5 +1,5 @@
 // mhckpt-hash-bench: the CPU side of checksums, in one process, against
-// memcpy (docs/PERFORMANCE.md, "Measurements behind the defaults"): XXH3-64
+// memcpy (docs/PERFORMANCE.md, "Two tiers"): XXH3-64
 // of 256 KiB in cache, libxxhash's SSE2 build against its run-time
 // dispatched one (base/checksum.cc calls the latter); XXH3-64 of 256 MiB
 // whole, and ChecksumChunks (a staged box's one pass for the box and its
