@@ -1,6 +1,7 @@
 #include "coordinator/local_copies.h"
 
-#include "io/mapped_file.h"
+#include <algorithm>
+
 #include "io/posix_file.h"
 
 namespace mhckpt::internal {
@@ -8,9 +9,10 @@ namespace {
 
 class CopiesSave : public RedundancySave {
  public:
-  CopiesSave(const LocalPaths& paths, int64_t step, uint64_t own_bytes, std::vector<int> holders,
-             std::vector<int> senders)
+  CopiesSave(const LocalPaths& paths, io::KeptMappings& received, int64_t step, uint64_t own_bytes,
+             std::vector<int> holders, std::vector<int> senders)
       : paths_(paths),
+        received_(received),
         step_(step),
         own_bytes_(own_bytes),
         holders_(std::move(holders)),
@@ -20,8 +22,8 @@ class CopiesSave : public RedundancySave {
     copies_.resize(senders_.size());
     for (size_t i = 0; i < senders_.size(); ++i) {
       MHCKPT_ASSIGN_OR_RETURN(
-          copies_[i],
-          io::MappedFile::Create(paths_.FilePath(step_, senders_[i]), files.BytesOf(senders_[i])));
+          copies_[i], received_.Map(paths_.FilePath(step_, senders_[i]), files.BytesOf(senders_[i]),
+                                    io::KeptMappings::Mode::kCreate));
     }
     return OkStatus();
   }
@@ -32,18 +34,17 @@ class CopiesSave : public RedundancySave {
       if (own_bytes_ > 0) comm.PostSend(own.data(), own_bytes_, h, kCopyTag, requests);
     }
     for (size_t i = 0; i < senders_.size(); ++i) {
-      if (copies_[i].size() > 0) {
-        comm.PostReceive(copies_[i].data(), copies_[i].size(), senders_[i], kCopyTag, requests);
+      if (copies_[i]->size > 0) {
+        comm.PostReceive(copies_[i]->data, copies_[i]->size, senders_[i], kCopyTag, requests);
       }
     }
   }
 
   Status Finish() override {
+    // The mappings stay kept: their pages are the file's, and fsync writes
+    // them back on a file system that has a disk.
+    copies_.clear();
     Status s;
-    for (io::MappedFile& f : copies_) {
-      Status closed = f.Close();
-      if (s.ok()) s = closed;
-    }
     for (size_t i = 0; s.ok() && i < senders_.size(); ++i) {
       s = io::FsyncFile(paths_.FilePath(step_, senders_[i]));
     }
@@ -52,14 +53,24 @@ class CopiesSave : public RedundancySave {
 
  private:
   const LocalPaths& paths_;
+  io::KeptMappings& received_;
   const int64_t step_;
   const uint64_t own_bytes_;
   const std::vector<int> holders_;  // who gets this rank's file
   const std::vector<int> senders_;  // whose files this rank gets
-  std::vector<io::MappedFile> copies_;
+  std::vector<std::shared_ptr<io::KeptMappings::Mapping>> copies_;
 };
 
 }  // namespace
+
+PartnerCopies::PartnerCopies(const Nodes& nodes, LocalPaths paths, int copies, int keep)
+    : nodes_(nodes),
+      paths_(std::move(paths)),
+      copies_(copies),
+      // A sender's file goes round the kept steps, the spare and the step
+      // being written.
+      received_(std::make_unique<io::KeptMappings>(static_cast<size_t>(std::max(copies, 1)) *
+                                                   static_cast<size_t>(std::max(keep, 0) + 2))) {}
 
 void PartnerCopies::AddRewritten(int rank, std::set<std::string>* names) const {
   for (int sender : nodes_.CopiesHeldBy(rank, copies_)) names->insert(WriterFileName(sender));
@@ -81,7 +92,7 @@ std::vector<int> PartnerCopies::Holders(int w) const {
 
 Result<std::unique_ptr<RedundancySave>> PartnerCopies::BeginSave(int rank, int64_t step,
                                                                  const WriterFiles& files) const {
-  auto save = std::make_unique<CopiesSave>(paths_, step, files.BytesOf(rank),
+  auto save = std::make_unique<CopiesSave>(paths_, *received_, step, files.BytesOf(rank),
                                            nodes_.CopyHolders(rank, copies_),
                                            nodes_.CopiesHeldBy(rank, copies_));
   MHCKPT_RETURN_IF_ERROR(save->Map(files));

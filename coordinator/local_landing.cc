@@ -1,9 +1,6 @@
 #include "coordinator/local_landing.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
@@ -21,47 +18,22 @@ namespace {
 // Mappings kept: a landing file goes round local_max_to_keep + 2 files.
 constexpr size_t kKeptMappings = 8;
 
-Status Errno(const std::string& what, const std::string& path, int err) {
-  return IoError(fmt::format("{} '{}': {}", what, path, std::strerror(err)));
-}
-
 }  // namespace
-
-// One file, mapped for writing; unmapped when the last holder lets go.
-struct LandingFile::Mapped {
-  Mapped(int f, const struct stat& st, std::byte* d, size_t n)
-      : fd(f), dev(st.st_dev), ino(st.st_ino), data(d), size(n) {}
-  ~Mapped() {
-    if (data != nullptr) ::munmap(data, size);
-    if (fd >= 0) ::close(fd);
-  }
-  Mapped(const Mapped&) = delete;
-  Mapped& operator=(const Mapped&) = delete;
-  [[nodiscard]] bool Deleted() const {
-    struct stat st {};
-    return ::fstat(fd, &st) != 0 || st.st_nlink == 0;
-  }
-  int fd;
-  dev_t dev;
-  ino_t ino;
-  std::byte* data;
-  size_t size;
-};
 
 // A save's hold on the landing file: its staging buffer's owner.
 struct LandingFile::Lease {
-  Lease(LandingFile* l, uint64_t t, std::shared_ptr<Mapped> m)
+  Lease(LandingFile* l, uint64_t t, std::shared_ptr<io::KeptMappings::Mapping> m)
       : landing(l), token(t), map(std::move(m)) {}
   ~Lease() { landing->Release(token); }
   Lease(const Lease&) = delete;
   Lease& operator=(const Lease&) = delete;
   LandingFile* landing;
   uint64_t token;
-  std::shared_ptr<Mapped> map;
+  std::shared_ptr<io::KeptMappings::Mapping> map;
 };
 
 LandingFile::LandingFile(const std::string& dir, int rank)
-    : dir_(dir), path_(fmt::format("{}/landing-r{}.bin", dir, rank)) {}
+    : dir_(dir), path_(fmt::format("{}/landing-r{}.bin", dir, rank)), maps_(kKeptMappings) {}
 
 LandingFile::~LandingFile() = default;
 
@@ -102,63 +74,16 @@ Result<StagingBuffer> LandingFile::MapHeld(uint64_t token, size_t bytes, bool wa
     Release(token);
     return s;
   };
-  int fd = ::open(path_.c_str(), O_RDWR | O_CLOEXEC);
   bool created = false;
-  if (fd < 0 && errno == ENOENT && !warm_only) {
-    fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    created = fd >= 0;
-  }
-  if (fd < 0) return fail(Errno(warm_only ? "cannot open" : "cannot create", path_, errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return fail(Errno("cannot stat", path_, err));
-  }
-  std::shared_ptr<Mapped> map;
-  std::erase_if(maps_, [](const std::shared_ptr<Mapped>& m) { return m->Deleted(); });
-  for (const std::shared_ptr<Mapped>& m : maps_) {
-    if (m->dev == st.st_dev && m->ino == st.st_ino && m->size == bytes &&
-        static_cast<uint64_t>(st.st_size) == bytes) {
-      map = m;
-    }
-  }
-  if (map != nullptr) {
-    ::close(fd);
-  } else if (warm_only) {
-    ::close(fd);
-    return fail(NotFound(fmt::format("no kept mapping of '{}'", path_)));
-  } else {
-    std::erase_if(maps_, [&](const std::shared_ptr<Mapped>& m) {
-      return m->dev == st.st_dev && m->ino == st.st_ino;
-    });
-    Status s;
-    if (static_cast<uint64_t>(st.st_size) != bytes &&
-        ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-      s = Errno("cannot size", path_, errno);
-    }
-    if (s.ok()) {
-      const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-      if (err != 0) s = Errno(fmt::format("cannot reserve {} bytes in", bytes), path_, err);
-    }
-    void* p = MAP_FAILED;
-    if (s.ok()) {
-      p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-      if (p == MAP_FAILED) s = Errno("cannot map", path_, errno);
-    }
-    if (!s.ok()) {
-      ::close(fd);
-      return fail(s);
-    }
-    st.st_size = static_cast<off_t>(bytes);
-    map = std::make_shared<Mapped>(fd, st, static_cast<std::byte*>(p), bytes);
-    // A new file's name durable before the local write moves it into a step
-    // (whose directory fsync makes the move durable, not this name).
-    if (created) {
-      if (Status synced = io::FsyncDir(dir_); !synced.ok()) return fail(synced);
-    }
-    maps_.push_back(map);
-    if (maps_.size() > kKeptMappings) maps_.erase(maps_.begin());
+  Result<std::shared_ptr<io::KeptMappings::Mapping>> mapped = maps_.Map(
+      path_, bytes, warm_only ? io::KeptMappings::Mode::kWarmOnly : io::KeptMappings::Mode::kCreate,
+      &created);
+  if (!mapped.ok()) return fail(mapped.status());
+  std::shared_ptr<io::KeptMappings::Mapping> map = std::move(mapped).value();
+  // A new file's name durable before the local write moves it into a step
+  // (whose directory fsync makes the move durable, not this name).
+  if (created) {
+    if (Status synced = io::FsyncDir(dir_); !synced.ok()) return fail(synced);
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -10,9 +10,8 @@
 // recycled spare kept (renameat2 RENAME_EXCHANGE), so that the landing file
 // is then the pages of a step dropped earlier, overwritten by the next save:
 // on a tmpfs no page is allocated or faulted once the files have gone round.
-// Mappings are kept per file (a few, unmapped when their file is deleted or
-// more files than that have been seen), so a file mapped once is not mapped
-// again when it comes back as the landing file.
+// Mappings are kept per file (io/mapped_file.h), so a file mapped once is
+// not mapped again when it comes back as the landing file.
 //
 // One save holds the landing file at a time, from Acquire (the caller's
 // thread, in Save) until Take moved it into a step, or until the staging
@@ -25,8 +24,6 @@
 // job's rank of that number overwrites it.
 #pragma once
 
-#include <sys/types.h>
-
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -34,9 +31,9 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <vector>
 
 #include "base/status.h"
+#include "io/mapped_file.h"
 #include "worker/staging_pool.h"
 
 namespace mhckpt::internal {
@@ -74,8 +71,17 @@ class LandingFile {
 
   [[nodiscard]] const std::string& path() const { return path_; }
 
+  /// The kept mapping of the file at `path`, `bytes` long (a landing file
+  /// moved into a step, read back by the shared root's write), or nullptr.
+  std::shared_ptr<io::KeptMappings::Mapping> Kept(const std::string& path, uint64_t bytes) {
+    auto m = maps_.Map(path, bytes, io::KeptMappings::Mode::kWarmOnly);
+    return m.ok() ? std::move(m).value() : nullptr;
+  }
+
+  /// Lets go of the kept mappings of deleted files (after a retention).
+  void ForgetDeleted() { maps_.ForgetDeleted(); }
+
  private:
-  struct Mapped;
   struct Lease;
   void Release(uint64_t token);
   /// Acquire's work once the file is held (`token`). With `warm_only`, a
@@ -87,9 +93,9 @@ class LandingFile {
   std::mutex mu_;
   std::condition_variable cv_;
   bool held_ = false;
-  uint64_t token_ = 0;                         // the holder's
-  std::shared_ptr<Mapped> held_map_;           // the holder's mapping
-  std::vector<std::shared_ptr<Mapped>> maps_;  // kept mappings, oldest first
+  uint64_t token_ = 0;                                   // the holder's
+  std::shared_ptr<io::KeptMappings::Mapping> held_map_;  // the holder's mapping
+  io::KeptMappings maps_;
 };
 
 }  // namespace mhckpt::internal

@@ -10,7 +10,8 @@ std::unique_ptr<LocalRedundancy> MakeLocalRedundancy(const Options& options, con
   if (options.local_parity_group > 0) {
     return std::make_unique<XorParity>(nodes, paths, options.local_parity_group);
   }
-  return std::make_unique<PartnerCopies>(nodes, paths, options.local_copies);
+  return std::make_unique<PartnerCopies>(nodes, paths, options.local_copies,
+                                         options.local_max_to_keep);
 }
 
 }  // namespace mhckpt::internal

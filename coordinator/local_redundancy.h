@@ -66,6 +66,8 @@ class LocalRedundancy {
   /// Save step 2 on rank `rank`: maps what it will receive for step `step`.
   virtual Result<std::unique_ptr<RedundancySave>> BeginSave(int rank, int64_t step,
                                                             const WriterFiles& files) const = 0;
+  /// After a retention: lets go of what it keeps of deleted files.
+  virtual void ForgetDeleted() {}
 };
 
 /// The scheme Options ask for: parity if Options::local_parity_group > 0,

@@ -49,6 +49,11 @@ std::string LocalTier::ParityPath(int64_t step, int rank) const {
   return store_.paths().ParityPath(step, rank);
 }
 
+std::shared_ptr<io::KeptMappings::Mapping> LocalTier::KeptMapping(int64_t step, int writer,
+                                                                  uint64_t bytes) {
+  return landing_ == nullptr ? nullptr : landing_->Kept(FilePath(step, writer), bytes);
+}
+
 std::vector<int> LocalTier::Unprotected() const {
   return redundancy_ == nullptr ? std::vector<int>() : redundancy_->Unprotected();
 }
@@ -344,6 +349,10 @@ void LocalTier::Keep(const Comm& comm) {
   }
   if (!nodes_.leads(comm.rank())) return;
   for (int64_t step : drop) store_.Drop(step);
+  // The pages of the files removed now are freed once no mapping keeps
+  // them (the node's other ranks let theirs go at their next save).
+  landing_->ForgetDeleted();
+  redundancy_->ForgetDeleted();
 }
 
 void LocalTier::Add(int64_t step, std::shared_ptr<const LocalStep> s) {

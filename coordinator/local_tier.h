@@ -182,6 +182,11 @@ class LocalTier {
   [[nodiscard]] std::string FilePath(int64_t step, int writer) const;
   /// The path of rank `rank`'s parity block of step `step` on this node.
   [[nodiscard]] std::string ParityPath(int64_t step, int rank) const;
+  /// The landing file's kept mapping of writer `writer`'s file of step
+  /// `step` (`bytes` long), if its copy landed there (its pages mapped
+  /// already); nullptr otherwise.
+  [[nodiscard]] std::shared_ptr<io::KeptMappings::Mapping> KeptMapping(int64_t step, int writer,
+                                                                       uint64_t bytes);
 
  private:
   void Keep(const Comm& comm);  // save step 5

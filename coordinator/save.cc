@@ -186,6 +186,7 @@ Status ManagerImpl::SaveRun::Drain() {
   s = BroadcastStatus(s, 0, comm);
   if (s.ok()) s = Persistent(comm, nullptr);
   local_copy_.Close().IgnoreError();
+  local_kept_.reset();
   hold_.Release();
   return s;
 }

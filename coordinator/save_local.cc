@@ -10,8 +10,9 @@
 //   3. LocalTier::Commit (the local tier's steps 4-5: every node puts the
 //      marker; retention), or on any failure LocalTier::Abandon.
 // Then, for a save that also goes to the shared root, ReadFromLocalCopy maps
-// this rank's file of the step: the shared root's write reads the boxes from
-// it, and the staging buffer goes back at once.
+// this rank's file of the step (or takes the landing file's kept mapping, if
+// the copy landed there): the shared root's write reads the boxes from it,
+// and the staging buffer goes back at once.
 #include <span>
 #include <string>
 #include <utility>
@@ -92,16 +93,27 @@ Status ManagerImpl::SaveRun::SaveLocal(const Comm& comm) {
 }
 
 void ManagerImpl::SaveRun::ReadFromLocalCopy() {
-  Result<io::MappedFile> f =
-      io::MappedFile::OpenForReading(impl_.local_->FilePath(job_.step, rank_));
-  if (!f.ok()) return;
-  local_copy_ = std::move(f).value();
   const WriterFiles files(plan_);
-  from_local_ = [this, offsets = files.offset](size_t ai, size_t bi) {
+  const std::byte* data = nullptr;
+  uint64_t size = 0;
+  // The landing file's mapping, if the copy landed there: not mapped again.
+  local_kept_ = impl_.local_->KeptMapping(job_.step, rank_, files.BytesOf(rank_));
+  if (local_kept_ != nullptr) {
+    data = local_kept_->data;
+    size = local_kept_->size;
+  } else {
+    Result<io::MappedFile> f =
+        io::MappedFile::OpenForReading(impl_.local_->FilePath(job_.step, rank_));
+    if (!f.ok()) return;
+    local_copy_ = std::move(f).value();
+    data = local_copy_.data();
+    size = local_copy_.size();
+  }
+  from_local_ = [this, data, size, offsets = files.offset](size_t ai, size_t bi) {
     const io::MarkerArray& a = plan_.arrays[ai];
     const uint64_t at = offsets[ai][bi], n = BoxBytes(a.boxes[bi].box, a.dtype);
-    if (at + n > local_copy_.size()) return std::span<const std::byte>();
-    return std::span<const std::byte>(local_copy_.data() + at, n);
+    if (at + n > size) return std::span<const std::byte>();
+    return std::span<const std::byte>(data + at, n);
   };
   job_.snapshot.buffer = StagingBuffer();
 }

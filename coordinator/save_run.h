@@ -88,9 +88,12 @@ class ManagerImpl::SaveRun : public std::enable_shared_from_this<ManagerImpl::Sa
   SaveTimings& t_;
   const int rank_;
   io::Marker plan_;
-  LocalTier::Hold hold_;            // drain mode: the local step, while the drain reads it
-  io::MappedFile local_copy_;       // after a local commit: this rank's file
-  StagedBoxFn from_local_;          // its boxes in local_copy_
+  LocalTier::Hold hold_;  // drain mode: the local step, while the drain reads it
+  // After a local commit: this rank's file, the landing file's kept mapping
+  // (the file landed there) or mapped here, and its boxes.
+  std::shared_ptr<io::KeptMappings::Mapping> local_kept_;
+  io::MappedFile local_copy_;
+  StagedBoxFn from_local_;
   std::vector<BoxSum> local_sums_;  // the checksums the local commit took
 };
 
