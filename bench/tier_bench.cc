@@ -14,7 +14,9 @@
 //   local       Save to WaitUntilFinished of a local-only save, once the
 //               local tier recycles a dropped step's pages (the steady state
 //               of saving every step); local_first: the first saves, which
-//               size new files
+//               size new files; local_phase: the part of it after the
+//               snapshot, on the I/O thread (SaveTimings::local: the file
+//               moved into the step, the copy sent and received, the marker)
 //   stall_one / stall_two
 //               the time Save blocks, one tier (shared root only) against two
 //               tiers (every save to both)
@@ -95,7 +97,8 @@ class Bench {
       out["stall_one_s"] = Median(stall);
     }
     Clean();
-    std::vector<double> stall, local, local_first, restart, restart_open, recovery, open, cold;
+    std::vector<double> stall, local, local_phase, local_first, restart, restart_open, recovery,
+        open, cold;
     int64_t step = 0;
     {
       auto two = Open(true);
@@ -112,8 +115,10 @@ class Bench {
         const double commit = Save(*two, step++, SaveTier::kLocal).second;
         if (r < f_.reps) local_first.push_back(commit);
       }
-      for (int r = 0; r < f_.reps; ++r)
+      for (int r = 0; r < f_.reps; ++r) {
         local.push_back(Save(*two, step++, SaveTier::kLocal).second);
+        local_phase.push_back(MaxOverRanks(two->LastSaveTimings().local));
+      }
     }
     // Recovery needs a second node to keep the lost one's copies.
     const bool recovery_too = Size() > f_.ranks_per_node;
@@ -150,6 +155,7 @@ class Bench {
     out["stall_two_s"] = Median(stall);
     out["local_commit_s"] = Median(local);
     out["local_commit_first_s"] = Median(local_first);
+    out["local_phase_s"] = Median(local_phase);
     out["recovery_open_s"] = Median(open);
     out["recovery_restore_s"] = Median(recovery);
     out["cold_restore_s"] = Median(cold);
