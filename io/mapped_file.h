@@ -69,9 +69,9 @@ class MappedFile {
 // every save. A step's files are recycled (a dropped step's directory comes
 // back as the next step's, and a rank's landing file trades places with its
 // writer file), so the files a save writes are, in the steady state, the
-// same few inodes going round. Mapping 1 GiB of a tmpfs file costs about
-// 0.1 s of page-table work here (MAP_POPULATE) and unmapping it 0.04 s; a
-// kept mapping of the same inode costs neither.
+// same few inodes going round. Mapping a file (MAP_POPULATE) and unmapping
+// it walk a page-table entry per 4 KiB page, 262,144 per GiB; a kept
+// mapping of the same inode does neither.
 //
 // A mapping is kept per file (its device and inode, with an open
 // descriptor, so the inode number cannot be reused while it is kept) and
@@ -101,7 +101,6 @@ class KeptMappings {
   /// How Map treats a file it has no kept mapping of.
   enum class Mode {
     kCreate,    // create the file if missing; size, reserve and map it
-    kExisting,  // the file must exist (NotFound); size, reserve and map it
     kWarmOnly,  // NotFound unless a mapping of the file at `bytes` is kept
   };
 

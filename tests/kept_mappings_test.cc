@@ -68,8 +68,10 @@ TEST_F(KeptMappingsTest, AnotherSizeMapsAnewAndDropsTheStaleMapping) {
   auto a = maps.Map(Path("f.bin"), 4096, Mode::kCreate);
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   EXPECT_EQ(maps.Map(Path("f.bin"), 12288, Mode::kWarmOnly).status().code(), StatusCode::kNotFound);
-  auto b = maps.Map(Path("f.bin"), 12288, Mode::kExisting);
+  bool created = true;
+  auto b = maps.Map(Path("f.bin"), 12288, Mode::kCreate, &created);
   ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_FALSE(created);
   EXPECT_EQ((*b)->size, 12288U);
   EXPECT_EQ(std::filesystem::file_size(Path("f.bin")), 12288U);
   EXPECT_EQ(maps.size(), 1U);
@@ -79,8 +81,6 @@ TEST_F(KeptMappingsTest, AnotherSizeMapsAnewAndDropsTheStaleMapping) {
 
 TEST_F(KeptMappingsTest, MissingFilesAndColdFilesAreNotFound) {
   KeptMappings maps(4);
-  EXPECT_EQ(maps.Map(Path("none.bin"), 4096, Mode::kExisting).status().code(),
-            StatusCode::kNotFound);
   EXPECT_EQ(maps.Map(Path("none.bin"), 4096, Mode::kWarmOnly).status().code(),
             StatusCode::kNotFound);
   EXPECT_FALSE(std::filesystem::exists(Path("none.bin")));
